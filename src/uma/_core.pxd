@@ -1,0 +1,100 @@
+# The compiled core's own declarations: the native helpers in csrc/ and the cdef classes.
+
+from libc.stdint cimport int32_t, uint64_t
+from libcpp cimport bool as cbool
+
+from uma._llama cimport llama_batch, llama_context, llama_model, llama_vocab
+
+
+cdef extern from "logsink.hpp" namespace "uma" nogil:
+    void log_install()
+    void log_set_level(int level)
+    int log_get_level()
+    size_t log_last_problem(char * buf, size_t cap)
+    void log_clear_problem()
+
+
+cdef extern from "sampler.hpp" namespace "uma" nogil:
+    cdef cppclass SamplingParams:
+        float temperature
+        int32_t top_k
+        float top_p
+        float min_p
+        float repeat_penalty
+        float frequency_penalty
+        float presence_penalty
+        int32_t penalty_last_n
+        uint64_t seed
+
+    cdef cppclass SampleJob:
+        const float * logits
+        const int32_t * rows
+        const int32_t * slots
+        int32_t n
+        int32_t * out_tokens
+        float * out_logprobs
+
+    cdef cppclass NativeSampler "uma::Sampler":
+        NativeSampler(int32_t n_slots, int32_t n_vocab) except +
+        int32_t n_slots()
+        int32_t n_vocab()
+        void configure(int32_t slot, const SamplingParams & params) except +
+        void accept(int32_t slot, const int32_t * tokens, int32_t n) except +
+        void sample(const SampleJob & job) except +
+        void submit(const SampleJob & job) except +
+        void wait()
+        cbool busy()
+        int32_t candidates(int32_t slot, const float * row, int32_t * out_ids,
+                           float * out_probs) except +
+
+
+cdef class Model:
+    cdef llama_model * _model
+    cdef const llama_vocab * _vocab
+    cdef readonly str path
+    cdef readonly int n_vocab
+    cdef readonly bint vocab_only
+    cdef int _n_contexts
+    cdef bint _closing
+    cdef object _progress
+    cdef object _progress_error
+
+    cdef int _check_open(self) except -1
+    cdef int _check_token(self, long token) except -1
+    cdef void _free(self) noexcept
+    cdef void _release_context(self) noexcept
+
+
+cdef class Batch:
+    cdef llama_batch _batch
+    cdef readonly int capacity
+    cdef readonly int n_outputs
+
+    cdef void _put(self, int i, int32_t token, int32_t pos, int32_t seq, bint out) noexcept nogil
+
+
+cdef class Context:
+    cdef llama_context * _ctx
+    cdef readonly Model model
+    cdef int _n_outputs
+    cdef int _exports
+    cdef bint _sampling
+    cdef bint _closing
+    cdef object _output_seqs
+
+    cdef void _free(self) noexcept
+    cdef void _free_if_idle(self) noexcept
+
+    cdef int _check_open(self) except -1
+    cdef int _check_seq(self, long seq_id) except -1
+    cdef int _validate(self, Batch batch) except -1
+    cdef const float * _logits(self) except NULL
+
+
+cdef class Sampler:
+    cdef NativeSampler * _native
+    cdef Context _inflight
+    cdef object _keep
+
+    cdef NativeSampler * _check(self) except NULL
+    cdef SampleJob _job(self, size_t data, r, s, tokens, lp)

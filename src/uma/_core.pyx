@@ -1,0 +1,1109 @@
+# cython: language_level=3
+"""uma._core: the only compiled code of UMA Serve.
+
+A thin boundary over llama.cpp: Model, Context, Batch, zero-copy logits views, and the native
+Sampler. The GIL is released around every call that computes (load, decode, sampling); status
+codes become exceptions of uma.errors in one place; each cdef class owns one native handle, keeps
+a reference to its parent so free order is right, and has an idempotent close().
+"""
+
+from cpython.buffer cimport PyBUF_FORMAT, PyBUF_ND, PyBUF_STRIDES, PyBUF_WRITABLE
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from libc.stdint cimport int32_t, uint8_t
+from libc.stdlib cimport free, malloc
+from libcpp cimport bool as cbool
+
+cimport cython
+
+cimport uma._llama as L
+
+import os
+
+import numpy as np
+
+from uma import errors
+from uma.config import check_sampling
+
+cdef extern from *:
+    """
+    #ifndef UMA_BACKENDS
+    #define UMA_BACKENDS "cpu"
+    #endif
+    """
+    const char * UMA_BACKENDS
+
+# Native handles alive, by kind: tests assert these return to zero (no leaked models/contexts).
+_live = {"model": 0, "context": 0, "batch": 0, "sampler": 0}
+
+_KV_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "bf16": 30}
+_FLASH_ATTN = {"auto": L.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": L.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+               "off": L.LLAMA_FLASH_ATTN_TYPE_DISABLED}
+_LOG_LEVELS = {"none": 0, "debug": 1, "info": 2, "warn": 3, "error": 4}
+
+L.llama_backend_init()
+log_install()
+
+
+# --- module functions --------------------------------------------------------------------------
+
+def backends():
+    """The ggml backends compiled into this build, e.g. ('cpu', 'cuda')."""
+    return tuple((<bytes>UMA_BACKENDS).decode().split(","))
+
+
+def system_info():
+    """llama.cpp's description of the CPU features and backends in use."""
+    return (<bytes>L.llama_print_system_info()).decode(errors="replace")
+
+
+def set_log_level(level):
+    """Which llama.cpp log lines reach stderr: 'none', 'debug', 'info', 'warn' or 'error'."""
+    if level not in _LOG_LEVELS:
+        raise errors.InvalidRequestError(
+            f"log level must be one of {', '.join(_LOG_LEVELS)}, not {level!r}")
+    log_set_level(_LOG_LEVELS[level])
+
+
+def live_handles():
+    """Counts of native objects not yet freed, by kind."""
+    return dict(_live)
+
+
+cdef str _last_problem():
+    cdef char buf[1024]
+    cdef size_t n = log_last_problem(buf, sizeof(buf))
+    return buf[:n].decode("utf-8", errors="replace").strip()
+
+
+cdef cbool _on_progress(float progress, void * user_data) noexcept with gil:
+    # Called by llama.cpp on the loading thread; an exception here must not cross into C.
+    cdef Model model = <Model>user_data
+    try:
+        if model._progress(progress) is False:
+            model._progress_error = errors.ModelLoadError(
+                f"loading {model.path} was cancelled by the progress callback")
+            return False
+        return True
+    except BaseException as exc:
+        model._progress_error = exc
+        return False
+
+
+# --- Model -------------------------------------------------------------------------------------
+
+cdef class Model:
+    """A GGUF model loaded once (memory-mapped) and shared by every context.
+
+    progress: optional callable(fraction) observed while loading; returning False cancels.
+    """
+
+    def __cinit__(self, path, *, int n_gpu_layers=0, progress=None, bint vocab_only=False):
+        self._model = NULL
+        path = os.fspath(path)
+        if not isinstance(path, str):
+            path = os.fsdecode(path)
+        self.path = path
+        if not os.path.exists(path):
+            raise errors.ModelNotFoundError(f"model file not found: {path}")
+        if not os.path.isfile(path):
+            raise errors.InvalidModelError(f"model path is not a file: {path}")
+        with open(path, "rb") as f:
+            magic = f.read(4)
+        if magic != b"GGUF":
+            raise errors.InvalidModelError(
+                f"{path} is not a GGUF file (starts with {magic!r}, expected b'GGUF')")
+        if progress is not None and not callable(progress):
+            raise errors.InvalidRequestError("progress must be callable")
+
+        cdef L.llama_model_params params = L.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        params.vocab_only = vocab_only
+        if progress is not None:
+            self._progress = progress
+            params.progress_callback = _on_progress
+            params.progress_callback_user_data = <void *>self
+        cdef bytes bpath = os.fsencode(path)
+        cdef const char * cpath = bpath
+        log_clear_problem()
+        with nogil:
+            self._model = L.llama_model_load_from_file(cpath, params)
+        self._progress = None
+        if self._model == NULL:
+            if self._progress_error is not None:
+                exc, self._progress_error = self._progress_error, None
+                raise exc
+            raise errors.InvalidModelError(f"llama.cpp could not load {path}: {_last_problem()}")
+        self.vocab_only = vocab_only
+        self._vocab = L.llama_model_get_vocab(self._model)
+        self.n_vocab = L.llama_vocab_n_tokens(self._vocab)
+        _live["model"] += 1
+
+    def __dealloc__(self):
+        self._free()
+
+    cdef void _free(self) noexcept:
+        if self._model != NULL:
+            L.llama_model_free(self._model)
+            self._model = NULL
+            _live["model"] -= 1
+
+    cdef void _release_context(self) noexcept:
+        self._n_contexts -= 1
+        if self._closing and self._n_contexts == 0:
+            self._free()
+
+    def close(self):
+        """Frees the weights now, or as soon as the last context on them is freed.
+        Idempotent; the model is unusable from here on either way."""
+        self._closing = True
+        if self._n_contexts == 0:
+            self._free()
+
+    @property
+    def closed(self):
+        return self._closing or self._model == NULL
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    cdef int _check_open(self) except -1:
+        if self._closing or self._model == NULL:
+            raise errors.ClosedError("model is closed")
+        return 0
+
+    cdef int _check_token(self, long token) except -1:
+        if token < 0 or token >= self.n_vocab:
+            raise errors.InvalidTokenError(
+                f"token id {token} is outside the vocabulary [0, {self.n_vocab})")
+        return 0
+
+    # metadata the scheduler needs ---------------------------------------------------------
+
+    def meta(self, str key):
+        """A GGUF metadata value as a string, or None when the key is absent."""
+        self._check_open()
+        cdef char buf[512]
+        cdef bytes bkey = key.encode()
+        cdef int n = L.llama_model_meta_val_str(self._model, bkey, buf, sizeof(buf))
+        if n < 0:
+            return None
+        if n >= <int>sizeof(buf):
+            big = bytearray(n + 1)
+            L.llama_model_meta_val_str(self._model, bkey, <char *>big, n + 1)
+            return bytes(big[:n]).decode(errors="replace")
+        return buf[:n].decode(errors="replace")
+
+    def _meta_int(self, str key):
+        value = self.meta(key)
+        return int(value) if value not in (None, "") else 0
+
+    @property
+    def architecture(self):
+        return self.meta("general.architecture") or ""
+
+    @property
+    def description(self):
+        self._check_open()
+        cdef char buf[256]
+        cdef int n = L.llama_model_desc(self._model, buf, sizeof(buf))
+        return buf[:max(n, 0)].decode(errors="replace")
+
+    @property
+    def n_params(self):
+        self._check_open()
+        return L.llama_model_n_params(self._model)
+
+    @property
+    def size_bytes(self):
+        """Bytes of weight tensors (what a dense decode step reads)."""
+        self._check_open()
+        return L.llama_model_size(self._model)
+
+    @property
+    def n_layer(self):
+        self._check_open()
+        return L.llama_model_n_layer(self._model)
+
+    @property
+    def n_embd(self):
+        self._check_open()
+        return L.llama_model_n_embd(self._model)
+
+    @property
+    def n_head(self):
+        self._check_open()
+        # llama.cpp aborts the process when asked for layer 0 of a model without layers.
+        return L.llama_model_n_head(self._model) if self.n_layer > 0 else 0
+
+    @property
+    def n_head_kv(self):
+        self._check_open()
+        return L.llama_model_n_head_kv(self._model) if self.n_layer > 0 else 0
+
+    @property
+    def n_ctx_train(self):
+        self._check_open()
+        return L.llama_model_n_ctx_train(self._model)
+
+    @property
+    def n_expert(self):
+        """Experts per MoE layer; 0 for a dense model."""
+        return self._meta_int(f"{self.architecture}.expert_count")
+
+    @property
+    def n_expert_used(self):
+        """Experts each token is routed to; 0 for a dense model."""
+        return self._meta_int(f"{self.architecture}.expert_used_count")
+
+    def info(self):
+        """Everything above as a plain dict."""
+        return {
+            "path": self.path, "architecture": self.architecture,
+            "description": self.description, "n_params": self.n_params,
+            "size_bytes": self.size_bytes, "n_layer": self.n_layer, "n_embd": self.n_embd,
+            "n_head": self.n_head, "n_head_kv": self.n_head_kv, "n_vocab": self.n_vocab,
+            "n_ctx_train": self.n_ctx_train, "n_expert": self.n_expert,
+            "n_expert_used": self.n_expert_used, "name": self.meta("general.name"),
+        }
+
+    # special tokens -------------------------------------------------------------------------
+
+    @property
+    def bos(self):
+        self._check_open()
+        return L.llama_vocab_bos(self._vocab)
+
+    @property
+    def eos(self):
+        self._check_open()
+        return L.llama_vocab_eos(self._vocab)
+
+    @property
+    def eot(self):
+        self._check_open()
+        return L.llama_vocab_eot(self._vocab)
+
+    @property
+    def add_bos(self):
+        self._check_open()
+        return L.llama_vocab_get_add_bos(self._vocab)
+
+    def is_eog(self, int token):
+        """True for end-of-generation tokens (EOS, EOT and the like)."""
+        self._check_open()
+        self._check_token(token)
+        return L.llama_vocab_is_eog(self._vocab, token)
+
+    def eog_tokens(self):
+        """Every end-of-generation token id, as a sorted int32 array."""
+        self._check_open()
+        cdef int i
+        return np.array([i for i in range(self.n_vocab) if L.llama_vocab_is_eog(self._vocab, i)],
+                        dtype=np.int32)
+
+    # text ----------------------------------------------------------------------------------
+
+    def tokenize(self, text, *, bint add_special=True, bint parse_special=False):
+        """Text (str or UTF-8 bytes) to an int32 array of token ids."""
+        self._check_open()
+        cdef bytes data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        if len(data) > 0x7FFFFFF0:
+            raise errors.InvalidRequestError("text is too long to tokenize (over 2 GiB)")
+        cdef int32_t n_text = <int32_t>len(data)
+        cdef const char * ctext = data
+        out = np.empty(n_text + 8, dtype=np.int32)
+        cdef int32_t[::1] view = out
+        cdef int32_t n
+        with nogil:
+            n = L.llama_tokenize(self._vocab, ctext, n_text, &view[0], <int32_t>view.shape[0],
+                                 add_special, parse_special)
+        if n < 0:
+            if n == -2147483648:
+                raise errors.InvalidRequestError("tokenization overflowed int32")
+            out = np.empty(-n, dtype=np.int32)
+            view = out
+            with nogil:
+                n = L.llama_tokenize(self._vocab, ctext, n_text, &view[0],
+                                     <int32_t>view.shape[0], add_special, parse_special)
+            if n < 0:
+                raise errors.UmaError("tokenizer returned an inconsistent size")
+        return out[:n]
+
+    def token_to_piece(self, int token, *, bint special=False):
+        """The bytes of one token. A piece may be part of a UTF-8 character."""
+        self._check_open()
+        self._check_token(token)
+        cdef char buf[64]
+        cdef int n = L.llama_token_to_piece(self._vocab, token, buf, sizeof(buf), 0, special)
+        if n >= 0:
+            return buf[:n]
+        big = bytearray(-n)
+        n = L.llama_token_to_piece(self._vocab, token, <char *>big, len(big), 0, special)
+        return bytes(big[:n])
+
+    def detokenize(self, tokens, *, bint remove_special=False, bint unparse_special=False):
+        """Token ids to text. Bytes that do not form valid UTF-8 become U+FFFD."""
+        self._check_open()
+        cdef int32_t[::1] toks = self._token_array(tokens)
+        cdef int32_t n_tok = <int32_t>toks.shape[0]
+        if n_tok == 0:
+            return ""
+        cdef int32_t cap = n_tok * 8 + 16
+        cdef bytearray buf = bytearray(cap)
+        cdef char * cbuf = buf
+        cdef int32_t n
+        with nogil:
+            n = L.llama_detokenize(self._vocab, &toks[0], n_tok, cbuf, cap,
+                                   remove_special, unparse_special)
+        if n < 0:
+            cap = -n
+            buf = bytearray(cap)
+            cbuf = buf
+            with nogil:
+                n = L.llama_detokenize(self._vocab, &toks[0], n_tok, cbuf, cap,
+                                       remove_special, unparse_special)
+        return bytes(buf[:max(n, 0)]).decode("utf-8", errors="replace")
+
+    def _token_array(self, tokens):
+        arr = np.ascontiguousarray(tokens, dtype=np.int32)
+        if arr.ndim != 1:
+            raise errors.InvalidRequestError("tokens must be a one-dimensional sequence")
+        if arr.size and (arr.min() < 0 or arr.max() >= self.n_vocab):
+            bad = int(arr[(arr < 0) | (arr >= self.n_vocab)][0])
+            self._check_token(bad)
+        return arr
+
+    @property
+    def chat_template(self):
+        """The model's chat template (a Jinja string), or None if it has none."""
+        self._check_open()
+        cdef const char * tmpl = L.llama_model_chat_template(self._model, NULL)
+        return None if tmpl == NULL else (<bytes>tmpl).decode(errors="replace")
+
+    def apply_chat_template(self, messages, *, bint add_assistant=True, template=None):
+        """Renders [{'role': ..., 'content': ...}, ...] with the model's template (or the
+        given one) through llama.cpp's built-in template engine."""
+        self._check_open()
+        tmpl = template if template is not None else self.chat_template
+        if tmpl is None:
+            raise errors.InvalidRequestError(
+                "the model has no chat template; pass template= (e.g. 'chatml')")
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise errors.InvalidRequestError("messages must be a non-empty list")
+        encoded = []
+        total = 0
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) \
+                    or not isinstance(m.get("content"), str):
+                raise errors.InvalidRequestError(
+                    f"messages[{i}] must be a dict with string 'role' and 'content'")
+            role, content = m["role"].encode(), m["content"].encode()
+            if b"\0" in role or b"\0" in content:
+                raise errors.InvalidRequestError(f"messages[{i}] contains a NUL character")
+            encoded.append((role, content))
+            total += len(role) + len(content)
+        cdef size_t n_msg = len(encoded)
+        cdef L.llama_chat_message * chat = <L.llama_chat_message *>malloc(
+            n_msg * sizeof(L.llama_chat_message))
+        if chat == NULL:
+            raise MemoryError()
+        cdef bytes btmpl = tmpl.encode()
+        cdef int32_t cap = <int32_t>(2 * total + 1024)
+        cdef bytearray buf = bytearray(cap)
+        cdef int32_t n
+        cdef size_t i_msg
+        try:
+            for i_msg in range(n_msg):
+                chat[i_msg].role = PyBytes_AS_STRING(encoded[i_msg][0])
+                chat[i_msg].content = PyBytes_AS_STRING(encoded[i_msg][1])
+            n = L.llama_chat_apply_template(btmpl, chat, n_msg, add_assistant, <char *>buf, cap)
+            if n > cap:
+                cap = n
+                buf = bytearray(cap)
+                n = L.llama_chat_apply_template(btmpl, chat, n_msg, add_assistant,
+                                                <char *>buf, cap)
+        finally:
+            free(chat)
+        if n < 0:
+            raise errors.InvalidRequestError(
+                "llama.cpp does not support this chat template (it knows the common built-in "
+                "ones; see llama_chat_builtin_templates)")
+        return bytes(buf[:n]).decode("utf-8", errors="replace")
+
+
+# --- Batch -------------------------------------------------------------------------------------
+
+cdef class Batch:
+    """A preallocated llama_batch of up to `capacity` tokens, one sequence per token.
+
+    Rows are appended in C loops from int32 arrays; which rows produce logits is recorded so
+    logits row k belongs to `output_seqs()[k]` after the decode.
+    """
+
+    def __cinit__(self, int capacity):
+        if capacity <= 0:
+            raise errors.InvalidRequestError(f"batch capacity must be positive, not {capacity}")
+        self._batch = L.llama_batch_init(capacity, 0, 1)
+        if self._batch.token == NULL:
+            raise MemoryError()
+        self.capacity = capacity
+        self.n_outputs = 0
+        _live["batch"] += 1
+
+    def __dealloc__(self):
+        if self._batch.token != NULL:
+            L.llama_batch_free(self._batch)
+            self._batch.token = NULL
+            _live["batch"] -= 1
+
+    @property
+    def n_tokens(self):
+        return self._batch.n_tokens
+
+    def __len__(self):
+        return self._batch.n_tokens
+
+    def clear(self):
+        self._batch.n_tokens = 0
+        self.n_outputs = 0
+
+    cdef void _put(self, int i, int32_t token, int32_t pos, int32_t seq,
+                   bint out) noexcept nogil:
+        self._batch.token[i] = token
+        self._batch.pos[i] = pos
+        self._batch.n_seq_id[i] = 1
+        self._batch.seq_id[i][0] = seq
+        self._batch.logits[i] = out
+
+    def _reserve(self, Py_ssize_t n):
+        if self._batch.n_tokens + n > self.capacity:
+            raise errors.BatchFullError(
+                f"batch holds {self.capacity} tokens; {self._batch.n_tokens} used, "
+                f"{n} more requested")
+
+    def add(self, int token, int pos, int seq_id, bint logits=False):
+        """Appends one token."""
+        self._reserve(1)
+        self._put(self._batch.n_tokens, token, pos, seq_id, logits)
+        self._batch.n_tokens += 1
+        self.n_outputs += logits
+
+    def add_sequence(self, const int32_t[::1] tokens, int pos0, int seq_id, *,
+                     bint logits_last=True):
+        """Appends a run of one sequence's tokens at positions pos0, pos0+1, ...; only the last
+        produces logits when logits_last (a prompt chunk)."""
+        cdef Py_ssize_t n = tokens.shape[0]
+        if n == 0:
+            return
+        self._reserve(n)
+        cdef int base = self._batch.n_tokens
+        cdef Py_ssize_t i
+        with nogil:
+            for i in range(n):
+                self._put(base + i, tokens[i], pos0 + i, seq_id, False)
+            if logits_last:
+                self._batch.logits[base + n - 1] = True
+        self._batch.n_tokens += n
+        self.n_outputs += logits_last
+
+    def add_rows(self, const int32_t[::1] tokens, const int32_t[::1] pos,
+                 const int32_t[::1] seq_ids, *, bint logits=True):
+        """Appends one token for each of several sequences (a decode step), each producing
+        logits by default."""
+        cdef Py_ssize_t n = tokens.shape[0]
+        if pos.shape[0] != n or seq_ids.shape[0] != n:
+            raise errors.InvalidRequestError("tokens, pos and seq_ids must have the same length")
+        if n == 0:
+            return
+        self._reserve(n)
+        cdef int base = self._batch.n_tokens
+        cdef Py_ssize_t i
+        with nogil:
+            for i in range(n):
+                self._put(base + i, tokens[i], pos[i], seq_ids[i], logits)
+        self._batch.n_tokens += n
+        if logits:
+            self.n_outputs += n
+
+    def output_seqs(self):
+        """Sequence id of each logits row, in row order."""
+        out = np.empty(self.n_outputs, dtype=np.int32)
+        cdef int32_t[::1] view = out
+        cdef int i, k = 0
+        for i in range(self._batch.n_tokens):
+            if self._batch.logits[i]:
+                view[k] = self._batch.seq_id[i][0]
+                k += 1
+        return out
+
+    def tokens(self):
+        """(tokens, positions, seq_ids, logits flags) as copies, for inspection."""
+        cdef int i, n = self._batch.n_tokens
+        tok = np.empty(n, dtype=np.int32)
+        pos = np.empty(n, dtype=np.int32)
+        seq = np.empty(n, dtype=np.int32)
+        out = np.empty(n, dtype=np.uint8)
+        cdef int32_t[::1] tv = tok, pv = pos, sv = seq
+        cdef uint8_t[::1] ov = out
+        for i in range(n):
+            tv[i] = self._batch.token[i]
+            pv[i] = self._batch.pos[i]
+            sv[i] = self._batch.seq_id[i][0]
+            ov[i] = self._batch.logits[i] != 0
+        return tok, pos, seq, out.astype(bool)
+
+
+# --- zero-copy logits --------------------------------------------------------------------------
+
+@cython.no_gc_clear
+cdef class _LogitsBuffer:
+    """Exports llama.cpp's logits rows through the buffer protocol without copying.
+
+    While any export is alive the context refuses to decode (the memory would be overwritten),
+    so a view can never show stale or foreign data."""
+
+    cdef Context ctx
+    cdef Py_ssize_t shape[2]
+    cdef Py_ssize_t strides[2]
+
+    def __getbuffer__(self, Py_buffer * view, int flags):
+        if flags & PyBUF_WRITABLE:
+            raise BufferError("logits views are read-only")
+        cdef const float * data = self.ctx._logits()
+        self.shape[0] = self.ctx._n_outputs
+        self.shape[1] = self.ctx.model.n_vocab
+        self.strides[1] = sizeof(float)
+        self.strides[0] = self.shape[1] * sizeof(float)
+        view.buf = <void *>data
+        view.obj = self
+        view.len = self.shape[0] * self.shape[1] * sizeof(float)
+        view.readonly = 1
+        view.itemsize = sizeof(float)
+        view.format = NULL
+        if flags & PyBUF_FORMAT:
+            view.format = b"f"
+        view.ndim = 2
+        view.shape = NULL
+        view.strides = NULL
+        if flags & PyBUF_ND:
+            view.shape = self.shape
+        if flags & PyBUF_STRIDES:
+            view.strides = self.strides
+        view.suboffsets = NULL
+        view.internal = NULL
+        self.ctx._exports += 1
+
+    def __releasebuffer__(self, Py_buffer * view):
+        self.ctx._exports -= 1
+        self.ctx._free_if_idle()
+
+
+# --- Context -----------------------------------------------------------------------------------
+
+@cython.no_gc_clear
+cdef class Context:
+    """One llama.cpp context (KV cache + compute buffers) over a Model.
+
+    Not thread-safe: one thread drives a context at a time (uma.Engine's compute thread)."""
+
+    def __cinit__(self, Model model not None, *, int n_ctx=4096, int n_batch=512,
+                  n_ubatch=None, int n_seq_max=1, bint kv_unified=True, str type_k="f16",
+                  str type_v="f16", str flash_attn="auto", n_threads=None,
+                  n_threads_batch=None):
+        self._ctx = NULL
+        model._check_open()
+        if model.vocab_only:
+            raise errors.InvalidRequestError("a vocab-only model cannot run: load its weights")
+        if n_ctx <= 0:
+            raise errors.InvalidRequestError(f"n_ctx must be positive, not {n_ctx}")
+        if n_batch <= 0:
+            raise errors.InvalidRequestError(f"n_batch must be positive, not {n_batch}")
+        ubatch = n_batch if n_ubatch is None else n_ubatch
+        if not 0 < ubatch <= n_batch:
+            raise errors.InvalidRequestError(f"n_ubatch must be in [1, n_batch={n_batch}]")
+        max_seq = L.llama_max_parallel_sequences()
+        if not 0 < n_seq_max <= max_seq:
+            raise errors.InvalidRequestError(f"n_seq_max must be in [1, {max_seq}]")
+        for name, value in (("type_k", type_k), ("type_v", type_v)):
+            if value not in _KV_TYPES:
+                raise errors.InvalidRequestError(
+                    f"{name} must be one of {', '.join(_KV_TYPES)}, not {value!r}")
+        if flash_attn not in _FLASH_ATTN:
+            raise errors.InvalidRequestError("flash_attn must be 'auto', 'on' or 'off'")
+        threads = n_threads if n_threads is not None else default_threads()
+        threads_batch = n_threads_batch if n_threads_batch is not None else threads
+        if threads <= 0 or threads_batch <= 0:
+            raise errors.InvalidRequestError("thread counts must be positive")
+
+        cdef L.llama_context_params params = L.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_batch
+        params.n_ubatch = ubatch
+        params.n_seq_max = n_seq_max
+        params.kv_unified = kv_unified
+        params.type_k = _KV_TYPES[type_k]
+        params.type_v = _KV_TYPES[type_v]
+        params.flash_attn_type = _FLASH_ATTN[flash_attn]
+        params.n_threads = threads
+        params.n_threads_batch = threads_batch
+        params.no_perf = True
+        log_clear_problem()
+        with nogil:
+            self._ctx = L.llama_init_from_model(model._model, params)
+        if self._ctx == NULL:
+            raise errors.UmaError(f"llama.cpp could not create the context: {_last_problem()}")
+        self.model = model
+        model._n_contexts += 1
+        self._output_seqs = np.empty(0, dtype=np.int32)
+        _live["context"] += 1
+
+    def __dealloc__(self):
+        self._free()
+
+    cdef void _free(self) noexcept:
+        if self._ctx != NULL:
+            L.llama_free(self._ctx)
+            self._ctx = NULL
+            _live["context"] -= 1
+            self.model._release_context()
+
+    cdef void _free_if_idle(self) noexcept:
+        if self._closing and self._exports == 0 and not self._sampling:
+            self._free()
+
+    def close(self):
+        """Frees the KV cache and buffers now, or, while logits views or a sampler job still
+        use the logits memory, as soon as they are done. Idempotent."""
+        self._closing = True
+        self._free_if_idle()
+
+    @property
+    def closed(self):
+        return self._closing or self._ctx == NULL
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    cdef int _check_open(self) except -1:
+        if self._closing or self._ctx == NULL:
+            raise errors.ClosedError("context is closed")
+        return 0
+
+    cdef int _check_seq(self, long seq_id) except -1:
+        cdef long n = L.llama_n_seq_max(self._ctx)
+        if seq_id < 0 or seq_id >= n:
+            raise errors.InvalidRequestError(f"seq_id {seq_id} is outside [0, {n})")
+        return 0
+
+    # sizes -----------------------------------------------------------------------------------
+
+    @property
+    def n_ctx(self):
+        self._check_open()
+        return L.llama_n_ctx(self._ctx)
+
+    @property
+    def n_ctx_seq(self):
+        """Positions one sequence may use."""
+        self._check_open()
+        return L.llama_n_ctx_seq(self._ctx)
+
+    @property
+    def n_batch(self):
+        self._check_open()
+        return L.llama_n_batch(self._ctx)
+
+    @property
+    def n_ubatch(self):
+        self._check_open()
+        return L.llama_n_ubatch(self._ctx)
+
+    @property
+    def n_seq_max(self):
+        self._check_open()
+        return L.llama_n_seq_max(self._ctx)
+
+    @property
+    def n_threads(self):
+        self._check_open()
+        return (L.llama_n_threads(self._ctx), L.llama_n_threads_batch(self._ctx))
+
+    def set_threads(self, int n_threads, int n_threads_batch):
+        self._check_open()
+        if n_threads <= 0 or n_threads_batch <= 0:
+            raise errors.InvalidRequestError("thread counts must be positive")
+        L.llama_set_n_threads(self._ctx, n_threads, n_threads_batch)
+
+    # decode ----------------------------------------------------------------------------------
+
+    cdef int _validate(self, Batch batch) except -1:
+        cdef int n = batch._batch.n_tokens
+        cdef int32_t n_vocab = self.model.n_vocab
+        cdef int32_t n_seq = L.llama_n_seq_max(self._ctx)
+        cdef int32_t n_pos = L.llama_n_ctx_seq(self._ctx)
+        cdef int i, bad = -1, kind = 0
+        if n == 0:
+            raise errors.InvalidRequestError("cannot decode an empty batch")
+        if n > <int>L.llama_n_batch(self._ctx):
+            raise errors.BatchFullError(
+                f"batch has {n} tokens; the context's n_batch is {L.llama_n_batch(self._ctx)}")
+        with nogil:
+            for i in range(n):
+                if batch._batch.token[i] < 0 or batch._batch.token[i] >= n_vocab:
+                    kind = 1
+                elif batch._batch.seq_id[i][0] < 0 or batch._batch.seq_id[i][0] >= n_seq:
+                    kind = 2
+                elif batch._batch.pos[i] < 0 or batch._batch.pos[i] >= n_pos:
+                    kind = 3
+                if kind:
+                    bad = i
+                    break
+        if kind == 1:
+            self.model._check_token(batch._batch.token[bad])
+        elif kind == 2:
+            self._check_seq(batch._batch.seq_id[bad][0])
+        elif kind == 3:
+            raise errors.ContextOverflowError(
+                f"position {batch._batch.pos[bad]} of sequence {batch._batch.seq_id[bad][0]} "
+                f"is outside the context window of {n_pos} tokens per sequence")
+        return 0
+
+    def decode(self, Batch batch not None):
+        """Runs the model over the batch (GIL released). Returns the number of logits rows.
+
+        Raises NoKVSlotError when the KV cache has no room (the cache is unchanged: shrink
+        the batch or free a sequence and retry)."""
+        self._check_open()
+        if self._exports:
+            raise errors.LogitsInUseError(
+                "a logits view from the previous decode is still alive; drop it or copy it "
+                "(numpy.array(view)) before decoding again")
+        if self._sampling:
+            raise errors.UmaError("sampling of the previous logits is in flight; wait() first")
+        self._validate(batch)
+        cdef int rc
+        log_clear_problem()
+        with nogil:
+            rc = L.llama_decode(self._ctx, batch._batch)
+        if rc != 0:
+            self._n_outputs = 0
+            raise errors.decode_error(rc, _last_problem())
+        self._n_outputs = batch.n_outputs
+        self._output_seqs = batch.output_seqs()
+        return self._n_outputs
+
+    @property
+    def n_outputs(self):
+        """Logits rows produced by the last decode."""
+        return self._n_outputs
+
+    @property
+    def output_seqs(self):
+        """Sequence id of each logits row of the last decode."""
+        return self._output_seqs
+
+    cdef const float * _logits(self) except NULL:
+        self._check_open()
+        if self._n_outputs == 0:
+            raise errors.UmaError("no logits: the last decode produced none")
+        cdef const float * data = L.llama_get_logits(self._ctx)
+        if data == NULL:
+            raise errors.UmaError("llama.cpp returned no logits buffer")
+        return data
+
+    def logits(self):
+        """The last decode's logits as a read-only float32 array (n_outputs, n_vocab) that views
+        llama.cpp's own buffer: nothing is copied. Row k belongs to output_seqs[k]. The next
+        decode refuses to run while the array (or any view of it) is alive."""
+        self._logits()  # raise here: numpy would turn a failing buffer into an object array
+        cdef _LogitsBuffer buf = _LogitsBuffer()
+        buf.ctx = self
+        return np.asarray(buf)
+
+    def logits_address(self):
+        """Address of llama.cpp's logits buffer, for checking that views do not copy."""
+        return <size_t>self._logits()
+
+    # per-sequence memory ----------------------------------------------------------------------
+
+    def seq_rm(self, int seq_id, int p0=-1, int p1=-1):
+        """Removes positions [p0, p1) of a sequence (-1: open end). Returns False if the
+        memory cannot remove a partial range."""
+        self._check_open()
+        self._check_seq(seq_id)
+        return L.llama_memory_seq_rm(L.llama_get_memory(self._ctx), seq_id, p0, p1)
+
+    def seq_cp(self, int src, int dst, int p0=-1, int p1=-1):
+        """Shares positions [p0, p1) of src with dst (no copy of the KV data)."""
+        self._check_open()
+        self._check_seq(src)
+        self._check_seq(dst)
+        L.llama_memory_seq_cp(L.llama_get_memory(self._ctx), src, dst, p0, p1)
+
+    def seq_keep(self, int seq_id):
+        """Removes every sequence but this one."""
+        self._check_open()
+        self._check_seq(seq_id)
+        L.llama_memory_seq_keep(L.llama_get_memory(self._ctx), seq_id)
+
+    def seq_pos_max(self, int seq_id):
+        """Largest position held for the sequence, -1 when it is empty."""
+        self._check_open()
+        self._check_seq(seq_id)
+        return L.llama_memory_seq_pos_max(L.llama_get_memory(self._ctx), seq_id)
+
+    def seq_pos_min(self, int seq_id):
+        """Smallest position held for the sequence, -1 when it is empty."""
+        self._check_open()
+        self._check_seq(seq_id)
+        return L.llama_memory_seq_pos_min(L.llama_get_memory(self._ctx), seq_id)
+
+    def clear(self):
+        """Empties the whole KV cache."""
+        self._check_open()
+        L.llama_memory_clear(L.llama_get_memory(self._ctx), True)
+
+    def seq_state(self, int seq_id):
+        """The sequence's KV state as bytes (for save/restore or moving between slots)."""
+        self._check_open()
+        self._check_seq(seq_id)
+        cdef size_t size = L.llama_state_seq_get_size(self._ctx, seq_id)
+        data = PyBytes_FromStringAndSize(NULL, size)
+        cdef uint8_t * dst = <uint8_t *>PyBytes_AS_STRING(data)
+        cdef size_t written
+        with nogil:
+            written = L.llama_state_seq_get_data(self._ctx, dst, size, seq_id)
+        if written != size:
+            raise errors.UmaError(f"sequence state copy wrote {written} of {size} bytes")
+        return data
+
+    def set_seq_state(self, int seq_id, const uint8_t[::1] data):
+        """Restores a state from seq_state() into seq_id (which should be empty)."""
+        self._check_open()
+        self._check_seq(seq_id)
+        if data.shape[0] == 0:
+            raise errors.InvalidRequestError("sequence state is empty")
+        cdef size_t read
+        log_clear_problem()
+        with nogil:
+            read = L.llama_state_seq_set_data(self._ctx, &data[0], data.shape[0], seq_id)
+        if read == 0:
+            raise errors.InvalidRequestError(
+                f"could not restore the sequence state: {_last_problem() or 'rejected'}")
+        return read
+
+
+def default_threads():
+    """Threads llama.cpp should use: the cores this process may run on, at most 16 beyond
+    which decode stops scaling and starts fighting the I/O and sampler threads."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:
+        n = os.cpu_count() or 1
+    return max(1, min(n, 16))
+
+
+# --- Sampler -----------------------------------------------------------------------------------
+
+@cython.no_gc_clear
+cdef class Sampler:
+    """Samples all rows of a tick in one native call, without the GIL, optionally on the
+    sampler's own thread (submit/wait) so Python can work meanwhile.
+
+    Each of n_slots slots holds one sequence's parameters, seeded RNG and penalty history.
+    """
+
+    def __cinit__(self, int n_slots, int n_vocab):
+        self._native = NULL
+        if n_slots <= 0 or n_vocab <= 0:
+            raise errors.InvalidRequestError("n_slots and n_vocab must be positive")
+        self._native = new NativeSampler(n_slots, n_vocab)
+        _live["sampler"] += 1
+
+    def __dealloc__(self):
+        if self._native != NULL:
+            with nogil:
+                self._native.wait()
+            del self._native
+            self._native = NULL
+            _live["sampler"] -= 1
+
+    def close(self):
+        if self._native == NULL:
+            return
+        self.wait()
+        del self._native
+        self._native = NULL
+        _live["sampler"] -= 1
+
+    @property
+    def n_slots(self):
+        return self._check().n_slots()
+
+    @property
+    def n_vocab(self):
+        return self._check().n_vocab()
+
+    cdef NativeSampler * _check(self) except NULL:
+        if self._native == NULL:
+            raise errors.ClosedError("sampler is closed")
+        return self._native
+
+    def _slot(self, slot):
+        if not 0 <= slot < self._check().n_slots():
+            raise errors.InvalidRequestError(
+                f"slot {slot} is outside [0, {self._native.n_slots()})")
+        return slot
+
+    def configure(self, int slot, *, float temperature=0.0, int top_k=0, float top_p=1.0,
+                  float min_p=0.0, float repeat_penalty=1.0, float frequency_penalty=0.0,
+                  float presence_penalty=0.0, int penalty_last_n=64, seed=0):
+        """Resets a slot for a new sequence. temperature <= 0 is greedy."""
+        self._slot(slot)
+        check_sampling(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                       repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
+                       presence_penalty=presence_penalty, penalty_last_n=penalty_last_n,
+                       seed=seed)
+        if self._native.busy():
+            raise errors.UmaError("cannot configure while a sampler job is in flight")
+        cdef SamplingParams p
+        p.temperature = temperature
+        p.top_k = top_k
+        p.top_p = top_p
+        p.min_p = min_p
+        p.repeat_penalty = repeat_penalty
+        p.frequency_penalty = frequency_penalty
+        p.presence_penalty = presence_penalty
+        p.penalty_last_n = penalty_last_n
+        p.seed = <unsigned long long>(seed & 0xFFFFFFFFFFFFFFFF)
+        self._native.configure(slot, p)
+
+    def accept(self, int slot, tokens):
+        """Adds tokens (e.g. the prompt) to the slot's penalty history."""
+        self._slot(slot)
+        cdef int32_t[::1] toks = np.ascontiguousarray(tokens, dtype=np.int32)
+        if self._native.busy():
+            raise errors.UmaError("cannot accept tokens while a sampler job is in flight")
+        if toks.shape[0]:
+            self._native.accept(slot, &toks[0], <int32_t>toks.shape[0])
+
+    def _prepare(self, Context ctx, rows, slots, bint logprobs):
+        if self._check().busy():
+            raise errors.UmaError("a sampler job is already in flight; wait() first")
+        cdef const float * data = ctx._logits()
+        if ctx.model.n_vocab != self._native.n_vocab():
+            raise errors.InvalidRequestError(
+                f"sampler n_vocab {self._native.n_vocab()} != model n_vocab {ctx.model.n_vocab}")
+        r = np.ascontiguousarray(rows, dtype=np.int32)
+        s = np.ascontiguousarray(slots, dtype=np.int32)
+        if r.ndim != 1 or r.shape != s.shape:
+            raise errors.InvalidRequestError("rows and slots must be 1-D and of equal length")
+        if r.size:
+            if r.min() < 0 or r.max() >= ctx._n_outputs:
+                raise errors.InvalidRequestError(
+                    f"logits rows must be in [0, {ctx._n_outputs})")
+            if s.min() < 0 or s.max() >= self._native.n_slots():
+                raise errors.InvalidRequestError(
+                    f"slots must be in [0, {self._native.n_slots()})")
+        tokens = np.empty(r.size, dtype=np.int32)
+        lp = np.empty(r.size, dtype=np.float32) if logprobs else None
+        return r, s, tokens, lp, <size_t>data
+
+    cdef SampleJob _job(self, size_t data, r, s, tokens, lp):
+        cdef SampleJob job
+        cdef int32_t[::1] rv = r
+        cdef int32_t[::1] sv = s
+        cdef int32_t[::1] tv = tokens
+        cdef float[::1] lv
+        job.logits = <const float *>data
+        job.n = <int32_t>rv.shape[0]
+        job.rows = &rv[0] if job.n else NULL
+        job.slots = &sv[0] if job.n else NULL
+        job.out_tokens = &tv[0] if job.n else NULL
+        job.out_logprobs = NULL
+        if lp is not None and job.n:
+            lv = lp
+            job.out_logprobs = &lv[0]
+        return job
+
+    def sample(self, Context ctx not None, rows, slots, *, bint logprobs=False):
+        """Samples logits rows `rows` of ctx's last decode with slots `slots`, on this thread
+        with the GIL released. Returns tokens (int32), or (tokens, logprobs) if asked."""
+        r, s, tokens, lp, data = self._prepare(ctx, rows, slots, logprobs)
+        cdef SampleJob job = self._job(data, r, s, tokens, lp)
+        with nogil:
+            self._native.sample(job)
+        return (tokens, lp) if logprobs else tokens
+
+    def submit(self, Context ctx not None, rows, slots, *, bint logprobs=False):
+        """Starts the same work on the sampler thread and returns at once; wait() collects
+        it. The context refuses to decode until then."""
+        r, s, tokens, lp, data = self._prepare(ctx, rows, slots, logprobs)
+        cdef SampleJob job = self._job(data, r, s, tokens, lp)
+        self._keep = (r, s, tokens, lp, logprobs)
+        self._inflight = ctx
+        ctx._sampling = True
+        self._native.submit(job)
+
+    def wait(self):
+        """Waits for the submitted job; returns what sample() would have. None if idle."""
+        if self._native == NULL:
+            return None
+        with nogil:
+            self._native.wait()
+        if self._inflight is None:
+            return None
+        self._inflight._sampling = False
+        self._inflight._free_if_idle()
+        self._inflight = None
+        r, s, tokens, lp, logprobs = self._keep
+        self._keep = None
+        return (tokens, lp) if logprobs else tokens
+
+    def sample_array(self, logits, slots, *, bint logprobs=False):
+        """Samples each row of a float32 array (rows, n_vocab) with the matching slot; for
+        logits that did not come from a context (tests, custom processing)."""
+        arr = np.ascontiguousarray(logits, dtype=np.float32)
+        if arr.ndim != 2 or arr.shape[1] != self._check().n_vocab():
+            raise errors.InvalidRequestError(
+                f"logits must have shape (rows, {self._native.n_vocab()})")
+        if self._native.busy():
+            raise errors.UmaError("a sampler job is already in flight; wait() first")
+        s = np.ascontiguousarray(slots, dtype=np.int32)
+        if s.shape != (arr.shape[0],):
+            raise errors.InvalidRequestError("one slot per logits row is required")
+        if s.size and (s.min() < 0 or s.max() >= self._native.n_slots()):
+            raise errors.InvalidRequestError(f"slots must be in [0, {self._native.n_slots()})")
+        r = np.arange(arr.shape[0], dtype=np.int32)
+        tokens = np.empty(r.size, dtype=np.int32)
+        lp = np.empty(r.size, dtype=np.float32) if logprobs else None
+        cdef float[:, ::1] view = arr
+        cdef size_t data = <size_t>&view[0, 0] if arr.shape[0] else 0
+        cdef SampleJob job = self._job(data, r, s, tokens, lp)
+        with nogil:
+            self._native.sample(job)
+        return (tokens, lp) if logprobs else tokens
+
+    def candidates(self, int slot, row):
+        """The token ids that survive the slot's filters for this logits row, most probable
+        first, and their renormalised probabilities. Does not touch the RNG."""
+        self._slot(slot)
+        cdef float[::1] view = np.ascontiguousarray(row, dtype=np.float32)
+        if view.shape[0] != self._native.n_vocab():
+            raise errors.InvalidRequestError(f"row must have {self._native.n_vocab()} logits")
+        if self._native.busy():
+            raise errors.UmaError("a sampler job is in flight; wait() first")
+        ids = np.empty(view.shape[0], dtype=np.int32)
+        probs = np.empty(view.shape[0], dtype=np.float32)
+        cdef int32_t[::1] iv = ids
+        cdef float[::1] pv = probs
+        cdef int32_t n
+        with nogil:
+            n = self._native.candidates(slot, &view[0], &iv[0], &pv[0])
+        return ids[:n], probs[:n]

@@ -1,0 +1,154 @@
+# The slice of llama.h that uma calls, declared once, nogil. Fields that uma never touches are
+# left out of the struct declarations: Cython takes the layout from the real header.
+
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libcpp cimport bool as cbool
+
+cdef extern from "ggml.h" nogil:
+    ctypedef enum ggml_log_level:
+        GGML_LOG_LEVEL_NONE
+        GGML_LOG_LEVEL_DEBUG
+        GGML_LOG_LEVEL_INFO
+        GGML_LOG_LEVEL_WARN
+        GGML_LOG_LEVEL_ERROR
+        GGML_LOG_LEVEL_CONT
+    ctypedef int ggml_type
+    ctypedef void (*ggml_log_callback)(ggml_log_level level, const char * text, void * user_data)
+
+cdef extern from "llama.h" nogil:
+    ctypedef int32_t llama_pos
+    ctypedef int32_t llama_token
+    ctypedef int32_t llama_seq_id
+
+    cdef struct llama_model:
+        pass
+    cdef struct llama_context:
+        pass
+    cdef struct llama_vocab:
+        pass
+    cdef struct llama_memory_i:
+        pass
+    ctypedef llama_memory_i * llama_memory_t
+
+    ctypedef cbool (*llama_progress_callback)(float progress, void * user_data)
+    ctypedef cbool (*ggml_abort_callback)(void * data)
+
+    ctypedef struct llama_batch:
+        int32_t n_tokens
+        llama_token * token
+        float * embd
+        llama_pos * pos
+        int32_t * n_seq_id
+        llama_seq_id ** seq_id
+        int8_t * logits
+
+    enum llama_flash_attn_type:
+        LLAMA_FLASH_ATTN_TYPE_AUTO
+        LLAMA_FLASH_ATTN_TYPE_DISABLED
+        LLAMA_FLASH_ATTN_TYPE_ENABLED
+
+    struct llama_model_params:
+        int32_t n_gpu_layers
+        llama_progress_callback progress_callback
+        void * progress_callback_user_data
+        bint vocab_only
+        bint check_tensors
+
+    struct llama_context_params:
+        uint32_t n_ctx
+        uint32_t n_batch
+        uint32_t n_ubatch
+        uint32_t n_seq_max
+        int32_t n_threads
+        int32_t n_threads_batch
+        llama_flash_attn_type flash_attn_type
+        ggml_type type_k
+        ggml_type type_v
+        ggml_abort_callback abort_callback
+        void * abort_callback_data
+        bint embeddings
+        bint offload_kqv
+        bint no_perf
+        bint kv_unified
+        bint swa_full
+
+    ctypedef struct llama_chat_message:
+        const char * role
+        const char * content
+
+    llama_model_params llama_model_default_params()
+    llama_context_params llama_context_default_params()
+    void llama_backend_init()
+    void llama_log_set(ggml_log_callback log_callback, void * user_data)
+    const char * llama_print_system_info()
+    bint llama_supports_gpu_offload()
+    size_t llama_max_parallel_sequences()
+
+    llama_model * llama_model_load_from_file(const char * path_model, llama_model_params params)
+    void llama_model_free(llama_model * model)
+    llama_context * llama_init_from_model(llama_model * model, llama_context_params params)
+    void llama_free(llama_context * ctx)
+
+    uint32_t llama_n_ctx(const llama_context * ctx)
+    uint32_t llama_n_ctx_seq(const llama_context * ctx)
+    uint32_t llama_n_batch(const llama_context * ctx)
+    uint32_t llama_n_ubatch(const llama_context * ctx)
+    uint32_t llama_n_seq_max(const llama_context * ctx)
+    int32_t llama_n_threads(llama_context * ctx)
+    int32_t llama_n_threads_batch(llama_context * ctx)
+    void llama_set_n_threads(llama_context * ctx, int32_t n_threads, int32_t n_threads_batch)
+    llama_memory_t llama_get_memory(const llama_context * ctx)
+
+    const llama_vocab * llama_model_get_vocab(const llama_model * model)
+    int32_t llama_model_n_ctx_train(const llama_model * model)
+    int32_t llama_model_n_embd(const llama_model * model)
+    int32_t llama_model_n_layer(const llama_model * model)
+    int32_t llama_model_n_head(const llama_model * model)
+    int32_t llama_model_n_head_kv(const llama_model * model)
+    int32_t llama_model_meta_val_str(const llama_model * model, const char * key, char * buf,
+                                     size_t buf_size)
+    int32_t llama_model_desc(const llama_model * model, char * buf, size_t buf_size)
+    uint64_t llama_model_size(const llama_model * model)
+    uint64_t llama_model_n_params(const llama_model * model)
+    const char * llama_model_chat_template(const llama_model * model, const char * name)
+    bint llama_model_has_encoder(const llama_model * model)
+    bint llama_model_is_recurrent(const llama_model * model)
+
+    int32_t llama_vocab_n_tokens(const llama_vocab * vocab)
+    bint llama_vocab_is_eog(const llama_vocab * vocab, llama_token token)
+    llama_token llama_vocab_bos(const llama_vocab * vocab)
+    llama_token llama_vocab_eos(const llama_vocab * vocab)
+    llama_token llama_vocab_eot(const llama_vocab * vocab)
+    bint llama_vocab_get_add_bos(const llama_vocab * vocab)
+
+    int32_t llama_tokenize(const llama_vocab * vocab, const char * text, int32_t text_len,
+                           llama_token * tokens, int32_t n_tokens_max, bint add_special,
+                           bint parse_special)
+    int32_t llama_token_to_piece(const llama_vocab * vocab, llama_token token, char * buf,
+                                 int32_t length, int32_t lstrip, bint special)
+    int32_t llama_detokenize(const llama_vocab * vocab, const llama_token * tokens,
+                             int32_t n_tokens, char * text, int32_t text_len_max,
+                             bint remove_special, bint unparse_special)
+    int32_t llama_chat_apply_template(const char * tmpl, const llama_chat_message * chat,
+                                      size_t n_msg, bint add_ass, char * buf, int32_t length)
+
+    void llama_memory_clear(llama_memory_t mem, bint data)
+    bint llama_memory_seq_rm(llama_memory_t mem, llama_seq_id seq_id, llama_pos p0, llama_pos p1)
+    void llama_memory_seq_cp(llama_memory_t mem, llama_seq_id src, llama_seq_id dst,
+                             llama_pos p0, llama_pos p1)
+    void llama_memory_seq_keep(llama_memory_t mem, llama_seq_id seq_id)
+    llama_pos llama_memory_seq_pos_min(llama_memory_t mem, llama_seq_id seq_id)
+    llama_pos llama_memory_seq_pos_max(llama_memory_t mem, llama_seq_id seq_id)
+
+    size_t llama_state_seq_get_size(llama_context * ctx, llama_seq_id seq_id)
+    size_t llama_state_seq_get_data(llama_context * ctx, uint8_t * dst, size_t size,
+                                    llama_seq_id seq_id)
+    size_t llama_state_seq_set_data(llama_context * ctx, const uint8_t * src, size_t size,
+                                    llama_seq_id dest_seq_id)
+
+    llama_batch llama_batch_init(int32_t n_tokens, int32_t embd, int32_t n_seq_max)
+    void llama_batch_free(llama_batch batch)
+    int32_t llama_decode(llama_context * ctx, llama_batch batch)
+    void llama_synchronize(llama_context * ctx)
+    float * llama_get_logits(llama_context * ctx)
+    float * llama_get_logits_ith(llama_context * ctx, int32_t i)

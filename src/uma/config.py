@@ -1,0 +1,103 @@
+"""Validated, frozen configuration objects.
+
+Everything a user passes in (keyword arguments, CLI flags, config files, socket frames) ends up
+in one of these dataclasses, whose constructors check every field and name the bad one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from uma.errors import InvalidRequestError
+
+
+def _number(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidRequestError(f"{name} must be a number, not {type(value).__name__}")
+    if not math.isfinite(value):
+        raise InvalidRequestError(f"{name} must be finite, not {value}")
+    return float(value)
+
+
+def _integer(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequestError(f"{name} must be an integer, not {type(value).__name__}")
+    return value
+
+
+def check_sampling(
+    *,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    min_p: float,
+    repeat_penalty: float,
+    frequency_penalty: float,
+    presence_penalty: float,
+    penalty_last_n: int,
+    seed: int,
+) -> None:
+    """Raises InvalidRequestError naming the first sampler option out of range."""
+    if _number("temperature", temperature) < 0:
+        raise InvalidRequestError(f"temperature must be >= 0, not {temperature}")
+    if _integer("top_k", top_k) < 0:
+        raise InvalidRequestError(f"top_k must be >= 0 (0 disables it), not {top_k}")
+    if not 0.0 < _number("top_p", top_p) <= 1.0:
+        raise InvalidRequestError(f"top_p must be in (0, 1], not {top_p}")
+    if not 0.0 <= _number("min_p", min_p) <= 1.0:
+        raise InvalidRequestError(f"min_p must be in [0, 1], not {min_p}")
+    if _number("repeat_penalty", repeat_penalty) <= 0:
+        raise InvalidRequestError(
+            f"repeat_penalty must be > 0 (1 disables it), not {repeat_penalty}")
+    if abs(_number("frequency_penalty", frequency_penalty)) > 2:
+        raise InvalidRequestError(f"frequency_penalty must be in [-2, 2], not {frequency_penalty}")
+    if abs(_number("presence_penalty", presence_penalty)) > 2:
+        raise InvalidRequestError(f"presence_penalty must be in [-2, 2], not {presence_penalty}")
+    if not 0 <= _integer("penalty_last_n", penalty_last_n) <= 1 << 20:
+        raise InvalidRequestError(f"penalty_last_n must be in [0, 1048576], not {penalty_last_n}")
+    if _integer("seed", seed) < 0 or seed >= 1 << 64:
+        raise InvalidRequestError(f"seed must be in [0, 2**64), not {seed}")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request picks its tokens. temperature 0 is greedy (the default)."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    penalty_last_n: int = 64
+    seed: int = 0
+    max_tokens: int = 256
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    ignore_eos: bool = False
+    logprobs: bool = False
+
+    def __post_init__(self) -> None:
+        check_sampling(**self.sampler_options())
+        if _integer("max_tokens", self.max_tokens) < 1:
+            raise InvalidRequestError(f"max_tokens must be >= 1, not {self.max_tokens}")
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop
+        if not isinstance(stop, (tuple, list)) or not all(isinstance(s, str) for s in stop):
+            raise InvalidRequestError("stop must be a string or a list of strings")
+        if any(s == "" for s in stop):
+            raise InvalidRequestError("stop strings must not be empty")
+        object.__setattr__(self, "stop", tuple(stop))
+        for name in ("ignore_eos", "logprobs"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidRequestError(f"{name} must be a boolean")
+
+    def sampler_options(self) -> dict[str, float | int]:
+        """The fields the native sampler takes (uma._core.Sampler.configure)."""
+        return {
+            "temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
+            "min_p": self.min_p, "repeat_penalty": self.repeat_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "presence_penalty": self.presence_penalty, "penalty_last_n": self.penalty_last_n,
+            "seed": self.seed,
+        }

@@ -1,0 +1,117 @@
+// The native sampler: turns rows of logits into tokens without the GIL.
+//
+// One Sampler serves a fixed number of slots (one per sequence the engine can run at once).
+// Each slot has its own parameters, seeded RNG and penalty history, so a request's tokens depend
+// only on its own seed and logits, never on which other requests shared the tick.
+//
+// Pipeline per row (the order users of Hugging Face and vLLM expect):
+//   penalties -> temperature -> top-k -> top-p -> min-p -> draw
+// A temperature <= 0 means greedy: the arg-max after penalties, every filter ignored.
+//
+// `sample` runs on the calling thread; `submit` hands the same work to the sampler's own thread
+// and `wait` joins it, so Python can do other work of the tick in between.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+namespace uma {
+
+struct SamplingParams {
+    float temperature = 0.0f;      // <= 0: greedy
+    int32_t top_k = 0;             // <= 0: off
+    float top_p = 1.0f;            // >= 1: off
+    float min_p = 0.0f;            // <= 0: off
+    float repeat_penalty = 1.0f;   // 1: off; llama.cpp's rule (divide positive, multiply negative)
+    float frequency_penalty = 0.0f;
+    float presence_penalty = 0.0f;
+    int32_t penalty_last_n = 64;   // window of recent tokens the penalties look at; 0: off
+    uint64_t seed = 0;
+};
+
+// One logits row to sample, and where to put the answer.
+struct SampleJob {
+    const float * logits = nullptr;   // row r starts at logits + rows[i] * n_vocab
+    const int32_t * rows = nullptr;
+    const int32_t * slots = nullptr;
+    int32_t n = 0;
+    int32_t * out_tokens = nullptr;
+    float * out_logprobs = nullptr;   // may be null: no log-probabilities wanted
+};
+
+struct Candidate {
+    float logit;
+    int32_t id;
+};
+
+class Sampler {
+public:
+    Sampler(int32_t n_slots, int32_t n_vocab);
+    ~Sampler();
+    Sampler(const Sampler &) = delete;
+    Sampler & operator=(const Sampler &) = delete;
+
+    int32_t n_slots() const { return static_cast<int32_t>(slots_.size()); }
+    int32_t n_vocab() const { return n_vocab_; }
+
+    // Resets the slot: new parameters, RNG reseeded, penalty history emptied.
+    void configure(int32_t slot, const SamplingParams & params);
+    // Adds tokens (a prompt, say) to the slot's penalty history.
+    void accept(int32_t slot, const int32_t * tokens, int32_t n);
+
+    // Samples every row of the job on this thread; sampled tokens join their slot's history.
+    void sample(const SampleJob & job);
+    // The same on the sampler thread; returns at once. One job may be in flight at a time.
+    void submit(const SampleJob & job);
+    // Blocks until the submitted job is done. No-op when nothing is in flight.
+    void wait();
+    bool busy();
+
+    // The candidates that survive the filters for this slot and row, most probable first, with
+    // their probabilities after renormalisation. Returns how many; out arrays hold n_vocab.
+    int32_t candidates(int32_t slot, const float * row, int32_t * out_ids, float * out_probs);
+
+private:
+    struct Slot {
+        SamplingParams params;
+        std::mt19937_64 rng;
+        std::vector<int32_t> window;   // ring buffer of the last penalty_last_n tokens
+        size_t window_pos = 0;
+        size_t window_fill = 0;
+        std::unordered_map<int32_t, int32_t> counts;
+        void remember(int32_t token);
+    };
+
+    int32_t sample_row(Slot & slot, const float * row, float * logprob);
+    // Scales `row` by the temperature into cands_ and applies top-k, top-p and min-p there;
+    // cands_max_ is then the largest scaled logit. need_sorted: leave cands_ most probable first.
+    void filter(Slot & slot, const float * row, bool need_sorted);
+    // The row itself when no penalty applies, else a penalised copy in scratch_: llama.cpp's
+    // logits buffer is shared with zero-copy views and is never written.
+    const float * penalised(Slot & slot, const float * row);
+    double uniform(Slot & slot);
+    void worker_loop();
+
+    int32_t n_vocab_;
+    std::vector<Slot> slots_;
+    std::vector<float> scratch_;
+    std::vector<Candidate> cands_;
+    bool cands_sorted_ = false;
+    float cands_max_ = 0.0f;
+
+    std::mutex mu_;
+    std::condition_variable cv_job_;
+    std::condition_variable cv_done_;
+    SampleJob pending_;
+    bool has_job_ = false;
+    bool stop_ = false;
+    std::thread worker_;
+};
+
+}  // namespace uma

@@ -1,0 +1,113 @@
+"""The one error tree of UMA Serve.
+
+Every failure a user can see is a :class:`UmaError`. What the caller caused (a bad request, a
+bad model file) also subclasses the matching built-in (``ValueError``, ``FileNotFoundError``),
+so generic handlers keep working; internal faults do not. Each class carries the wire ``code``
+the daemon sends in its ``error`` events (docs/PROTOCOL.md).
+"""
+
+from __future__ import annotations
+
+
+class UmaError(Exception):
+    """Base of every UMA Serve error."""
+
+    code = "E_INTERNAL"
+
+
+# --- what the caller caused ------------------------------------------------------------------
+
+
+class InvalidRequestError(UmaError, ValueError):
+    """A request, parameter or input that can never succeed as given."""
+
+    code = "E_REQUEST"
+
+
+class InvalidTokenError(InvalidRequestError):
+    """A token id outside the model's vocabulary."""
+
+
+class BatchFullError(InvalidRequestError):
+    """More tokens than the batch (or the context's n_batch) holds."""
+
+    code = "E_LIMIT_BATCH"
+
+
+class ContextOverflowError(InvalidRequestError):
+    """A sequence would grow past the context window (a prompt longer than the context)."""
+
+    code = "E_LIMIT_CONTEXT"
+
+
+class ModelLoadError(UmaError):
+    """The model could not be loaded."""
+
+    code = "E_MODEL"
+
+
+class ModelNotFoundError(ModelLoadError, FileNotFoundError):
+    """The model path does not exist."""
+
+
+class InvalidModelError(ModelLoadError, ValueError):
+    """The file is not a GGUF llama.cpp can load (wrong magic, truncated, unsupported)."""
+
+
+# --- runtime faults ------------------------------------------------------------------------
+
+
+class DecodeError(UmaError):
+    """llama_decode failed."""
+
+    code = "E_RUNTIME_DECODE"
+
+    def __init__(self, message: str, rc: int = 0) -> None:
+        super().__init__(message)
+        self.rc = rc
+
+
+class NoKVSlotError(DecodeError):
+    """No room in the KV cache for the batch (rc 1). Recoverable: shrink the batch, or free or
+    preempt a sequence, and decode again; the cache is as it was before the call."""
+
+    code = "E_RUNTIME_KV_FULL"
+
+
+class DecodeAbortedError(DecodeError):
+    """The decode was aborted by its abort callback (rc 2)."""
+
+    code = "E_RUNTIME_ABORTED"
+
+
+class InvalidBatchError(DecodeError, ValueError):
+    """llama.cpp rejected the batch (rc -1): positions or sequence ids out of order."""
+
+    code = "E_RUNTIME_BATCH"
+
+
+class LogitsInUseError(UmaError, BufferError):
+    """A zero-copy logits view from the previous decode is still alive.
+
+    The next decode overwrites that memory, so it refuses to run until the view is dropped (or
+    copied with ``numpy.array(view)``)."""
+
+    code = "E_RUNTIME_LOGITS"
+
+
+class ClosedError(UmaError, RuntimeError):
+    """The object was closed and can no longer be used."""
+
+    code = "E_CLOSED"
+
+
+def decode_error(rc: int, detail: str = "") -> DecodeError:
+    """Translates a llama_decode return code (llama.h) into the matching exception."""
+    suffix = f": {detail}" if detail else ""
+    if rc == 1:
+        return NoKVSlotError(f"no KV cache slot for the batch{suffix}", rc)
+    if rc == 2:
+        return DecodeAbortedError(f"decode aborted{suffix}", rc)
+    if rc == -1:
+        return InvalidBatchError(f"llama.cpp rejected the batch{suffix}", rc)
+    return DecodeError(f"llama_decode failed with code {rc}{suffix}", rc)
