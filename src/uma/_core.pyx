@@ -454,9 +454,16 @@ cdef class Batch:
         _live["batch"] += 1
 
     def __dealloc__(self):
+        self.close()
+
+    def close(self):
+        """Frees the arrays. Idempotent; a closed batch holds nothing."""
         if self._batch.token != NULL:
             L.llama_batch_free(self._batch)
             self._batch.token = NULL
+            self._batch.n_tokens = 0
+            self.capacity = 0
+            self.n_outputs = 0
             _live["batch"] -= 1
 
     @property
@@ -479,6 +486,8 @@ cdef class Batch:
         self._batch.logits[i] = out
 
     def _reserve(self, Py_ssize_t n):
+        if self._batch.token == NULL:
+            raise errors.ClosedError("batch is closed")
         if self._batch.n_tokens + n > self.capacity:
             raise errors.BatchFullError(
                 f"batch holds {self.capacity} tokens; {self._batch.n_tokens} used, "

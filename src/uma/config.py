@@ -101,3 +101,53 @@ class SamplingParams:
             "presence_penalty": self.presence_penalty, "penalty_last_n": self.penalty_last_n,
             "seed": self.seed,
         }
+
+
+_KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything uma.Engine needs to load a model and run it."""
+
+    model: str
+    n_ctx: int = 4096  # KV cache positions in all (shared by the sequences when kv_unified)
+    n_seq_max: int = 8  # requests decoded at once; more wait in the queue
+    n_batch: int = 512  # most tokens in one decode call
+    n_ubatch: int | None = None  # most tokens in one physical compute step; None: n_batch
+    n_threads: int | None = None  # None: the cores this process may use (at most 16)
+    n_threads_batch: int | None = None
+    n_gpu_layers: int = -1  # layers offloaded to the GPU when there is one; -1: all
+    kv_unified: bool = True  # one KV buffer shared by all sequences
+    type_k: str = "f16"
+    type_v: str = "f16"
+    flash_attn: str = "auto"
+    policy: str = "baseline"
+    tick_target_ms: float = 30.0  # the baseline policy's tick time budget
+    max_queue: int = 1024  # requests waiting beyond this are refused
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model:
+            raise InvalidRequestError("model must be a path to a GGUF file")
+        for name in ("n_ctx", "n_seq_max", "n_batch", "max_queue"):
+            if _integer(name, getattr(self, name)) < 1:
+                raise InvalidRequestError(f"{name} must be >= 1, not {getattr(self, name)}")
+        if self.n_ubatch is not None and not 1 <= _integer("n_ubatch", self.n_ubatch) <= self.n_batch:
+            raise InvalidRequestError(
+                f"n_ubatch ({self.n_ubatch}) must not exceed n_batch ({self.n_batch})")
+        for name in ("n_threads", "n_threads_batch"):
+            value = getattr(self, name)
+            if value is not None and _integer(name, value) < 1:
+                raise InvalidRequestError(f"{name} must be >= 1, not {value}")
+        _integer("n_gpu_layers", self.n_gpu_layers)
+        for name in ("type_k", "type_v"):
+            if getattr(self, name) not in _KV_TYPES:
+                raise InvalidRequestError(
+                    f"{name} must be one of {', '.join(_KV_TYPES)}, not {getattr(self, name)!r}")
+        if self.flash_attn not in ("auto", "on", "off"):
+            raise InvalidRequestError(
+                f"flash_attn must be 'auto', 'on' or 'off', not {self.flash_attn!r}")
+        if not isinstance(self.kv_unified, bool):
+            raise InvalidRequestError("kv_unified must be a boolean")
+        if _number("tick_target_ms", self.tick_target_ms) <= 0:
+            raise InvalidRequestError(f"tick_target_ms must be > 0, not {self.tick_target_ms}")

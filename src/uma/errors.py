@@ -40,6 +40,12 @@ class ContextOverflowError(InvalidRequestError):
     code = "E_LIMIT_CONTEXT"
 
 
+class EngineBusyError(UmaError):
+    """Too many requests are already waiting; try again later."""
+
+    code = "E_BUSY"
+
+
 class ModelLoadError(UmaError):
     """The model could not be loaded."""
 

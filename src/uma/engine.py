@@ -1,0 +1,223 @@
+"""uma.Engine: one model, one context, many concurrent requests, one llama_decode per tick.
+
+Apps embed it directly; the daemon wraps it. Three kinds of threads meet here:
+
+* callers (any thread or event loop) tokenize and submit requests, then consume their handles;
+* the compute thread runs the executor's ticks and sleeps on a condition when there is no work;
+* the output thread detokenises and publishes events (uma.output), overlapping the next decode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import itertools
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from uma import _core
+from uma.config import EngineConfig, SamplingParams
+from uma.errors import (
+    ClosedError,
+    ContextOverflowError,
+    EngineBusyError,
+    InvalidRequestError,
+    UmaError,
+)
+from uma.handle import RequestHandle, Result
+from uma.metrics import Registry
+from uma.output import OutputStage
+from uma.request import Request
+from uma.sched.executor import Executor
+from uma.sched.policy import create_policy
+from uma.sched.state import Priority
+
+log = logging.getLogger("uma.engine")
+
+Prompt = str | Sequence[int] | np.ndarray | Sequence[dict]
+
+
+class Engine:
+    """Continuous batching over one llama.cpp context. Thread-safe and asyncio-friendly.
+
+    >>> with Engine("model.gguf", n_seq_max=8) as engine:
+    ...     print(engine.generate("Once upon a time", max_tokens=32).text)
+    """
+
+    def __init__(self, model: str | os.PathLike, **config) -> None:
+        self._start(EngineConfig(model=os.fspath(model), **config))
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> Engine:
+        engine = cls.__new__(cls)
+        engine._start(config)
+        return engine
+
+    def _start(self, config: EngineConfig) -> None:
+        self.config = config
+        self._closed = False
+        self._cond = threading.Condition()
+        self._inbox: list[Request] = []
+        self._closing: str | None = None  # None, "drain" or "cancel"
+        self._poked = False
+        self._rids = itertools.count(1)
+        self.metrics = Registry()
+        self.model = _core.Model(config.model, n_gpu_layers=config.n_gpu_layers)
+        try:
+            self.ctx = _core.Context(
+                self.model, n_ctx=config.n_ctx, n_batch=config.n_batch, n_ubatch=config.n_ubatch,
+                n_seq_max=config.n_seq_max, kv_unified=config.kv_unified, type_k=config.type_k,
+                type_v=config.type_v, flash_attn=config.flash_attn, n_threads=config.n_threads,
+                n_threads_batch=config.n_threads_batch)
+        except BaseException:
+            self.model.close()
+            raise
+        self.n_ctx_seq = self.ctx.n_ctx_seq
+        self._output = OutputStage(self.model, on_stop=self._poke)
+        policy = create_policy(config.policy, tick_target_ms=config.tick_target_ms)
+        self._executor = Executor(self.ctx, policy, self._output, self.metrics)
+        self._submitted = self.metrics.counter("requests_submitted_total", "requests accepted")
+        self._thread = threading.Thread(target=self._compute, name="uma-compute", daemon=True)
+        self._thread.start()
+
+    # --- submitting ------------------------------------------------------------------------
+
+    def submit(self, prompt: Prompt, params: SamplingParams | None = None, *,
+               priority: str | Priority = "interactive", **options) -> RequestHandle:
+        """Queues a request and returns its handle at once.
+
+        prompt: text, token ids, or chat messages ([{'role': ..., 'content': ...}], rendered
+        with the model's chat template). options override fields of params (SamplingParams).
+        Raises InvalidRequestError (and subclasses) for input that can never run.
+        """
+        params = params or SamplingParams()
+        if options:
+            try:
+                params = dataclasses.replace(params, **options)
+            except TypeError as exc:
+                raise InvalidRequestError(str(exc)) from None
+        prio = Priority.parse(priority)
+        tokens = self._tokens(prompt)
+        if len(tokens) > self.n_ctx_seq:
+            raise ContextOverflowError(
+                f"prompt has {len(tokens)} tokens; the context holds {self.n_ctx_seq} per sequence")
+        with self._cond:
+            if self._closing or self._closed:
+                raise ClosedError("engine is closed")
+            if len(self._inbox) + self._executor.n_waiting >= self.config.max_queue:
+                raise EngineBusyError(
+                    f"{self.config.max_queue} requests are already waiting; try again later")
+            rid = next(self._rids)
+            req = Request(rid, tokens, params, prio, time.monotonic_ns())
+            req.handle = RequestHandle(rid, functools.partial(self._cancel, req))
+            self._inbox.append(req)
+            self._submitted.inc()
+            self._cond.notify()
+        return req.handle
+
+    def generate(self, prompt: Prompt, params: SamplingParams | None = None, *,
+                 priority: str | Priority = "interactive", **options) -> Result:
+        """Runs one request to the end and returns its result."""
+        return self.submit(prompt, params, priority=priority, **options).result()
+
+    def chat(self, messages: Sequence[dict], params: SamplingParams | None = None, *,
+             priority: str | Priority = "interactive", **options) -> Result:
+        """generate() for chat messages, rendered with the model's chat template."""
+        if isinstance(messages, str) or not isinstance(messages, Sequence):
+            raise InvalidRequestError("chat() takes a list of {'role', 'content'} messages")
+        return self.generate(list(messages), params, priority=priority, **options)
+
+    def _tokens(self, prompt: Prompt) -> np.ndarray:
+        if isinstance(prompt, str):
+            tokens = self.model.tokenize(prompt)
+        elif isinstance(prompt, (bytes, bytearray)):
+            raise InvalidRequestError("prompt must be text (str), token ids or chat messages")
+        elif len(prompt) and all(isinstance(m, dict) for m in prompt):
+            text = self.model.apply_chat_template(list(prompt))
+            tokens = self.model.tokenize(text, parse_special=True)
+        else:
+            try:
+                tokens = np.asarray(prompt)
+            except (TypeError, ValueError):
+                raise InvalidRequestError("prompt must be text, token ids or messages") from None
+            if tokens.ndim != 1 or (tokens.size and tokens.dtype.kind not in "iu"):
+                raise InvalidRequestError("token ids must be a flat sequence of integers")
+            tokens = self.model._token_array(tokens)
+        if len(tokens) == 0:
+            raise InvalidRequestError("the prompt is empty")
+        return tokens
+
+    def _cancel(self, req: Request) -> None:
+        req.cancelled = True
+        self._poke()
+
+    def _poke(self) -> None:
+        with self._cond:
+            self._poked = True
+            self._cond.notify()
+
+    # --- the compute thread ------------------------------------------------------------------
+
+    def _compute(self) -> None:
+        ex = self._executor
+        while True:
+            with self._cond:
+                while not (self._inbox or self._poked or self._closing or not ex.idle):
+                    self._cond.wait()
+                inbox, self._inbox, self._poked = self._inbox, [], False
+                closing = self._closing
+            for req in inbox:
+                ex.enqueue(req)
+            if closing == "cancel":
+                ex.release_all("cancelled")
+            if closing and ex.idle:
+                return
+            try:
+                ex.step()
+            except Exception as exc:  # a bug must fail the requests in flight, not hang them
+                log.exception("tick failed")
+                ex.release_all("error", UmaError(f"internal error: {exc!r}"))
+
+    # --- status and shutdown -------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, object]:
+        """All metrics as a plain dict."""
+        snap = self.metrics.snapshot()
+        snap["model"] = os.path.basename(self.config.model)
+        snap["n_ctx"] = self.ctx.n_ctx if not self.ctx.closed else 0
+        snap["n_seq_max"] = self.config.n_seq_max
+        return snap
+
+    def close(self, *, cancel: bool = True, timeout: float | None = None) -> None:
+        """Stops the engine: in-flight requests end as 'cancelled' (or, with cancel=False,
+        run to completion first), threads are joined and native memory is freed. Idempotent."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closing = "cancel" if cancel else "drain"
+            self._cond.notify()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError("the engine did not stop in time")
+        self._output.close()
+        self._executor.close()
+        self.ctx.close()
+        self.model.close()
+        self._closed = True
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_thread", None) is not None and not self._closed:
+            with contextlib.suppress(Exception):
+                self.close()

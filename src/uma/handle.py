@@ -1,0 +1,154 @@
+"""What a caller holds for one request: a stream of token events, then a result.
+
+The engine's threads push; the caller consumes from any thread or event loop. A handle is a sync
+iterator and an async iterator of `TokenEvent`s (one consumer), `result()` waits for the final
+`Result`, and `cancel()` stops the request at the next token boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from uma.errors import UmaError
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    """New output of one request: the tokens sampled since the last event and the text they
+    completed. `text` is '' while a character or a possible stop string is still pending."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Timings:
+    admitted_ns: int  # monotonic clock when it got a KV sequence (0 if it never did)
+    queue_ms: float  # submit -> a KV sequence was free for it
+    ttft_ms: float  # submit -> first token (nan if none)
+    total_ms: float  # submit -> finished
+    token_ms: tuple[float, ...] = ()  # when each token was sampled, ms after submit
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """How a request ended. finish_reason: 'stop', 'length', 'cancelled' or 'error'."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str
+    usage: Usage
+    timings: Timings
+    error: UmaError | None = field(default=None, compare=False)
+
+    @property
+    def tokens_per_second(self) -> float:
+        gen = self.timings.total_ms - self.timings.ttft_ms
+        n = self.usage.completion_tokens - 1
+        return n / (gen / 1000.0) if n > 0 and gen > 0 else float("nan")
+
+
+class RequestHandle:
+    """One request's events and result. Thread-safe; iterate it from one consumer."""
+
+    def __init__(self, rid: int, cancel: Callable[[], None]) -> None:
+        self.rid = rid
+        self._cancel = cancel
+        self._lock = threading.Condition(threading.Lock())
+        self._events: collections.deque[TokenEvent] = collections.deque()
+        self._result: Result | None = None
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
+
+    # --- producer side (engine threads) --------------------------------------------------------
+
+    def _push(self, event: TokenEvent | None = None, result: Result | None = None) -> None:
+        with self._lock:
+            if self._result is not None:
+                return
+            if event is not None:
+                self._events.append(event)
+            if result is not None:
+                self._result = result
+            self._lock.notify_all()
+            waiters, self._waiters = self._waiters, []
+        for loop, fut in waiters:
+            # A closed loop raises RuntimeError: its consumer is gone, nothing to wake.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_wake, fut)
+
+    # --- consumer side -------------------------------------------------------------------------
+
+    @property
+    def done(self) -> bool:
+        return self._result is not None
+
+    def cancel(self) -> None:
+        """Stops the request at the next token boundary; it ends with finish_reason
+        'cancelled' (unless it finished first)."""
+        if self._result is None:
+            self._cancel()
+
+    def result(self, timeout: float | None = None) -> Result:
+        """Waits for the request to end (events stay available to iterate)."""
+        with self._lock:
+            if not self._lock.wait_for(lambda: self._result is not None, timeout):
+                raise TimeoutError(f"request {self.rid} still running after {timeout} s")
+            return self._result
+
+    async def aresult(self) -> Result:
+        while True:
+            with self._lock:
+                if self._result is not None:
+                    return self._result
+                fut = self._register()
+            await fut
+
+    def _register(self) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self._waiters.append((loop, fut))
+        return fut
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> TokenEvent:
+        with self._lock:
+            self._lock.wait_for(lambda: self._events or self._result is not None)
+            if self._events:
+                return self._events.popleft()
+        raise StopIteration
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> TokenEvent:
+        while True:
+            with self._lock:
+                if self._events:
+                    return self._events.popleft()
+                if self._result is not None:
+                    raise StopAsyncIteration
+                fut = self._register()
+            await fut
+
+
+def _wake(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)

@@ -1,0 +1,116 @@
+"""Counters, gauges and histograms cheap enough to record on every tick.
+
+Recording is a few attribute updates under the GIL (no locks: each metric is written by one
+thread, the compute thread or the output thread, and read as a consistent-enough snapshot).
+`Registry.snapshot()` returns plain dicts for JSON, `uma metrics` and the Prometheus exporter.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable
+
+# Latency buckets in milliseconds: fine around interactive inter-token times (5-100 ms), coarse
+# out to the multi-second pauses that stock servers show under a long prompt.
+LATENCY_BUCKETS_MS: tuple[float, ...] = (
+    1, 2, 3, 5, 7.5, 10, 15, 20, 25, 30, 40, 50, 60, 75, 100, 125, 150, 200, 250, 300, 400, 500,
+    750, 1000, 1500, 2000, 3000, 5000, 10000, 30000,
+)
+
+
+class Counter:
+    __slots__ = ("name", "help", "value")
+
+    def __init__(self, name: str, help: str) -> None:
+        self.name, self.help, self.value = name, help, 0
+
+    def inc(self, n: float = 1) -> None:
+        self.value += n
+
+
+class Gauge:
+    __slots__ = ("name", "help", "value")
+
+    def __init__(self, name: str, help: str) -> None:
+        self.name, self.help, self.value = name, help, 0.0
+
+    def set(self, value: float) -> None:
+        self.value = value
+
+
+class Histogram:
+    """Fixed buckets (upper bounds); quantiles interpolate within a bucket."""
+
+    __slots__ = ("name", "help", "bounds", "counts", "count", "sum", "max")
+
+    def __init__(self, name: str, help: str, bounds: Iterable[float] = LATENCY_BUCKETS_MS) -> None:
+        self.name, self.help = name, help
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)  # the last one is +Inf
+        self.count = 0
+        self.sum = 0.0
+        self.max = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.count += 1
+        self.sum += value
+        if value > self.max:
+            self.max = value
+
+    def quantile(self, q: float) -> float:
+        if self.count == 0:
+            return math.nan
+        rank = q * self.count
+        seen = 0
+        for i, c in enumerate(self.counts):
+            if c and seen + c >= rank:
+                lo = self.bounds[i - 1] if i > 0 else 0.0
+                hi = self.bounds[i] if i < len(self.bounds) else self.max
+                return lo + (hi - lo) * ((rank - seen) / c)
+            seen += c
+        return self.max
+
+    def summary(self) -> dict[str, float]:
+        mean = self.sum / self.count if self.count else math.nan
+        return {
+            "count": self.count, "mean": mean, "p50": self.quantile(0.5),
+            "p95": self.quantile(0.95), "p99": self.quantile(0.99), "max": self.max,
+        }
+
+
+class Registry:
+    """Named metrics; creating one twice returns the first."""
+
+    def __init__(self) -> None:
+        self._metrics: dict[str, Counter | Gauge | Histogram] = {}
+
+    def _get(self, cls, name: str, help: str, *args):
+        metric = self._metrics.get(name)
+        if metric is None:
+            metric = self._metrics[name] = cls(name, help, *args)
+        elif not isinstance(metric, cls):
+            raise TypeError(f"metric {name} already exists as a {type(metric).__name__}")
+        return metric
+
+    def counter(self, name: str, help: str) -> Counter:
+        return self._get(Counter, name, help)
+
+    def gauge(self, name: str, help: str) -> Gauge:
+        return self._get(Gauge, name, help)
+
+    def histogram(
+        self, name: str, help: str, bounds: Iterable[float] = LATENCY_BUCKETS_MS
+    ) -> Histogram:
+        return self._get(Histogram, name, help, bounds)
+
+    def __iter__(self):
+        return iter(list(self._metrics.values()))
+
+    def snapshot(self) -> dict[str, object]:
+        """{name: value} for counters and gauges, {name: summary dict} for histograms."""
+        out: dict[str, object] = {}
+        for m in self:
+            out[m.name] = m.summary() if isinstance(m, Histogram) else m.value
+        return out

@@ -1,0 +1,113 @@
+"""The output stage: token ids in, text events and results out, on its own thread.
+
+The compute thread only decides tokens; detokenising, stop-string matching and waking consumers
+run here, overlapping the next decode (which releases the GIL). A stop string found here is
+reported back through `Request.stop_hit`; the compute thread then frees the sequence, and any
+token it sampled in between is dropped, never shown.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+from collections.abc import Callable
+
+from uma.errors import UmaError
+from uma.handle import Result, Timings, TokenEvent, Usage
+from uma.request import Request
+from uma.text import StopMatcher, TextStream
+
+_TOKEN, _END, _QUIT = 0, 1, 2
+
+
+class _Stream:
+    __slots__ = ("text", "stops", "parts", "ids", "token_ms", "stopped")
+
+    def __init__(self, model, req: Request) -> None:
+        self.text = TextStream(model)
+        self.stops = StopMatcher(req.params.stop)
+        self.parts: list[str] = []
+        self.ids: list[int] = []
+        self.token_ms: list[float] = []
+        self.stopped = False
+
+
+class OutputStage:
+    """Publishes what the compute thread produced. `token()` and `end()` may be called from
+    any thread; everything else happens on the stage's thread."""
+
+    def __init__(self, model, on_stop: Callable[[], None]) -> None:
+        self._model = model
+        self._on_stop = on_stop
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: dict[int, _Stream] = {}
+        self._thread = threading.Thread(target=self._run, name="uma-output", daemon=True)
+        self._thread.start()
+
+    def token(self, req: Request, token: int, logprob: float | None, t_ns: int,
+              hidden: bool) -> None:
+        """A sampled token; hidden ones (end-of-generation) count but show no text."""
+        self._queue.put((_TOKEN, req, token, logprob, t_ns, hidden))
+
+    def end(self, req: Request, reason: str, error: UmaError | None, t_ns: int) -> None:
+        self._queue.put((_END, req, reason, error, t_ns, False))
+
+    def close(self) -> None:
+        """Publishes everything queued so far, then stops the thread."""
+        self._queue.put((_QUIT, None, None, None, 0, False))
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            kind, req, a, b, t_ns, hidden = self._queue.get()
+            if kind == _QUIT:
+                return
+            if kind == _TOKEN:
+                self._publish_token(req, a, b, t_ns, hidden)
+            else:
+                self._publish_end(req, a, b, t_ns)
+
+    def _stream(self, req: Request) -> _Stream:
+        st = self._streams.get(req.rid)
+        if st is None:
+            st = self._streams[req.rid] = _Stream(self._model, req)
+        return st
+
+    def _publish_token(self, req: Request, token: int, logprob: float | None, t_ns: int,
+                       hidden: bool) -> None:
+        st = self._stream(req)
+        if st.stopped:
+            return
+        st.ids.append(token)
+        st.token_ms.append((t_ns - req.arrival_ns) / 1e6)
+        text, hit = st.stops.feed("" if hidden else st.text.push(token))
+        if text:
+            st.parts.append(text)
+        if hit:
+            st.stopped = True
+            req.stop_hit = True
+            self._on_stop()
+        lp = None if logprob is None else (logprob,)
+        req.handle._push(TokenEvent(text, (token,), lp))
+
+    def _publish_end(self, req: Request, reason: str, error: UmaError | None, t_ns: int) -> None:
+        st = self._streams.pop(req.rid, None) or _Stream(self._model, req)
+        if not st.stopped:
+            tail = st.stops.flush() + st.text.flush()
+            if tail:
+                st.parts.append(tail)
+                req.handle._push(TokenEvent(tail, ()))
+        nan = math.nan
+        timings = Timings(
+            admitted_ns=req.admitted_ns,
+            queue_ms=(req.admitted_ns - req.arrival_ns) / 1e6 if req.admitted_ns else nan,
+            ttft_ms=(req.first_token_ns - req.arrival_ns) / 1e6 if req.first_token_ns else nan,
+            total_ms=(t_ns - req.arrival_ns) / 1e6,
+            token_ms=tuple(st.token_ms),
+        )
+        result = Result(
+            text="".join(st.parts), token_ids=tuple(st.ids), finish_reason=reason,
+            usage=Usage(req.n_prompt, len(st.ids)), timings=timings, error=error,
+        )
+        req.handle._push(result=result)

@@ -1,0 +1,323 @@
+"""The executor: runs one policy plan per tick on one llama.cpp context.
+
+    plan = self.plan()          # release finished work, admit waiting requests, ask the policy
+    self.build(plan)            # fill the batch
+    self.run(plan)              # decode (GIL released) and sample (native, GIL released)
+    self.apply(plan)            # advance sequences, hand tokens to the output stage
+
+The executor decides nothing: which sequences run and how many prompt tokens they get is the
+policy's plan. It owns the KV sequences (one per running request) and keeps them consistent:
+a request that ends, is cancelled or fails has its KV cleared before its result is published.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from uma import _core
+from uma.errors import DecodeError, NoKVSlotError, UmaError
+from uma.metrics import Registry
+from uma.output import OutputStage
+from uma.request import Request
+from uma.sched.cost import CostModel
+from uma.sched.policy import BatchPolicy
+from uma.sched.state import Phase, Plan, Priority, SchedulerState
+
+
+class TickMetrics:
+    """The executor's instruments, created once."""
+
+    def __init__(self, reg: Registry) -> None:
+        self.ticks = reg.counter("ticks_total", "decode calls")
+        self.prefill_tokens = reg.counter("tokens_prefilled_total", "prompt tokens decoded")
+        self.generated_tokens = reg.counter("tokens_generated_total", "tokens sampled")
+        self.decode_ms_last = reg.gauge("decode_ms_last", "llama_decode time of the last tick")
+        self.decode_ms_ewma = reg.gauge("decode_ms_ewma", "smoothed llama_decode time per tick")
+        self.tick_ms = reg.histogram("tick_ms", "whole tick time")
+        self.decode_ms = reg.histogram("tick_decode_ms", "llama_decode time per tick")
+        self.sample_ms = reg.histogram("tick_sample_ms", "sampling time per tick")
+        self.overhead_ms = reg.histogram("tick_overhead_ms", "Python time per tick")
+        self.decode_time = reg.counter("decode_seconds_total", "time in llama_decode")
+        self.sample_time = reg.counter("sample_seconds_total", "time sampling")
+        self.tick_time = reg.counter("tick_seconds_total", "time in ticks")
+        self.tokens_decode = reg.gauge("tokens_per_tick_decode", "decode tokens in the last tick")
+        self.tokens_prefill = reg.gauge("tokens_per_tick_prefill", "prompt tokens in the last tick")
+        self.batch_tokens = reg.histogram("batch_tokens", "tokens per tick",
+                                          (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048))
+        self.queue_depth = reg.gauge("queue_depth", "requests waiting for a KV sequence")
+        self.running = reg.gauge("requests_running", "requests holding a KV sequence")
+        self.kv_cells = reg.gauge("kv_cells_used", "KV positions held by running requests")
+        self.cost_error = reg.gauge("cost_model_error_ms", "mean |measured - predicted| tick ms")
+        self.kv_full = reg.counter("kv_full_total", "decodes that found no KV slot")
+        self.preempted = reg.counter("preemptions_total", "requests sent back to the queue")
+        self.finished = {r: reg.counter(f"requests_{r}_total", f"requests ended: {r}")
+                         for r in ("stop", "length", "cancelled", "error")}
+        self.ttft = {p: reg.histogram(f"ttft_ms_{p.value}", f"time to first token, {p.value}")
+                     for p in Priority}
+        self.itl = {p: reg.histogram(f"inter_token_ms_{p.value}", f"inter-token gap, {p.value}")
+                    for p in Priority}
+
+
+@dataclass(frozen=True, slots=True)
+class Ran:
+    """What one decode did: the plan as executed (after any shedding) and its samples."""
+
+    plan: Plan
+    decode_s: float
+    sample_s: float = 0.0
+    seqs: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
+    tokens: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
+    logprobs: np.ndarray | None = None
+
+
+class Executor:
+    """Owns the context's sequences and runs ticks. Used by one thread (the compute thread)."""
+
+    def __init__(self, ctx: _core.Context, policy: BatchPolicy, output: OutputStage,
+                 metrics: Registry) -> None:
+        self.ctx = ctx
+        self.model = ctx.model
+        self.policy = policy
+        self.output = output
+        self.m = TickMetrics(metrics)
+        self.batch = _core.Batch(ctx.n_batch)
+        self.sampler = _core.Sampler(ctx.n_seq_max, self.model.n_vocab)
+        self.n_ctx_seq = ctx.n_ctx_seq
+        self.eog = frozenset(int(t) for t in self.model.eog_tokens())
+        self.free_seqs = collections.deque(range(ctx.n_seq_max))
+        self.waiting = {p: collections.deque() for p in Priority}
+        self.running: dict[int, Request] = {}
+        self.cost = CostModel()
+        self.tick = 0
+        self._decode_ewma = 0.0
+        self._tick_start = 0.0
+
+    # --- requests in and out -----------------------------------------------------------------
+
+    def enqueue(self, req: Request) -> None:
+        self.waiting[req.priority].append(req)
+
+    @property
+    def n_waiting(self) -> int:
+        """Requests queued for a sequence (safe to read from any thread)."""
+        return sum(len(q) for q in self.waiting.values())
+
+    @property
+    def idle(self) -> bool:
+        return not self.running and not any(self.waiting.values())
+
+    def release(self, req: Request, reason: str, error: UmaError | None = None) -> None:
+        """Ends a request: its KV is cleared first, then its result is published."""
+        if req.seq_id >= 0:
+            self.ctx.seq_rm(req.seq_id)
+            self.free_seqs.append(req.seq_id)
+            del self.running[req.seq_id]
+            req.seq_id = -1
+        req.done = True
+        self.m.finished[reason].inc()
+        self.m.running.set(len(self.running))
+        self.m.kv_cells.set(sum(r.n_past for r in self.running.values()))
+        self.output.end(req, reason, error, time.monotonic_ns())
+
+    def release_all(self, reason: str, error: UmaError | None = None) -> None:
+        for req in list(self.running.values()):
+            self.release(req, reason, error)
+        for q in self.waiting.values():
+            while q:
+                self.release(q.popleft(), reason, error)
+
+    def _reap(self) -> None:
+        """Releases what was cancelled or hit a stop string since the last tick."""
+        for req in [r for r in self.running.values() if r.cancelled or r.stop_hit]:
+            self.release(req, "stop" if req.stop_hit else "cancelled")
+        for q in self.waiting.values():
+            if any(r.cancelled for r in q):
+                for req in [r for r in q if r.cancelled]:
+                    q.remove(req)
+                    self.release(req, "cancelled")
+
+    def _admit(self) -> None:
+        """Interactive before background, first come first served within a class."""
+        for priority in Priority:
+            q = self.waiting[priority]
+            while q and self.free_seqs:
+                req = q.popleft()
+                req.seq_id = self.free_seqs.popleft()
+                req.admitted_ns = req.admitted_ns or time.monotonic_ns()
+                self.running[req.seq_id] = req
+                self.sampler.configure(req.seq_id, **req.params.sampler_options())
+                if req.params.repeat_penalty != 1 or req.params.frequency_penalty \
+                        or req.params.presence_penalty:
+                    self.sampler.accept(req.seq_id, req.tokens)
+
+    # --- the tick ---------------------------------------------------------------------------
+
+    def step(self) -> bool:
+        """Runs one tick. Returns False when there was nothing to run."""
+        plan = self.plan()
+        if not plan.items:
+            return False
+        self.build(plan)
+        ran = self.run(plan)
+        self.apply(ran)
+        return True
+
+    def plan(self) -> Plan:
+        self._tick_start = time.perf_counter()
+        self._reap()
+        self._admit()
+        if not self.running:
+            return Plan.empty()
+        state = SchedulerState(
+            now_ns=time.monotonic_ns(),
+            sessions=tuple(r.view() for r in self.running.values()),
+            n_waiting=sum(len(q) for q in self.waiting.values()),
+            n_batch=self.batch.capacity,
+            n_seq_max=self.ctx.n_seq_max,
+            decode_ms_ewma=self._decode_ewma,
+            cost=self.cost.estimate,
+            tick=self.tick,
+        )
+        return self.policy.schedule_tick(state)
+
+    def build(self, plan: Plan) -> None:
+        batch = self.batch
+        batch.clear()
+        for item in plan.items:
+            req = self.running[item.seq_id]
+            if item.phase is Phase.DECODE:
+                batch.add(req.last_token, req.n_past, item.seq_id, True)
+            else:
+                start = req.n_prefilled
+                batch.add_sequence(req.tokens[start:start + item.n_tokens], start, item.seq_id,
+                                   logits_last=item.logits)
+
+    def run(self, plan: Plan) -> Ran:
+        """Decodes the batch and samples its logits rows. On a full KV cache it sheds load
+        (prompt chunks, then whole requests) and tries again."""
+        t0 = time.perf_counter()
+        while True:
+            try:
+                n_out = self.ctx.decode(self.batch)
+                break
+            except NoKVSlotError:
+                self.m.kv_full.inc()
+                plan = self._shed(plan)
+                if not plan.items:
+                    return Ran(plan, time.perf_counter() - t0)
+                self.build(plan)
+            except DecodeError as exc:
+                for item in plan.items:
+                    if item.seq_id in self.running:
+                        self.release(self.running[item.seq_id], "error", exc)
+                return Ran(Plan.empty(), time.perf_counter() - t0)
+        t1 = time.perf_counter()
+        seqs = self.ctx.output_seqs
+        want_lp = any(self.running[s].params.logprobs for s in seqs.tolist())
+        sampled = self.sampler.sample(self.ctx, np.arange(n_out, dtype=np.int32), seqs,
+                                      logprobs=want_lp)
+        tokens, logprobs = sampled if want_lp else (sampled, None)
+        return Ran(plan, t1 - t0, time.perf_counter() - t1, seqs, tokens, logprobs)
+
+    def _shed(self, plan: Plan) -> Plan:
+        """A smaller plan after 'no KV slot': first without prompt chunks; if decode steps
+        alone do not fit, the newest request (background first) goes back to the queue."""
+        if any(i.phase is Phase.PREFILL for i in plan.items):
+            return Plan(tuple(i for i in plan.items if i.phase is Phase.DECODE))
+        victims = sorted(self.running.values(),
+                         key=lambda r: (r.priority is Priority.INTERACTIVE, -r.rid))
+        if len(victims) <= 1:
+            # A sequence alone in the cache that still does not fit has filled the context.
+            for req in victims:
+                self.release(req, "length")
+            return Plan.empty()
+        self._preempt(victims[0])
+        return Plan(tuple(i for i in plan.items if i.seq_id in self.running))
+
+    def _preempt(self, req: Request) -> None:
+        """Frees the request's KV and requeues it at the head of its class: it will prefill
+        its prompt and what it generated so far again, then continue where it stopped."""
+        self.m.preempted.inc()
+        self.ctx.seq_rm(req.seq_id)
+        self.free_seqs.append(req.seq_id)
+        del self.running[req.seq_id]
+        req.tokens = np.concatenate([req.prompt, np.array(req.generated, np.int32)])
+        req.seq_id, req.n_prefilled, req.n_past = -1, 0, 0
+        self.waiting[req.priority].appendleft(req)
+
+    def apply(self, ran: Ran) -> None:
+        """Advances every sequence of the batch and hands sampled tokens on."""
+        for item in ran.plan.items:
+            req = self.running.get(item.seq_id)
+            if req is not None:
+                req.n_past += item.n_tokens
+                if item.phase is Phase.PREFILL:
+                    req.n_prefilled += item.n_tokens
+        now = time.monotonic_ns()
+        for k, seq in enumerate(ran.seqs.tolist()):
+            req = self.running.get(seq)
+            if req is not None:
+                lp = None if ran.logprobs is None else float(ran.logprobs[k])
+                self._accept(req, int(ran.tokens[k]), lp, now)
+        self._record(ran)
+
+    def _accept(self, req: Request, token: int, logprob: float | None, now: int) -> None:
+        if req.first_token_ns == 0:
+            req.first_token_ns = now
+            self.m.ttft[req.priority].observe((now - req.arrival_ns) / 1e6)
+        elif req.last_token_ns:
+            self.m.itl[req.priority].observe((now - req.last_token_ns) / 1e6)
+        req.last_token_ns = now
+        req.n_sampled += 1
+        req.last_token = token
+        self.m.generated_tokens.inc()
+        is_eog = token in self.eog and not req.params.ignore_eos
+        self.output.token(req, token, logprob, now, hidden=is_eog)
+        if is_eog:
+            self.release(req, "stop")
+            return
+        req.generated.append(token)
+        # The next decode would put this token at position n_past.
+        if req.n_sampled >= req.params.max_tokens or req.n_past >= self.n_ctx_seq:
+            self.release(req, "length")
+
+    def _record(self, ran: Ran) -> None:
+        plan, decode_s, sample_s = ran.plan, ran.decode_s, ran.sample_s
+        n_decode = sum(1 for i in plan.items if i.phase is Phase.DECODE)
+        n_prefill = plan.n_tokens - n_decode
+        kv = sum(self.running[i.seq_id].n_past for i in plan.items
+                 if i.phase is Phase.DECODE and i.seq_id in self.running)
+        decode_ms = decode_s * 1e3
+        tick_s = time.perf_counter() - self._tick_start
+        m = self.m
+        self.tick += 1
+        if plan.items:
+            self.cost.observe(n_prefill, n_decode, kv, decode_ms + sample_s * 1e3)
+        self._decode_ewma = decode_ms if self._decode_ewma == 0 else \
+            0.9 * self._decode_ewma + 0.1 * decode_ms
+        m.ticks.inc()
+        m.prefill_tokens.inc(n_prefill)
+        m.decode_ms_last.set(decode_ms)
+        m.decode_ms_ewma.set(self._decode_ewma)
+        m.tick_ms.observe(tick_s * 1e3)
+        m.decode_ms.observe(decode_ms)
+        m.sample_ms.observe(sample_s * 1e3)
+        m.overhead_ms.observe((tick_s - decode_s - sample_s) * 1e3)
+        m.decode_time.inc(decode_s)
+        m.sample_time.inc(sample_s)
+        m.tick_time.inc(tick_s)
+        m.tokens_decode.set(n_decode)
+        m.tokens_prefill.set(n_prefill)
+        m.batch_tokens.observe(plan.n_tokens)
+        m.queue_depth.set(sum(len(q) for q in self.waiting.values()))
+        m.running.set(len(self.running))
+        m.kv_cells.set(sum(r.n_past for r in self.running.values()))
+        m.cost_error.set(self.cost.error_ewma_ms)
+
+    def close(self) -> None:
+        self.sampler.close()
+        self.batch.close()

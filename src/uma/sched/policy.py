@@ -1,0 +1,89 @@
+"""Batch policies: pure functions from a SchedulerState to a Plan.
+
+A policy never touches the model, the clock or any mutable state of its own; anything it needs
+to remember between ticks (cost estimates, tick count) arrives in the snapshot. That makes every
+decision reproducible from the snapshot alone, which is how the tests check them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from uma.sched.state import BatchItem, Phase, Plan, Priority, SchedulerState, SessionView
+
+
+class BatchPolicy(Protocol):
+    """What the executor needs from a policy."""
+
+    name: str
+
+    def schedule_tick(self, state: SchedulerState) -> Plan:
+        """Decides one tick's batch."""
+        ...
+
+
+def rotated(sessions: list[SessionView], tick: int) -> list[SessionView]:
+    """The sessions starting at a tick-dependent offset, so that whenever not all fit, each is
+    left out equally often."""
+    if not sessions:
+        return sessions
+    k = tick % len(sessions)
+    return sessions[k:] + sessions[:k]
+
+
+def prefill_order(sessions: list[SessionView]) -> list[SessionView]:
+    """TTFT first: interactive before background, then by arrival."""
+    return sorted(sessions, key=lambda s: (s.priority is not Priority.INTERACTIVE, s.rid))
+
+
+def chunk_prefills(sessions: list[SessionView], budget: int) -> list[BatchItem]:
+    """Gives the budget to prefilling sessions in order, in chunks as large as possible."""
+    items = []
+    for s in sessions:
+        if budget <= 0:
+            break
+        n = min(s.prefill_left, budget)
+        items.append(BatchItem(s.seq_id, Phase.PREFILL, n, logits=n == s.prefill_left))
+        budget -= n
+    return items
+
+
+@dataclass(frozen=True)
+class BaselinePolicy:
+    """Decode first, then chunked prefill within a time budget (seed tracker, scheduler v0).
+
+    Every decoding sequence gets one token per tick (rotated fairly when more decode than the
+    batch holds). Prompt tokens fill what the learned cost model predicts still fits in
+    `tick_target_ms`, but at least `min_prefill` so prompts always progress.
+    """
+
+    tick_target_ms: float = 30.0
+    min_prefill: int = 16
+    name: str = "baseline"
+
+    def schedule_tick(self, state: SchedulerState) -> Plan:
+        decoders = [s for s in state.sessions if s.phase is Phase.DECODE]
+        prefills = [s for s in state.sessions if s.phase is Phase.PREFILL]
+        served = rotated(decoders, state.tick)[: state.n_batch]
+        items = [BatchItem(s.seq_id, Phase.DECODE, 1, logits=True) for s in served]
+        kv = sum(s.n_past for s in served)
+        room = state.n_batch - len(items)
+        budget = 0
+        if prefills and room > 0:
+            budget = state.cost.max_prefill(self.tick_target_ms, len(items), kv)
+            budget = min(room, max(budget, self.min_prefill))
+            items += chunk_prefills(prefill_order(prefills), budget)
+        return Plan(items=tuple(items), token_budget=len(served) + budget)
+
+
+POLICIES = {"baseline": BaselinePolicy}
+
+
+def create_policy(name: str, **options) -> BatchPolicy:
+    """The policy registered under `name`, built with `options`."""
+    try:
+        cls = POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy: {name!r} (known: {', '.join(POLICIES)})") from None
+    return cls(**options)

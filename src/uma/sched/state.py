@@ -1,0 +1,97 @@
+"""The policy layer's contracts: a frozen snapshot in, a plan out.
+
+`SchedulerState` is what a policy may look at; `Plan` is all it may say. Policies are pure
+functions of these values (no model, no clock, no I/O), so they are tested without llama.cpp and
+replaced without touching the executor that builds and runs the batch.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from uma.sched.cost import CostEstimate
+
+
+class Phase(enum.Enum):
+    PREFILL = "prefill"  # prompt tokens still to be put through the model
+    DECODE = "decode"  # generating: one token per step
+
+
+class Priority(enum.Enum):
+    INTERACTIVE = "interactive"  # a person is watching the stream
+    BACKGROUND = "background"  # batch jobs, agents: throughput matters, latency less
+
+    @classmethod
+    def parse(cls, value: str | Priority) -> Priority:
+        if isinstance(value, Priority):
+            return value
+        try:
+            return cls(value)
+        except ValueError:
+            from uma.errors import InvalidRequestError
+
+            raise InvalidRequestError(
+                f"priority must be 'interactive' or 'background', not {value!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionView:
+    """One request that holds a KV sequence, as the policy sees it."""
+
+    seq_id: int  # its KV sequence (and sampler slot)
+    rid: int  # request id, increasing with arrival
+    phase: Phase
+    priority: Priority
+    n_prompt: int  # tokens to prefill in all (prompt, plus generated tokens after a preemption)
+    n_prefilled: int  # of those, already in the KV cache
+    n_generated: int  # tokens generated so far
+    n_past: int  # KV positions the sequence holds (what a decode step attends to)
+    arrival_ns: int  # when the request was submitted
+    first_token_ns: int  # when its first token was sampled; 0 before that
+    last_token_ns: int  # when its latest token was sampled; 0 before the first
+
+    @property
+    def prefill_left(self) -> int:
+        return self.n_prompt - self.n_prefilled
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerState:
+    """Everything a policy may base one tick's plan on."""
+
+    now_ns: int  # monotonic clock at snapshot time
+    sessions: tuple[SessionView, ...]  # running requests, in admission order
+    n_waiting: int  # requests queued for a free sequence
+    n_batch: int  # hard cap on tokens in one decode call (the context's n_batch)
+    n_seq_max: int  # sequences the context holds at once
+    decode_ms_ewma: float  # recent decode time per tick (0 before the first tick)
+    cost: CostEstimate  # the learned tick cost model, to predict a plan's time
+    tick: int  # ticks run so far
+
+
+@dataclass(frozen=True, slots=True)
+class BatchItem:
+    """Tokens of one sequence to put in this tick's batch."""
+
+    seq_id: int  # which sequence
+    phase: Phase  # PREFILL: the next n_tokens prompt tokens; DECODE: its last sampled token
+    n_tokens: int  # how many tokens (1 for DECODE)
+    logits: bool  # sample after this item (DECODE always; PREFILL when it ends the prompt)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One tick's work. The executor runs items in order and changes nothing else."""
+
+    items: tuple[BatchItem, ...] = ()  # what goes in the batch, in batch order
+    token_budget: int = 0  # the budget the policy planned against (for metrics)
+    notes: dict[str, object] = field(default_factory=dict)  # policy telemetry, e.g. guard state
+
+    @classmethod
+    def empty(cls) -> Plan:
+        return cls()
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(item.n_tokens for item in self.items)

@@ -1,0 +1,241 @@
+"""uma.Engine end to end on the real core and a tiny synthetic model."""
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+import uma
+from uma import _core
+from uma.errors import ClosedError, ContextOverflowError, InvalidRequestError
+
+PROMPTS = [
+    "Hello",
+    "The quick brown fox jumps over the lazy dog",
+    "a b",
+    "Once upon a time, in a land far away, there lived a",
+    "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15",
+    "def main():\n    return 0",
+    "🦙 llamas 🦙",
+    "One more prompt of middling length here",
+]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_path):
+    with uma.Engine(tiny_path, n_ctx=4096, n_seq_max=8, n_batch=256) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def alone(tiny_path):
+    """Greedy tokens of each prompt generated with nothing else running."""
+    with uma.Engine(tiny_path, n_ctx=1024, n_seq_max=1) as e:
+        return {p: e.generate(p, max_tokens=16, ignore_eos=True).token_ids for p in PROMPTS * 2}
+
+
+def sixteen():
+    return [PROMPTS[i % 8] for i in range(16)]
+
+
+def test_sixteen_concurrent_requests_match_each_alone(engine, alone):
+    handles = [engine.submit(p, max_tokens=16, ignore_eos=True) for p in sixteen()]
+    results = [h.result(timeout=60) for h in handles]
+    assert [r.token_ids for r in results] == [alone[p] for p in sixteen()]
+    assert all(r.finish_reason == "length" and r.usage.completion_tokens == 16 for r in results)
+
+
+def test_same_through_the_async_iterator(engine, alone):
+    async def consume(prompt):
+        handle = engine.submit(prompt, max_tokens=16, ignore_eos=True)
+        ids, text = [], []
+        async for event in handle:
+            ids.extend(event.token_ids)
+            text.append(event.text)
+        result = await handle.aresult()
+        assert "".join(text) == result.text
+        return tuple(ids)
+
+    async def main():
+        return await asyncio.gather(*(consume(p) for p in sixteen()))
+
+    assert asyncio.run(main()) == [alone[p] for p in sixteen()]
+
+
+def test_events_add_up_to_the_result(engine):
+    handle = engine.submit("Tell me a story", max_tokens=24, ignore_eos=True)
+    events = list(handle)
+    result = handle.result()
+    assert "".join(e.text for e in events) == result.text
+    assert tuple(t for e in events for t in e.token_ids) == result.token_ids
+    assert result.usage.prompt_tokens == len(engine.model.tokenize("Tell me a story"))
+    assert result.timings.ttft_ms > 0 and len(result.timings.token_ms) == 24
+    assert list(result.timings.token_ms) == sorted(result.timings.token_ms)
+
+
+def test_64_requests_on_8_sequences_all_complete_in_order(tiny_path):
+    with uma.Engine(tiny_path, n_ctx=2048, n_seq_max=8) as e:
+        handles = [e.submit(PROMPTS[i % 8], max_tokens=4, ignore_eos=True) for i in range(64)]
+        results = [h.result(timeout=60) for h in handles]
+        assert len({h.rid for h in handles}) == 64
+        assert all(r.finish_reason == "length" and len(r.token_ids) == 4 for r in results)
+        admitted = [r.timings.admitted_ns for r in results]
+        assert admitted == sorted(admitted)  # first come, first served within a class
+        snap = e.snapshot()
+        assert snap["requests_length_total"] == 64 and snap["kv_cells_used"] == 0
+
+
+def test_interactive_is_admitted_before_background(tiny_path):
+    with uma.Engine(tiny_path, n_ctx=1024, n_seq_max=1) as e:
+        blocker = e.submit("busy", max_tokens=8, ignore_eos=True)
+        bg = [e.submit("later", max_tokens=2, priority="background") for _ in range(3)]
+        fg = e.submit("now", max_tokens=2, priority="interactive")
+        blocker.result(timeout=30)
+        fg_at = fg.result(timeout=30).timings.admitted_ns
+        assert all(fg_at < h.result(timeout=30).timings.admitted_ns for h in bg)
+
+
+def test_cancel_mid_stream_frees_the_kv(tiny_path):
+    with uma.Engine(tiny_path, n_ctx=1024, n_seq_max=2) as e:
+        handle = e.submit("Keep going forever", max_tokens=10_000, ignore_eos=True)
+        seen = 0
+        for _event in handle:
+            seen += 1
+            if seen == 5:
+                handle.cancel()
+        result = handle.result()
+        assert result.finish_reason == "cancelled"
+        assert 5 <= result.usage.completion_tokens < 10_000
+        assert e.snapshot()["kv_cells_used"] == 0
+        # The engine is idle now, so its context can be inspected from this thread.
+        assert all(e.ctx.seq_pos_max(s) == -1 for s in range(2))
+
+
+def test_cancel_while_queued(tiny_path):
+    with uma.Engine(tiny_path, n_ctx=1024, n_seq_max=1) as e:
+        running = e.submit("first", max_tokens=30, ignore_eos=True)
+        queued = e.submit("second", max_tokens=30)
+        queued.cancel()
+        assert queued.result(timeout=30).finish_reason == "cancelled"
+        assert queued.result().usage.completion_tokens == 0
+        assert running.result(timeout=30).finish_reason == "length"
+
+
+def test_stop_string_split_across_tokens_is_caught_and_not_emitted(engine):
+    prompt = "Once upon a time"
+    plain = engine.generate(prompt, max_tokens=24, ignore_eos=True)
+    pieces = [engine.model.token_to_piece(t).decode("utf-8", "replace") for t in plain.token_ids]
+    k = next(i for i in range(3, len(pieces) - 1)
+             if len(pieces[i].strip()) >= 2 and len(pieces[i + 1].strip()) >= 2)
+    stop = pieces[k][-2:] + pieces[k + 1][:2]  # spans the boundary between tokens k and k+1
+    handle = engine.submit(prompt, max_tokens=24, ignore_eos=True, stop=[stop])
+    emitted = "".join(e.text for e in handle)
+    result = handle.result()
+    assert result.finish_reason == "stop"
+    assert stop not in emitted and emitted == result.text
+    assert plain.text.startswith(result.text)
+    assert plain.text[len(result.text):].startswith(stop)
+
+
+def test_prompt_longer_than_the_context_fails_alone(tiny_path):
+    with uma.Engine(tiny_path, n_ctx=256, n_seq_max=2) as e:
+        others = [e.submit(p, max_tokens=8, ignore_eos=True) for p in PROMPTS[:3]]
+        with pytest.raises(ContextOverflowError, match="context holds 256"):
+            e.submit("word " * 400)
+        assert all(h.result(timeout=30).finish_reason == "length" for h in others)
+
+
+def test_full_kv_cache_preempts_and_everything_still_matches(tiny_path, alone):
+    # Four sequences that each need ~80 positions share a 256-position cache.
+    with uma.Engine(tiny_path, n_ctx=256, n_seq_max=4, n_batch=64) as e:
+        handles = [e.submit(p, max_tokens=16, ignore_eos=True) for p in PROMPTS[:4]]
+        more = [e.submit(p, max_tokens=60, ignore_eos=True) for p in PROMPTS[4:8]]
+        assert [h.result(timeout=60).token_ids for h in handles] == [alone[p] for p in PROMPTS[:4]]
+        ends = [h.result(timeout=60) for h in more]
+        assert all(r.finish_reason == "length" for r in ends)
+        assert [r.token_ids[:16] for r in ends] == [alone[p] for p in PROMPTS[4:8]]
+        assert e.snapshot()["preemptions_total"] > 0
+
+
+def test_chat_uses_the_template(engine):
+    result = engine.chat([{"role": "user", "content": "Hi!"}], max_tokens=4)
+    expected = engine.model.tokenize(
+        engine.model.apply_chat_template([{"role": "user", "content": "Hi!"}]), parse_special=True)
+    assert result.usage.prompt_tokens == len(expected)
+
+
+def test_token_id_prompts_and_seeds(engine):
+    ids = engine.model.tokenize("seeded sampling")
+    a = engine.generate(ids, max_tokens=12, temperature=1.0, seed=3, ignore_eos=True)
+    b = engine.generate(list(ids), max_tokens=12, temperature=1.0, seed=3, ignore_eos=True)
+    c = engine.generate(ids, max_tokens=12, temperature=1.0, seed=4, ignore_eos=True)
+    assert a.token_ids == b.token_ids != c.token_ids
+
+
+@pytest.mark.parametrize(
+    ("prompt", "options", "match"),
+    [
+        ("x", {"max_tokens": 0}, "max_tokens"),
+        ("x", {"temperature": -1}, "temperature"),
+        ("x", {"bogus": 1}, "bogus"),
+        ("x", {"stop": [""]}, "stop"),
+        ("x", {"priority": "urgent"}, "priority"),
+        ([], {}, "empty"),
+        ([1, 2, 10**9], {}, "outside the vocabulary"),
+        ([[1, 2]], {}, "flat"),
+        (b"bytes", {}, "text"),
+    ],
+)
+def test_bad_requests_are_refused_at_submit(engine, prompt, options, match):
+    with pytest.raises(InvalidRequestError, match=match):
+        engine.submit(prompt, **options)
+
+
+def test_many_threads_submit_at_once(engine, alone):
+    results = {}
+
+    def worker(i):
+        results[i] = engine.generate(PROMPTS[i % 8], max_tokens=16, ignore_eos=True).token_ids
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert [results[i] for i in range(12)] == [alone[PROMPTS[i % 8]] for i in range(12)]
+
+
+def engine_threads():
+    return [t for t in threading.enumerate() if t.name in ("uma-compute", "uma-output")]
+
+
+def test_close_with_requests_in_flight(tiny_path):
+    before = _core.live_handles()
+    threads_before = len(engine_threads())
+    e = uma.Engine(tiny_path, n_ctx=1024, n_seq_max=2)
+    handles = [e.submit("go on", max_tokens=100_000, ignore_eos=True) for _ in range(4)]
+    next(iter(handles[0]))  # the first is streaming
+    e.close()
+    assert {h.result(timeout=5).finish_reason for h in handles} == {"cancelled"}
+    assert len(engine_threads()) == threads_before
+    assert _core.live_handles() == before
+    with pytest.raises(ClosedError):
+        e.submit("too late")
+    e.close()  # idempotent
+
+
+def test_close_can_drain(tiny_path):
+    e = uma.Engine(tiny_path, n_ctx=1024, n_seq_max=2)
+    handles = [e.submit("finish me", max_tokens=6, ignore_eos=True) for _ in range(3)]
+    e.close(cancel=False)
+    assert [h.result(timeout=5).finish_reason for h in handles] == ["length"] * 3
+
+
+def test_metrics_snapshot(engine):
+    engine.generate("metrics please", max_tokens=8, ignore_eos=True)
+    snap = engine.snapshot()
+    assert snap["tokens_generated_total"] >= 8
+    assert snap["ttft_ms_interactive"]["count"] >= 1
+    assert snap["tick_decode_ms"]["count"] == snap["ticks_total"]
+    assert np.isfinite(snap["decode_ms_ewma"])
