@@ -99,9 +99,7 @@ def test_interactive_is_admitted_before_background(tiny_path):
 def test_cancel_mid_stream_frees_the_kv(tiny_path):
     with uma.Engine(tiny_path, n_ctx=1024, n_seq_max=2) as e:
         handle = e.submit("Keep going forever", max_tokens=10_000, ignore_eos=True)
-        seen = 0
-        for _event in handle:
-            seen += 1
+        for seen, _event in enumerate(handle, start=1):
             if seen == 5:
                 handle.cancel()
         result = handle.result()

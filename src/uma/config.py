@@ -132,9 +132,9 @@ class EngineConfig:
         for name in ("n_ctx", "n_seq_max", "n_batch", "max_queue"):
             if _integer(name, getattr(self, name)) < 1:
                 raise InvalidRequestError(f"{name} must be >= 1, not {getattr(self, name)}")
-        if self.n_ubatch is not None and not 1 <= _integer("n_ubatch", self.n_ubatch) <= self.n_batch:
-            raise InvalidRequestError(
-                f"n_ubatch ({self.n_ubatch}) must not exceed n_batch ({self.n_batch})")
+        ubatch = self.n_ubatch
+        if ubatch is not None and not 1 <= _integer("n_ubatch", ubatch) <= self.n_batch:
+            raise InvalidRequestError(f"n_ubatch must be in [1, n_batch={self.n_batch}], not {ubatch}")
         for name in ("n_threads", "n_threads_batch"):
             value = getattr(self, name)
             if value is not None and _integer(name, value) < 1:
