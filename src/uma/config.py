@@ -134,7 +134,8 @@ class EngineConfig:
                 raise InvalidRequestError(f"{name} must be >= 1, not {getattr(self, name)}")
         ubatch = self.n_ubatch
         if ubatch is not None and not 1 <= _integer("n_ubatch", ubatch) <= self.n_batch:
-            raise InvalidRequestError(f"n_ubatch must be in [1, n_batch={self.n_batch}], not {ubatch}")
+            raise InvalidRequestError(
+                f"n_ubatch must be in [1, n_batch={self.n_batch}], not {ubatch}")
         for name in ("n_threads", "n_threads_batch"):
             value = getattr(self, name)
             if value is not None and _integer(name, value) < 1:
