@@ -35,7 +35,7 @@ cdef extern from "sampler.hpp" namespace "uma" nogil:
         float * out_logprobs
 
     cdef cppclass NativeSampler "uma::Sampler":
-        NativeSampler(int32_t n_slots, int32_t n_vocab) except +
+        NativeSampler(int32_t n_slots, int32_t n_vocab, int32_t n_threads) except +
         int32_t n_slots()
         int32_t n_vocab()
         void configure(int32_t slot, const SamplingParams & params) except +
@@ -81,6 +81,7 @@ cdef class Context:
     cdef bint _sampling
     cdef bint _closing
     cdef object _output_seqs
+    cdef long long _decode_ns
 
     cdef void _free(self) noexcept
     cdef void _free_if_idle(self) noexcept

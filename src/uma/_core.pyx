@@ -11,6 +11,7 @@ from cpython.buffer cimport PyBUF_FORMAT, PyBUF_ND, PyBUF_STRIDES, PyBUF_WRITABL
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport int32_t, uint8_t
 from libc.stdlib cimport free, malloc
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 from libcpp cimport bool as cbool
 
 cimport cython
@@ -94,10 +95,11 @@ cdef cbool _on_progress(float progress, void * user_data) noexcept with gil:
 cdef class Model:
     """A GGUF model loaded once (memory-mapped) and shared by every context.
 
+    n_gpu_layers: layers to offload when a GPU backend is compiled in (-1: all, 0: none).
     progress: optional callable(fraction) observed while loading; returning False cancels.
     """
 
-    def __cinit__(self, path, *, int n_gpu_layers=0, progress=None, bint vocab_only=False):
+    def __cinit__(self, path, *, int n_gpu_layers=-1, progress=None, bint vocab_only=False):
         self._model = NULL
         path = os.fspath(path)
         if not isinstance(path, str):
@@ -797,15 +799,24 @@ cdef class Context:
             raise errors.UmaError("sampling of the previous logits is in flight; wait() first")
         self._validate(batch)
         cdef int rc
+        cdef timespec t0, t1
         log_clear_problem()
         with nogil:
+            clock_gettime(CLOCK_MONOTONIC, &t0)
             rc = L.llama_decode(self._ctx, batch._batch)
+            clock_gettime(CLOCK_MONOTONIC, &t1)
+        self._decode_ns = (t1.tv_sec - t0.tv_sec) * 1000000000 + (t1.tv_nsec - t0.tv_nsec)
         if rc != 0:
             self._n_outputs = 0
             raise errors.decode_error(rc, _last_problem())
         self._n_outputs = batch.n_outputs
         self._output_seqs = batch.output_seqs()
         return self._n_outputs
+
+    @property
+    def last_decode_seconds(self):
+        """Time llama_decode itself took in the last decode (without reacquiring the GIL)."""
+        return self._decode_ns / 1e9
 
     @property
     def n_outputs(self):
@@ -926,13 +937,16 @@ cdef class Sampler:
     sampler's own thread (submit/wait) so Python can work meanwhile.
 
     Each of n_slots slots holds one sequence's parameters, seeded RNG and penalty history.
+    n_threads threads (0: the hardware's count, at most 8) share the rows of a large job.
     """
 
-    def __cinit__(self, int n_slots, int n_vocab):
+    def __cinit__(self, int n_slots, int n_vocab, int n_threads=0):
         self._native = NULL
         if n_slots <= 0 or n_vocab <= 0:
             raise errors.InvalidRequestError("n_slots and n_vocab must be positive")
-        self._native = new NativeSampler(n_slots, n_vocab)
+        if n_threads < 0:
+            raise errors.InvalidRequestError("n_threads must be >= 0 (0: automatic)")
+        self._native = new NativeSampler(n_slots, n_vocab, n_threads)
         _live["sampler"] += 1
 
     def __dealloc__(self):
@@ -1005,7 +1019,9 @@ cdef class Sampler:
     def _prepare(self, Context ctx, rows, slots, bint logprobs):
         if self._check().busy():
             raise errors.UmaError("a sampler job is already in flight; wait() first")
-        cdef const float * data = ctx._logits()
+        cdef const float * data = NULL
+        if len(rows):
+            data = ctx._logits()
         if ctx.model.n_vocab != self._native.n_vocab():
             raise errors.InvalidRequestError(
                 f"sampler n_vocab {self._native.n_vocab()} != model n_vocab {ctx.model.n_vocab}")

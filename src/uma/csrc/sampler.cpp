@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 namespace uma {
 namespace {
@@ -13,16 +14,23 @@ inline bool before(const Candidate & a, const Candidate & b) {
     return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
 }
 
+// Two passes: the maximum in eight independent lanes (which compilers vectorise, unlike a
+// running arg-max), then the first index holding it. NaNs never win; an all-NaN row gives 0.
 inline int32_t argmax(const float * row, int32_t n) {
-    int32_t best = 0;
-    float best_v = row[0];
-    for (int32_t i = 1; i < n; ++i) {
-        if (row[i] > best_v) {
-            best_v = row[i];
-            best = i;
-        }
+    constexpr int32_t kLanes = 8;
+    float lanes[kLanes];
+    for (float & l : lanes) l = -std::numeric_limits<float>::infinity();
+    int32_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+        for (int32_t k = 0; k < kLanes; ++k) lanes[k] = row[i + k] > lanes[k] ? row[i + k] : lanes[k];
     }
-    return best;
+    float m = lanes[0];
+    for (int32_t k = 1; k < kLanes; ++k) m = lanes[k] > m ? lanes[k] : m;
+    for (; i < n; ++i) m = row[i] > m ? row[i] : m;
+    for (i = 0; i < n; ++i) {
+        if (row[i] == m) return i;
+    }
+    return 0;
 }
 
 // log softmax of one entry, over the raw row: the model's own belief in the token.
@@ -56,10 +64,13 @@ void Sampler::Slot::remember(int32_t token) {
     ++counts[token];
 }
 
-Sampler::Sampler(int32_t n_slots, int32_t n_vocab)
-    : n_vocab_(n_vocab), slots_(static_cast<size_t>(n_slots)),
-      scratch_(static_cast<size_t>(n_vocab)) {
-    cands_.reserve(static_cast<size_t>(n_vocab));
+Sampler::Sampler(int32_t n_slots, int32_t n_vocab, int32_t n_threads)
+    : n_vocab_(n_vocab), slots_(static_cast<size_t>(n_slots)) {
+    if (n_threads <= 0) {
+        n_threads = static_cast<int32_t>(std::min(8u, std::max(1u, std::thread::hardware_concurrency())));
+    }
+    ws_.resize(static_cast<size_t>(n_threads));
+    for (auto & ws : ws_) ws.scratch.resize(static_cast<size_t>(n_vocab));
     for (int32_t i = 0; i < n_slots; ++i) configure(i, SamplingParams{});
 }
 
@@ -70,6 +81,12 @@ Sampler::~Sampler() {
     }
     cv_job_.notify_all();
     if (worker_.joinable()) worker_.join();
+    {
+        std::lock_guard<std::mutex> lock(pool_mu_);
+        pool_stop_ = true;
+    }
+    pool_cv_.notify_all();
+    for (auto & t : pool_) t.join();
 }
 
 void Sampler::configure(int32_t slot, const SamplingParams & params) {
@@ -93,97 +110,117 @@ double Sampler::uniform(Slot & slot) {
     return static_cast<double>(slot.rng() >> 11) * (1.0 / 9007199254740992.0);
 }
 
-const float * Sampler::penalised(Slot & slot, const float * row) {
+const float * Sampler::penalised(Workspace & ws, Slot & slot, const float * row) {
     const SamplingParams & p = slot.params;
     bool any = !slot.counts.empty() &&
                (p.repeat_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f);
     if (!any) return row;
-    std::memcpy(scratch_.data(), row, sizeof(float) * static_cast<size_t>(n_vocab_));
+    float * out = ws.scratch.data();
+    std::memcpy(out, row, sizeof(float) * static_cast<size_t>(n_vocab_));
     for (const auto & [token, count] : slot.counts) {
         if (token < 0 || token >= n_vocab_) continue;
-        float l = scratch_[static_cast<size_t>(token)];
+        float l = out[token];
         if (p.repeat_penalty != 1.0f) l = l > 0.0f ? l / p.repeat_penalty : l * p.repeat_penalty;
         l -= static_cast<float>(count) * p.frequency_penalty + p.presence_penalty;
-        scratch_[static_cast<size_t>(token)] = l;
+        out[token] = l;
     }
-    return scratch_.data();
+    return out;
 }
 
-void Sampler::filter(Slot & slot, const float * row, bool need_sorted) {
+void Sampler::filter(Workspace & ws, Slot & slot, const float * row, bool need_sorted) {
     const SamplingParams & p = slot.params;
     const float inv_t = 1.0f / p.temperature;
     const size_t n = static_cast<size_t>(n_vocab_);
+    std::vector<Candidate> & cands = ws.cands;
 
-    cands_.resize(n);
-    for (size_t i = 0; i < n; ++i) cands_[i] = Candidate{row[i] * inv_t, static_cast<int32_t>(i)};
-    cands_sorted_ = false;
-
-    if (p.top_k > 0 && static_cast<size_t>(p.top_k) < cands_.size()) {
-        std::nth_element(cands_.begin(), cands_.begin() + p.top_k, cands_.end(), before);
-        cands_.resize(static_cast<size_t>(p.top_k));
+    ws.sorted = false;
+    const size_t k = p.top_k > 0 ? static_cast<size_t>(p.top_k) : n;
+    if (k * 16 <= n) {
+        // A small top-k: one pass with a heap of the k best, worst on top; most tokens lose
+        // to the top in one comparison, far cheaper than materialising every candidate.
+        cands.clear();
+        for (size_t i = 0; i < n; ++i) {
+            const Candidate c{row[i] * inv_t, static_cast<int32_t>(i)};
+            if (cands.size() < k) {
+                cands.push_back(c);
+                std::push_heap(cands.begin(), cands.end(), before);
+            } else if (before(c, cands.front())) {
+                std::pop_heap(cands.begin(), cands.end(), before);
+                cands.back() = c;
+                std::push_heap(cands.begin(), cands.end(), before);
+            }
+        }
+    } else {
+        cands.resize(n);
+        for (size_t i = 0; i < n; ++i) cands[i] = Candidate{row[i] * inv_t, static_cast<int32_t>(i)};
+        if (k < n) {
+            std::nth_element(cands.begin(), cands.begin() + static_cast<std::ptrdiff_t>(k),
+                             cands.end(), before);
+            cands.resize(k);
+        }
     }
 
-    float m = cands_[0].logit;
-    for (const auto & c : cands_) m = std::max(m, c.logit);
-    cands_max_ = m;
+    float m = cands[0].logit;
+    for (const auto & c : cands) m = std::max(m, c.logit);
+    ws.cands_max = m;
 
     if (p.top_p < 1.0f) {
         double z = 0.0;
-        for (const auto & c : cands_) z += std::exp(static_cast<double>(c.logit - m));
+        for (const auto & c : cands) z += std::exp(static_cast<double>(c.logit - m));
         // Grow the sorted prefix until it holds top_p of the mass: real models need only a few
         // dozen tokens; a flat distribution falls back to a full sort. Exact either way.
         const double target = static_cast<double>(p.top_p) * z;
         size_t sorted = 0;
         size_t want = 64;
         double cum = 0.0;
-        size_t keep = cands_.size();
+        size_t keep = cands.size();
         while (true) {
-            sort_front(cands_, want);
-            size_t limit = std::min(want, cands_.size());
+            sort_front(cands, want);
+            size_t limit = std::min(want, cands.size());
             for (size_t i = sorted; i < limit; ++i) {
-                cum += std::exp(static_cast<double>(cands_[i].logit - m));
+                cum += std::exp(static_cast<double>(cands[i].logit - m));
                 if (cum >= target) {
                     keep = i + 1;
                     break;
                 }
             }
-            if (keep != cands_.size() || limit == cands_.size()) break;
+            if (keep != cands.size() || limit == cands.size()) break;
             sorted = limit;
             want *= 8;
         }
-        cands_.resize(std::max<size_t>(keep, 1));
-        cands_sorted_ = true;
+        cands.resize(std::max<size_t>(keep, 1));
+        ws.sorted = true;
     }
 
     if (p.min_p > 0.0f) {
         // p_i >= min_p * p_max  <=>  logit_i >= max_logit + log(min_p); max is unchanged by
         // the filters above since they only drop tokens below it.
         const float floor = m + std::log(p.min_p);
-        cands_.erase(std::remove_if(cands_.begin(), cands_.end(),
+        cands.erase(std::remove_if(cands.begin(), cands.end(),
                                     [floor](const Candidate & c) { return c.logit < floor; }),
-                     cands_.end());
+                     cands.end());
     }
 
-    if (need_sorted && !cands_sorted_) {
-        std::sort(cands_.begin(), cands_.end(), before);
-        cands_sorted_ = true;
+    if (need_sorted && !ws.sorted) {
+        std::sort(cands.begin(), cands.end(), before);
+        ws.sorted = true;
     }
 }
 
-int32_t Sampler::sample_row(Slot & slot, const float * raw, float * logprob) {
-    const float * row = penalised(slot, raw);
+int32_t Sampler::sample_row(Workspace & ws, Slot & slot, const float * raw, float * logprob) {
+    const float * row = penalised(ws, slot, raw);
     int32_t token;
     if (slot.params.temperature <= 0.0f) {
         token = argmax(row, n_vocab_);
     } else {
-        filter(slot, row, /*need_sorted=*/false);
-        const float m = cands_max_;
+        filter(ws, slot, row, /*need_sorted=*/false);
+        const float m = ws.cands_max;
         double z = 0.0;
-        for (const auto & c : cands_) z += std::exp(static_cast<double>(c.logit - m));
+        for (const auto & c : ws.cands) z += std::exp(static_cast<double>(c.logit - m));
         const double u = uniform(slot) * z;
         double cum = 0.0;
-        token = cands_.back().id;
-        for (const auto & c : cands_) {
+        token = ws.cands.back().id;
+        for (const auto & c : ws.cands) {
             cum += std::exp(static_cast<double>(c.logit - m));
             if (u < cum) {
                 token = c.id;
@@ -196,11 +233,50 @@ int32_t Sampler::sample_row(Slot & slot, const float * raw, float * logprob) {
     return token;
 }
 
+void Sampler::sample_rows(Workspace & ws, const SampleJob & job, int32_t i) {
+    const float * row = job.logits + static_cast<size_t>(job.rows[i]) * static_cast<size_t>(n_vocab_);
+    Slot & slot = slots_[static_cast<size_t>(job.slots[i])];
+    job.out_tokens[i] = sample_row(ws, slot, row, job.out_logprobs ? job.out_logprobs + i : nullptr);
+}
+
 void Sampler::sample(const SampleJob & job) {
-    for (int32_t i = 0; i < job.n; ++i) {
-        const float * row = job.logits + static_cast<size_t>(job.rows[i]) * static_cast<size_t>(n_vocab_);
-        Slot & slot = slots_[static_cast<size_t>(job.slots[i])];
-        job.out_tokens[i] = sample_row(slot, row, job.out_logprobs ? job.out_logprobs + i : nullptr);
+    // Below a few hundred thousand logits, waking threads costs more than it saves.
+    const bool parallel = ws_.size() > 1 && job.n > 1 &&
+                          static_cast<int64_t>(job.n) * n_vocab_ >= (1 << 18);
+    if (!parallel) {
+        for (int32_t i = 0; i < job.n; ++i) sample_rows(ws_[0], job, i);
+        return;
+    }
+    {
+        std::lock_guard<std::mutex> lock(pool_mu_);
+        while (pool_.size() + 1 < ws_.size()) {
+            pool_.emplace_back(&Sampler::pool_loop, this, static_cast<int32_t>(pool_.size() + 1));
+        }
+        pool_job_ = &job;
+        next_row_.store(0);
+        pool_busy_ = static_cast<int32_t>(pool_.size());
+        ++pool_gen_;
+    }
+    pool_cv_.notify_all();
+    for (int32_t i; (i = next_row_.fetch_add(1)) < job.n;) sample_rows(ws_[0], job, i);
+    std::unique_lock<std::mutex> lock(pool_mu_);
+    pool_done_cv_.wait(lock, [this] { return pool_busy_ == 0; });
+    pool_job_ = nullptr;
+}
+
+void Sampler::pool_loop(int32_t index) {
+    Workspace & ws = ws_[static_cast<size_t>(index)];
+    uint64_t seen = 0;
+    std::unique_lock<std::mutex> lock(pool_mu_);
+    while (true) {
+        pool_cv_.wait(lock, [&] { return pool_stop_ || pool_gen_ != seen; });
+        if (pool_stop_) return;
+        seen = pool_gen_;
+        const SampleJob & job = *pool_job_;
+        lock.unlock();
+        for (int32_t i; (i = next_row_.fetch_add(1)) < job.n;) sample_rows(ws, job, i);
+        lock.lock();
+        if (--pool_busy_ == 0) pool_done_cv_.notify_all();
     }
 }
 
@@ -240,21 +316,22 @@ void Sampler::worker_loop() {
 
 int32_t Sampler::candidates(int32_t slot, const float * raw, int32_t * out_ids, float * out_probs) {
     Slot & s = slots_[static_cast<size_t>(slot)];
-    const float * row = penalised(s, raw);
+    Workspace & ws = ws_[0];
+    const float * row = penalised(ws, s, raw);
     if (s.params.temperature <= 0.0f) {
         out_ids[0] = argmax(row, n_vocab_);
         out_probs[0] = 1.0f;
         return 1;
     }
-    filter(s, row, /*need_sorted=*/true);
-    const float m = cands_max_;
+    filter(ws, s, row, /*need_sorted=*/true);
+    const float m = ws.cands_max;
     double z = 0.0;
-    for (const auto & c : cands_) z += std::exp(static_cast<double>(c.logit - m));
-    for (size_t i = 0; i < cands_.size(); ++i) {
-        out_ids[i] = cands_[i].id;
-        out_probs[i] = static_cast<float>(std::exp(static_cast<double>(cands_[i].logit - m)) / z);
+    for (const auto & c : ws.cands) z += std::exp(static_cast<double>(c.logit - m));
+    for (size_t i = 0; i < ws.cands.size(); ++i) {
+        out_ids[i] = ws.cands[i].id;
+        out_probs[i] = static_cast<float>(std::exp(static_cast<double>(ws.cands[i].logit - m)) / z);
     }
-    return static_cast<int32_t>(cands_.size());
+    return static_cast<int32_t>(ws.cands.size());
 }
 
 }  // namespace uma

@@ -12,6 +12,7 @@
 // and `wait` joins it, so Python can do other work of the tick in between.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -50,9 +51,19 @@ struct Candidate {
     int32_t id;
 };
 
+// Per-thread buffers for one row at a time.
+struct Workspace {
+    std::vector<float> scratch;      // a penalised copy of the row
+    std::vector<Candidate> cands;    // survivors of the filters
+    float cands_max = 0.0f;          // largest scaled logit among them
+    bool sorted = false;             // cands is most probable first
+};
+
 class Sampler {
 public:
-    Sampler(int32_t n_slots, int32_t n_vocab);
+    // n_threads: threads that share the rows of one job (the caller included); 0 picks the
+    // hardware's count, at most 8. Rows are independent: each belongs to its own slot.
+    Sampler(int32_t n_slots, int32_t n_vocab, int32_t n_threads = 0);
     ~Sampler();
     Sampler(const Sampler &) = delete;
     Sampler & operator=(const Sampler &) = delete;
@@ -88,22 +99,31 @@ private:
         void remember(int32_t token);
     };
 
-    int32_t sample_row(Slot & slot, const float * row, float * logprob);
-    // Scales `row` by the temperature into cands_ and applies top-k, top-p and min-p there;
-    // cands_max_ is then the largest scaled logit. need_sorted: leave cands_ most probable first.
-    void filter(Slot & slot, const float * row, bool need_sorted);
-    // The row itself when no penalty applies, else a penalised copy in scratch_: llama.cpp's
+    int32_t sample_row(Workspace & ws, Slot & slot, const float * row, float * logprob);
+    void sample_rows(Workspace & ws, const SampleJob & job, int32_t i);
+    // Scales `row` by the temperature into ws.cands and applies top-k, top-p and min-p there.
+    void filter(Workspace & ws, Slot & slot, const float * row, bool need_sorted);
+    // The row itself when no penalty applies, else a penalised copy in ws.scratch: llama.cpp's
     // logits buffer is shared with zero-copy views and is never written.
-    const float * penalised(Slot & slot, const float * row);
+    const float * penalised(Workspace & ws, Slot & slot, const float * row);
     double uniform(Slot & slot);
     void worker_loop();
+    void pool_loop(int32_t index);
 
     int32_t n_vocab_;
     std::vector<Slot> slots_;
-    std::vector<float> scratch_;
-    std::vector<Candidate> cands_;
-    bool cands_sorted_ = false;
-    float cands_max_ = 0.0f;
+    std::vector<Workspace> ws_;   // ws_[0] for the calling thread, ws_[k] for pool thread k
+
+    // Row-parallel pool: threads take rows of pool_job_ through next_row_.
+    std::vector<std::thread> pool_;
+    std::mutex pool_mu_;
+    std::condition_variable pool_cv_;
+    std::condition_variable pool_done_cv_;
+    const SampleJob * pool_job_ = nullptr;
+    std::atomic<int32_t> next_row_{0};
+    uint64_t pool_gen_ = 0;
+    int32_t pool_busy_ = 0;
+    bool pool_stop_ = false;
 
     std::mutex mu_;
     std::condition_variable cv_job_;
