@@ -10,6 +10,8 @@ import uma
 from uma import _core
 from uma.errors import ClosedError, ContextOverflowError, InvalidRequestError
 
+from .helpers import assert_same_greedy
+
 PROMPTS = [
     "Hello",
     "The quick brown fox jumps over the lazy dog",
@@ -30,9 +32,15 @@ def engine(tiny_path):
 
 @pytest.fixture(scope="module")
 def alone(tiny_path):
-    """Greedy tokens of each prompt generated with nothing else running."""
+    """Greedy results of each prompt generated with nothing else running."""
     with uma.Engine(tiny_path, n_ctx=1024, n_seq_max=1) as e:
-        return {p: e.generate(p, max_tokens=16, ignore_eos=True).token_ids for p in PROMPTS * 2}
+        return {p: e.generate(p, max_tokens=16, ignore_eos=True, logprobs=True) for p in PROMPTS}
+
+
+def assert_matches_alone(results, prompts, alone, n=16):
+    for r, p in zip(results, prompts, strict=True):
+        assert_same_greedy(alone[p].token_ids[:n], r.token_ids[:n],
+                           alone[p].logprobs[:n], (r.logprobs or ())[:n])
 
 
 def sixteen():
@@ -40,27 +48,28 @@ def sixteen():
 
 
 def test_sixteen_concurrent_requests_match_each_alone(engine, alone):
-    handles = [engine.submit(p, max_tokens=16, ignore_eos=True) for p in sixteen()]
+    handles = [engine.submit(p, max_tokens=16, ignore_eos=True, logprobs=True) for p in sixteen()]
     results = [h.result(timeout=60) for h in handles]
-    assert [r.token_ids for r in results] == [alone[p] for p in sixteen()]
+    assert_matches_alone(results, sixteen(), alone)
     assert all(r.finish_reason == "length" and r.usage.completion_tokens == 16 for r in results)
 
 
 def test_same_through_the_async_iterator(engine, alone):
     async def consume(prompt):
-        handle = engine.submit(prompt, max_tokens=16, ignore_eos=True)
-        ids, text = [], []
+        handle = engine.submit(prompt, max_tokens=16, ignore_eos=True, logprobs=True)
+        ids, lps, text = [], [], []
         async for event in handle:
             ids.extend(event.token_ids)
+            lps.extend(event.logprobs or ())
             text.append(event.text)
         result = await handle.aresult()
-        assert "".join(text) == result.text
-        return tuple(ids)
+        assert "".join(text) == result.text and tuple(ids) == result.token_ids
+        return result
 
     async def main():
         return await asyncio.gather(*(consume(p) for p in sixteen()))
 
-    assert asyncio.run(main()) == [alone[p] for p in sixteen()]
+    assert_matches_alone(asyncio.run(main()), sixteen(), alone)
 
 
 def test_events_add_up_to_the_result(engine):
@@ -147,13 +156,30 @@ def test_prompt_longer_than_the_context_fails_alone(tiny_path):
 def test_full_kv_cache_preempts_and_everything_still_matches(tiny_path, alone):
     # Four sequences that each need ~80 positions share a 256-position cache.
     with uma.Engine(tiny_path, n_ctx=256, n_seq_max=4, n_batch=64) as e:
-        handles = [e.submit(p, max_tokens=16, ignore_eos=True) for p in PROMPTS[:4]]
-        more = [e.submit(p, max_tokens=60, ignore_eos=True) for p in PROMPTS[4:8]]
-        assert [h.result(timeout=60).token_ids for h in handles] == [alone[p] for p in PROMPTS[:4]]
+        opts = {"ignore_eos": True, "logprobs": True}
+        handles = [e.submit(p, max_tokens=16, **opts) for p in PROMPTS[:4]]
+        more = [e.submit(p, max_tokens=60, **opts) for p in PROMPTS[4:8]]
+        assert_matches_alone([h.result(timeout=60) for h in handles], PROMPTS[:4], alone)
         ends = [h.result(timeout=60) for h in more]
         assert all(r.finish_reason == "length" for r in ends)
-        assert [r.token_ids[:16] for r in ends] == [alone[p] for p in PROMPTS[4:8]]
+        assert_matches_alone(ends, PROMPTS[4:8], alone)
         assert e.snapshot()["preemptions_total"] > 0
+
+
+def test_long_prompts_prefill_in_chunks_between_decode_steps(tiny_path, alone):
+    # A tiny tick budget leaves prompts only the minimum chunk (16 tokens) per tick, so a long
+    # prompt takes many ticks while the short ones decode.
+    long_prompt = " ".join(f"word{i}" for i in range(120))
+    opts = {"ignore_eos": True, "logprobs": True}
+    with uma.Engine(tiny_path, n_ctx=2048, n_seq_max=4, tick_target_ms=0.001) as e:
+        short = [e.submit(p, max_tokens=16, **opts) for p in PROMPTS[:3]]
+        long = e.submit(long_prompt, max_tokens=8, **opts)
+        assert_matches_alone([h.result(timeout=60) for h in short], PROMPTS[:3], alone)
+        chunked = long.result(timeout=60)
+        assert e.snapshot()["ticks_total"] > len(e.model.tokenize(long_prompt)) // 16
+    with uma.Engine(tiny_path, n_ctx=2048, n_seq_max=1) as e:
+        whole = e.generate(long_prompt, max_tokens=8, **opts)
+    assert_same_greedy(whole.token_ids, chunked.token_ids, whole.logprobs, chunked.logprobs)
 
 
 def test_chat_uses_the_template(engine):
@@ -194,14 +220,15 @@ def test_many_threads_submit_at_once(engine, alone):
     results = {}
 
     def worker(i):
-        results[i] = engine.generate(PROMPTS[i % 8], max_tokens=16, ignore_eos=True).token_ids
+        results[i] = engine.generate(PROMPTS[i % 8], max_tokens=16, ignore_eos=True, logprobs=True)
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(12)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=60)
-    assert [results[i] for i in range(12)] == [alone[PROMPTS[i % 8]] for i in range(12)]
+    prompts = [PROMPTS[i % 8] for i in range(12)]
+    assert_matches_alone([results[i] for i in range(12)], prompts, alone)
 
 
 def engine_threads():

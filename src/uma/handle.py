@@ -56,6 +56,7 @@ class Result:
     usage: Usage
     timings: Timings
     error: UmaError | None = field(default=None, compare=False)
+    logprobs: tuple[float, ...] | None = None  # per token, when the request asked for them
 
     @property
     def tokens_per_second(self) -> float:

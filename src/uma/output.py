@@ -22,13 +22,14 @@ _TOKEN, _END, _QUIT = 0, 1, 2
 
 
 class _Stream:
-    __slots__ = ("text", "stops", "parts", "ids", "token_ms", "stopped")
+    __slots__ = ("text", "stops", "parts", "ids", "logprobs", "token_ms", "stopped")
 
     def __init__(self, model, req: Request) -> None:
         self.text = TextStream(model)
         self.stops = StopMatcher(req.params.stop)
         self.parts: list[str] = []
         self.ids: list[int] = []
+        self.logprobs: list[float] | None = [] if req.params.logprobs else None
         self.token_ms: list[float] = []
         self.stopped = False
 
@@ -80,6 +81,8 @@ class OutputStage:
         if st.stopped:
             return
         st.ids.append(token)
+        if st.logprobs is not None and logprob is not None:
+            st.logprobs.append(logprob)
         st.token_ms.append((t_ns - req.arrival_ns) / 1e6)
         text, hit = st.stops.feed("" if hidden else st.text.push(token))
         if text:
@@ -109,5 +112,6 @@ class OutputStage:
         result = Result(
             text="".join(st.parts), token_ids=tuple(st.ids), finish_reason=reason,
             usage=Usage(req.n_prompt, len(st.ids)), timings=timings, error=error,
+            logprobs=None if st.logprobs is None else tuple(st.logprobs),
         )
         req.handle._push(result=result)

@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 # Bump when the bytes written for a given spec change, so cached files are regenerated.
-_FORMAT_VERSION = 1
+_FORMAT_VERSION = 2
 
 _DESCRIPTION = "UMA Serve synthetic model: seeded random weights, output is gibberish"
 
@@ -65,6 +65,11 @@ _INT_FIELDS = (
 
 _NORM_EPS = 1e-5
 _WEIGHT_STD = 0.02
+# The output projection is drawn so that logits have about this standard deviation (std
+# _LOGIT_STD / sqrt(n_embd) on RMS-normalised activations). Trained models put most of the
+# probability on a few tokens; with every weight at 0.02 the logits were nearly flat (top two
+# 2e-4 apart), so any rounding difference flipped greedy choices and top-p kept half the vocab.
+_LOGIT_STD = 3.0
 _NORM_NOISE_STD = 0.02
 
 # Random data per tensor is generated in a block of at most this many values, then repeated.
@@ -293,7 +298,7 @@ class _Tensor:
     name: str
     ne: tuple[int, ...]  # ggml order: ne[0] is the contiguous (row) dimension
     qtype: str  # "f32" | "f16" | "q8_0"
-    kind: str  # "norm" | "weight"
+    kind: str  # "norm" | "weight" | "output" (the projection to logits)
 
 
 def _pad(n: int, align: int) -> int:
@@ -313,7 +318,8 @@ def _tensor_plan(spec: SynthSpec) -> tuple[_Tensor, ...]:
     e, ff, v = spec.n_embd, spec.n_ff, spec.n_vocab
     n_embd_kv = spec.head_dim * spec.n_head_kv
     w = spec.dtype
-    out = [_Tensor("token_embd.weight", (e, v), w, "weight")]
+    out = [_Tensor("token_embd.weight", (e, v), w,
+                   "output" if spec.tied_embeddings else "weight")]
     for i in range(spec.n_layer):
         b = f"blk.{i}."
         out += [
@@ -341,7 +347,7 @@ def _tensor_plan(spec: SynthSpec) -> tuple[_Tensor, ...]:
             ]
     out.append(_Tensor("output_norm.weight", (e,), "f32", "norm"))
     if not spec.tied_embeddings:
-        out.append(_Tensor("output.weight", (e, v), w, "weight"))
+        out.append(_Tensor("output.weight", (e, v), w, "output"))
     return tuple(out)
 
 
@@ -468,6 +474,10 @@ def _write_repeated(
         tick(part.nbytes)
 
 
+def _weight_std(spec: SynthSpec, t: _Tensor) -> float:
+    return _LOGIT_STD / spec.n_embd**0.5 if t.kind == "output" else _WEIGHT_STD
+
+
 def _write_tensor_data(
     fout: BinaryIO, spec: SynthSpec, t: _Tensor, tick: Callable[[int], None]
 ) -> None:
@@ -477,7 +487,7 @@ def _write_tensor_data(
         n_blocks = n // _Q8_BLOCK
         period = min(n_blocks, _PERIOD_Q8_BLOCKS)
         block = np.empty(period, dtype=_Q8_DTYPE)
-        scale = _WEIGHT_STD / _Q8_QSTD
+        scale = _weight_std(spec, t) / _Q8_QSTD
         block["d"] = (scale * rng.uniform(0.75, 1.25, size=period)).astype(np.float16)
         qs = rng.standard_normal((period, _Q8_BLOCK), dtype=np.float32) * _Q8_QSTD
         block["qs"] = np.clip(np.rint(qs), -127, 127).astype(np.int8)
@@ -488,7 +498,7 @@ def _write_tensor_data(
     if t.kind == "norm":
         values = values * np.float32(_NORM_NOISE_STD) + np.float32(1.0)
     else:
-        values *= np.float32(_WEIGHT_STD)
+        values *= np.float32(_weight_std(spec, t))
     block = values.astype(np.float32 if t.qtype == "f32" else np.float16)
     _write_repeated(fout, block, n, tick)
 

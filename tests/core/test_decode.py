@@ -6,6 +6,8 @@ import pytest
 from uma import _core
 from uma.errors import UmaError
 
+from ..helpers import assert_same_greedy
+
 PROMPTS = [
     "Hello",
     "The quick brown fox jumps over the lazy dog",
@@ -19,22 +21,28 @@ PROMPTS = [
 N_NEW = 12
 
 
+def log_softmax_at(row, token):
+    row = row.astype(np.float64)
+    return float(row[token] - row.max() - np.log(np.exp(row - row.max()).sum()))
+
+
 def greedy_alone(model, tokens, n_new):
+    """(tokens, log-probabilities) of greedy decoding with nothing else in the batch."""
     with _core.Context(model, n_ctx=256, n_batch=128, n_seq_max=1) as ctx:
         batch = _core.Batch(128)
         batch.add_sequence(tokens, 0, 0)
-        out = []
+        out, lps = [], []
         pos = len(tokens)
         for _ in range(n_new):
             ctx.decode(batch)
-            logits = ctx.logits()
-            token = int(np.argmax(logits[0]))
-            del logits
+            row = np.array(ctx.logits()[0])
+            token = int(np.argmax(row))
             out.append(token)
+            lps.append(log_softmax_at(row, token))
             batch.clear()
             batch.add(token, pos, 0, logits=True)
             pos += 1
-        return out
+        return out, lps
 
 
 def greedy_together(model, prompts, n_new, *, kv_unified):
@@ -43,6 +51,7 @@ def greedy_together(model, prompts, n_new, *, kv_unified):
     n = len(prompts)
     sampler = _core.Sampler(n, model.n_vocab)  # greedy by default
     out = [[] for _ in range(n)]
+    lps = [[] for _ in range(n)]
     pos = [0] * n
     next_token = [None] * n
     with _core.Context(model, n_ctx=256 * n, n_batch=256, n_seq_max=n,
@@ -60,13 +69,14 @@ def greedy_together(model, prompts, n_new, *, kv_unified):
                     pos[seq] += 1
             seqs = batch.output_seqs()
             ctx.decode(batch)
-            tokens = sampler.sample(ctx, np.arange(len(seqs)), seqs)
-            for seq, token in zip(seqs, tokens, strict=True):
+            tokens, logprobs = sampler.sample(ctx, np.arange(len(seqs)), seqs, logprobs=True)
+            for seq, token, lp in zip(seqs, tokens, logprobs, strict=True):
                 out[seq].append(int(token))
+                lps[seq].append(float(lp))
                 next_token[seq] = int(token)
             tick += 1
     sampler.close()
-    return out
+    return out, lps
 
 
 @pytest.mark.parametrize("kv_unified", [True, False])
@@ -74,10 +84,11 @@ def test_eight_sequences_together_match_each_alone(model, kv_unified):
     prompts = [model.tokenize(p) for p in PROMPTS]
     assert len({len(p) for p in prompts}) >= 6  # really different lengths
     alone = [greedy_alone(model, p, N_NEW) for p in prompts]
-    together = greedy_together(model, prompts, N_NEW, kv_unified=kv_unified)
-    assert together == alone
+    together, together_lps = greedy_together(model, prompts, N_NEW, kv_unified=kv_unified)
+    for (tokens, lps), got, got_lps in zip(alone, together, together_lps, strict=True):
+        assert_same_greedy(tokens, got, lps, got_lps)
     # Random weights still must not collapse to one repeated token, or the test proves little.
-    assert len({t for seq in alone for t in seq}) > N_NEW
+    assert len({t for seq, _ in alone for t in seq}) > N_NEW
 
 
 def test_async_sampling_matches_sync(model):
@@ -150,7 +161,8 @@ def test_sequence_state_round_trip(model):
         batch.add(token, len(tokens), 1, logits=True)
         ctx.decode(batch)
         rows = np.array(ctx.logits())
-        np.testing.assert_array_equal(rows[0], rows[1])
+        # The copy sits in other KV cells, which GPU kernels may tile differently.
+        np.testing.assert_allclose(rows[0], rows[1], rtol=1e-3, atol=1e-3)
 
 
 def test_metadata(model):
