@@ -1,0 +1,132 @@
+"""Decode throughput: uma.Engine against llama.cpp's llama-batched-bench, side by side.
+
+Both run the same synthetic model file, the same ggml build (benches/llama_tools.py), the same
+thread count, prompt length and generation length, alternating engine and peer runs. The peer
+decodes random tokens with no sampling at all, so it is the ceiling of what the kernels give;
+the engine pays for everything a server does (scheduling, sampling, detokenising, events).
+
+    python benches/decode_throughput.py --model 134m --threads 2 --streams 1,8
+    python benches/decode_throughput.py --model 1b --backend cuda --streams 8,32 --gpu-layers 99
+
+Decode throughput of the engine is measured over the window in which every stream is decoding
+(from the last first-token to the first last-token), counting each stream's tokens in it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import uma  # noqa: E402
+from llama_tools import ensure_tools  # noqa: E402
+from uma import synth  # noqa: E402
+
+
+def peer_tg_speed(tool: Path, model: Path, pp: int, tg: int, pl: int, threads: int,
+                  gpu_layers: int, kv_unified: bool) -> float:
+    ctx = pl * (pp + tg) + 64
+    cmd = [str(tool), "-m", str(model), "-c", str(ctx), "-b", "2048", "-ub", "512",
+           "-npp", str(pp), "-ntg", str(tg), "-npl", str(pl), "-t", str(threads),
+           "-ngl", str(gpu_layers), "-kvu" if kv_unified else "-no-kvu",
+           "--output-format", "jsonl"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    rows = [json.loads(line) for line in out.stdout.splitlines() + out.stderr.splitlines()
+            if line.startswith("{")]
+    if not rows:
+        raise RuntimeError(f"no result from {tool.name}:\n{out.stderr[-2000:]}")
+    return float(rows[-1]["speed_tg"])
+
+
+def engine_run(engine: uma.Engine, vocab: int, pp: int, tg: int, pl: int, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    before = engine.snapshot()
+    handles = [engine.submit(rng.integers(100, vocab - 100, pp).astype(np.int32),
+                             max_tokens=tg, ignore_eos=True) for _ in range(pl)]
+    results = [h.result(timeout=3600) for h in handles]
+    after = engine.snapshot()
+    # Token times are ms after each request's own submit; submits happened within
+    # microseconds of each other, so they share one clock here.
+    starts = [r.timings.token_ms[0] for r in results]
+    ends = [r.timings.token_ms[-1] for r in results]
+    lo, hi = max(starts), min(ends)
+    n = sum(sum(1 for t in r.timings.token_ms if lo < t <= hi) for r in results)
+    tick = after["tick_seconds_total"] - before["tick_seconds_total"]
+    dec = after["decode_seconds_total"] - before["decode_seconds_total"]
+    smp = after["sample_seconds_total"] - before["sample_seconds_total"]
+    ticks = after["ticks_total"] - before["ticks_total"]
+    return {
+        "tg_speed": n / ((hi - lo) / 1000.0) if hi > lo else float("nan"),
+        "decode_share": dec / tick, "sample_share": smp / tick,
+        "overhead_share": (tick - dec - smp) / tick,
+        "ms_per_tick": {"decode": 1e3 * dec / ticks, "sample": 1e3 * smp / ticks,
+                        "overhead": 1e3 * (tick - dec - smp) / ticks},
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="134m", help="a synth preset name or a GGUF path")
+    ap.add_argument("--backend", default="cpu")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--gpu-layers", type=int, default=0)
+    ap.add_argument("--streams", default="1,8")
+    ap.add_argument("--pp", type=int, default=128, help="prompt tokens per stream")
+    ap.add_argument("--tg", type=int, default=64, help="generated tokens per stream")
+    ap.add_argument("--repeat", type=int, default=2, help="runs per side, alternating")
+    ap.add_argument("--kv-unified", action="store_true",
+                    help="one KV buffer for all streams, on both sides (llama-batched-bench's "
+                         "default is off)")
+    ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    ns = ap.parse_args()
+
+    tools = ensure_tools(ns.backend)
+    model = Path(ns.model) if Path(ns.model).exists() else synth.cached_model(ns.model)
+    rows = []
+    for pl in (int(x) for x in ns.streams.split(",")):
+        engine = uma.Engine(model, n_ctx=pl * (ns.pp + ns.tg) + 64, n_seq_max=pl, n_batch=2048,
+                            n_ubatch=512, n_threads=ns.threads, n_gpu_layers=ns.gpu_layers,
+                            kv_unified=ns.kv_unified)
+        engine.generate("warm up", max_tokens=4)
+        ours, theirs = [], []
+        for i in range(ns.repeat):
+            ours.append(engine_run(engine, engine.model.n_vocab, ns.pp, ns.tg, pl, seed=i))
+            theirs.append(peer_tg_speed(tools["llama-batched-bench"], model, ns.pp, ns.tg, pl,
+                                        ns.threads, ns.gpu_layers, ns.kv_unified))
+        engine.close()
+        best = max(ours, key=lambda r: r["tg_speed"])
+        row = {
+            "streams": pl, "uma_tg_tps": best["tg_speed"], "peer_tg_tps": max(theirs),
+            "ratio": best["tg_speed"] / max(theirs),
+            "uma_runs": [r["tg_speed"] for r in ours], "peer_runs": theirs,
+            "overhead_share": best["overhead_share"], "sample_share": best["sample_share"],
+            "ms_per_tick": best["ms_per_tick"],
+        }
+        rows.append(row)
+        print(f"streams={pl:3d}  uma {row['uma_tg_tps']:8.1f} tok/s  "
+              f"llama-batched-bench {row['peer_tg_tps']:8.1f} tok/s  ratio {row['ratio']:.3f}  "
+              f"outside decode+sample {100 * row['overhead_share']:.1f}%  "
+              f"per tick {json.dumps({k: round(v, 3) for k, v in row['ms_per_tick'].items()})}",
+              flush=True)
+    report = {
+        "model": str(model), "backend": ns.backend, "threads": ns.threads, "pp": ns.pp,
+        "kv_unified": ns.kv_unified,
+        "tg": ns.tg, "gpu_layers": ns.gpu_layers, "rows": rows,
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "median_ratio": statistics.median(r["ratio"] for r in rows),
+    }
+    if ns.out:
+        ns.out.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,476 @@
+"""The daemon's messages: requests a client sends, events the daemon answers with.
+
+Data in, data out, no I/O. `parse_request` turns a decoded frame (uma.server.framing) into a
+frozen request, checking every field and naming the bad one; sampler options go through
+uma.config.SamplingParams, so the socket accepts exactly what uma.Engine accepts. The
+``*_event`` builders make the maps the daemon sends and `parse_event` is the client's check of
+them. A client matches errors on their wire ``code``; the message is for people.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from uma.config import SamplingParams
+from uma.errors import (
+    BatchFullError,
+    ClosedError,
+    ContextOverflowError,
+    EngineBusyError,
+    InvalidRequestError,
+    ModelLoadError,
+    UmaError,
+)
+from uma.sched.state import Priority
+
+# --- wire error codes --------------------------------------------------------------------------
+
+E_PROTO_001 = "E_PROTO_001"  # bad msgpack / invalid payload
+E_PROTO_002 = "E_PROTO_002"  # bad frame length / frame too large
+E_PROTO_003 = "E_PROTO_003"  # schema error: missing field, wrong type, unknown field or type
+E_PROTO_004 = "E_PROTO_004"  # unknown or duplicate request id on this connection
+E_LIMIT_001 = "E_LIMIT_001"  # prompt too large (bytes, or tokens longer than the context)
+E_LIMIT_002 = "E_LIMIT_002"  # max_tokens above the server's cap
+E_LIMIT_003 = "E_LIMIT_003"  # too many connections
+E_LIMIT_004 = "E_LIMIT_004"  # too many requests in flight on this connection
+E_MODEL_001 = "E_MODEL_001"  # model problem (no chat template, load failure)
+E_RUNTIME_001 = "E_RUNTIME_001"  # decode failure / internal error
+E_IO_001 = "E_IO_001"  # output buffer overflow (slow reader dropped) or socket error
+E_BUSY_001 = "E_BUSY_001"  # server busy or shutting down
+E_IDLE_001 = "E_IDLE_001"  # idle timeout
+
+MAX_ID_CHARS = 128  # request ids are client-chosen strings of 1..128 characters
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
+_INT32_MAX = (1 << 31) - 1  # token ids and top_k end up in C ints
+
+
+class ProtocolError(UmaError, ValueError):
+    """A message broke the protocol.
+
+    `code` is the wire error code (module constants). `request_id` is the message's id when it
+    had a valid one, so the server answers that request with an error event and keeps the
+    connection; without one the error concerns the connection.
+    """
+
+    def __init__(self, code: str, message: str, request_id: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.request_id = request_id
+
+
+# Checked in order: subclasses before their bases.
+_ERROR_CODES: tuple[tuple[type[BaseException], str], ...] = (
+    (ContextOverflowError, E_LIMIT_001),
+    # The batch or the queue was full this time; the same request may fit later.
+    (BatchFullError, E_BUSY_001),
+    (EngineBusyError, E_BUSY_001),
+    (ClosedError, E_BUSY_001),  # the engine is shutting down
+    (InvalidRequestError, E_PROTO_003),  # a field's value was rejected
+    (ModelLoadError, E_MODEL_001),
+)
+
+
+def error_code_for(exc: BaseException) -> str:
+    """The wire code for an exception raised while serving a request. Anything unexpected is
+    E_RUNTIME_001 (an internal error)."""
+    if isinstance(exc, ProtocolError):
+        return exc.code
+    for cls, code in _ERROR_CODES:
+        if isinstance(exc, cls):
+            return code
+    return E_RUNTIME_001
+
+
+# --- requests ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What one request may ask for. The server builds this from its config; setting
+    max_prompt_tokens to the context size turns over-long token prompts away before they queue.
+    Text prompts are measured in tokens only once tokenized, by the engine (ContextOverflowError,
+    also E_LIMIT_001)."""
+
+    max_prompt_bytes: int = 1 << 20  # UTF-8 bytes of "prompt", or of all messages' roles+contents
+    max_prompt_tokens: int = 1 << 17  # length of a "tokens" prompt
+    max_tokens: int = 4096  # cap on max_tokens: asking for more is E_LIMIT_002, never clamped
+    default_max_tokens: int = 256  # max_tokens when a request names none (then capped)
+
+    def __post_init__(self) -> None:
+        for name in ("max_prompt_bytes", "max_prompt_tokens", "max_tokens", "default_max_tokens"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise InvalidRequestError(f"{name} must be an integer >= 1, not {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    """Generate text. Exactly one of prompt, messages and tokens is set."""
+
+    id: str  # client-chosen; echoed in every event of this request
+    params: SamplingParams  # sampler options, max_tokens, stop, logprobs, ignore_eos
+    priority: Priority
+    stream: bool = True  # False: no token events, the whole text in the eos event
+    prompt: str | None = None  # raw text, tokenized as is
+    messages: tuple[dict[str, str], ...] | None = None  # chat, rendered with the model's template
+    tokens: tuple[int, ...] | None = None  # token ids, fed as is
+
+    @property
+    def engine_prompt(self) -> str | tuple[dict[str, str], ...] | tuple[int, ...]:
+        """The prompt in the form uma.Engine.submit takes."""
+        if self.prompt is not None:
+            return self.prompt
+        if self.messages is not None:
+            return self.messages
+        assert self.tokens is not None  # parse_request sets exactly one
+        return self.tokens
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequest:
+    """Stop a running request; it ends with an eos event whose reason is 'cancelled'."""
+
+    id: str
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityRequest:
+    """Promote or demote a running request."""
+
+    id: str
+    priority: Priority
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsRequest:
+    """Ask for a metrics snapshot."""
+
+    id: str | None = None  # echoed in the answer when given
+
+
+@dataclass(frozen=True, slots=True)
+class HealthRequest:
+    """Ask whether the server is up and what it serves."""
+
+    id: str | None = None  # echoed in the answer when given
+
+
+Request = GenerateRequest | CancelRequest | PriorityRequest | MetricsRequest | HealthRequest
+
+_SAMPLER_FIELDS = (
+    "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "frequency_penalty",
+    "presence_penalty", "penalty_last_n", "seed",
+)
+_PROMPT_FIELDS = ("prompt", "messages", "tokens")
+_FIELDS = {
+    "generate": frozenset({
+        "type", "id", *_PROMPT_FIELDS, *_SAMPLER_FIELDS, "max_tokens", "stop", "stream",
+        "priority", "logprobs", "ignore_eos",
+    }),
+    "cancel": frozenset({"type", "id"}),
+    "priority": frozenset({"type", "id", "priority"}),
+    "metrics": frozenset({"type", "id"}),
+    "health": frozenset({"type", "id"}),
+}
+_MESSAGE_FIELDS = ("role", "content")
+
+
+def parse_request(msg: dict, limits: RequestLimits,
+                  default_priority: Priority | str = Priority.INTERACTIVE) -> Request:
+    """Checks one decoded message and returns the request it makes.
+
+    A field set to nil counts as absent. default_priority is the connection's, for generate
+    requests that name none. Raises ProtocolError (E_PROTO_003 for schema errors, E_LIMIT_001
+    and E_LIMIT_002 for limits) naming the offending field, with request_id set whenever the
+    message had a valid id.
+    """
+    if not isinstance(msg, dict):
+        raise ProtocolError(E_PROTO_001, f"a request must be a map, not {type(msg).__name__}")
+    default_priority = Priority.parse(default_priority)  # a bad default is the server's bug
+    request_id = _readable_id(msg)
+    try:
+        kind = msg.get("type")
+        if kind is None:
+            raise ProtocolError(E_PROTO_003, "missing field 'type'")
+        if type(kind) is not str or kind not in _FIELDS:
+            raise ProtocolError(E_PROTO_003, f"unknown request type {_show(kind)}; expected "
+                                             f"one of {', '.join(_FIELDS)}")
+        _check_fields(msg, kind)
+        if kind == "generate":
+            return _parse_generate(msg, limits, default_priority)
+        if kind == "cancel":
+            return CancelRequest(_id(msg, required=True))
+        if kind == "priority":
+            priority = msg.get("priority")
+            if priority is None:
+                raise ProtocolError(E_PROTO_003, "missing field 'priority'")
+            return PriorityRequest(_id(msg, required=True), _priority(priority))
+        if kind == "metrics":
+            return MetricsRequest(_id(msg, required=False))
+        return HealthRequest(_id(msg, required=False))
+    except ProtocolError as exc:
+        exc.request_id = request_id
+        raise
+    except InvalidRequestError as exc:
+        # SamplingParams and Priority name the field in their messages.
+        raise ProtocolError(E_PROTO_003, str(exc), request_id) from None
+
+
+def _parse_generate(msg: dict, limits: RequestLimits,
+                    default_priority: Priority) -> GenerateRequest:
+    request_id = _id(msg, required=True)
+    prompt, messages, tokens = _prompt(msg, limits)
+    top_k = msg.get("top_k")
+    # SamplingParams bounds top_k below only; the native sampler stores it in a C int.
+    if type(top_k) is int and top_k > _INT32_MAX:
+        raise ProtocolError(E_PROTO_003, f"top_k must be at most {_INT32_MAX}, not {top_k}")
+    options = {name: msg[name] for name in _SAMPLER_FIELDS if msg.get(name) is not None}
+    for name in ("logprobs", "ignore_eos"):
+        if msg.get(name) is not None:
+            options[name] = msg[name]
+    params = SamplingParams(max_tokens=_max_tokens(msg.get("max_tokens"), limits),
+                            stop=_stop(msg.get("stop")), **options)
+    stream = msg.get("stream")
+    if stream is None:
+        stream = True
+    elif type(stream) is not bool:
+        raise ProtocolError(E_PROTO_003, f"stream must be a boolean, not {type(stream).__name__}")
+    priority = msg.get("priority")
+    return GenerateRequest(
+        id=request_id, params=params, stream=stream, prompt=prompt, messages=messages,
+        tokens=tokens,
+        priority=default_priority if priority is None else _priority(priority))
+
+
+def _prompt(msg: dict, limits: RequestLimits) -> tuple[
+        str | None, tuple[dict[str, str], ...] | None, tuple[int, ...] | None]:
+    given = [name for name in _PROMPT_FIELDS if msg.get(name) is not None]
+    if len(given) != 1:
+        found = f"; got {' and '.join(given)}" if given else ""
+        raise ProtocolError(
+            E_PROTO_003, f"a generate request needs exactly one of prompt, messages and "
+                         f"tokens{found}")
+    if given[0] == "prompt":
+        prompt = msg["prompt"]
+        if type(prompt) is not str:
+            raise ProtocolError(E_PROTO_003,
+                                f"prompt must be a string, not {type(prompt).__name__}")
+        _check_bytes("prompt", _utf8_len(prompt), limits)
+        return prompt, None, None
+    if given[0] == "messages":
+        return None, _messages(msg["messages"], limits), None
+    return None, None, _tokens(msg["tokens"], limits)
+
+
+def _messages(value: object, limits: RequestLimits) -> tuple[dict[str, str], ...]:
+    if type(value) is not list:
+        raise ProtocolError(E_PROTO_003, f"messages must be a list of {{role, content}} maps, "
+                                         f"not {type(value).__name__}")
+    messages = []
+    n_bytes = 0
+    for i, message in enumerate(value):
+        if type(message) is not dict:
+            raise ProtocolError(E_PROTO_003, f"messages[{i}] must be a map, "
+                                             f"not {type(message).__name__}")
+        for key in message:
+            if key not in _MESSAGE_FIELDS:
+                raise ProtocolError(E_PROTO_003, f"unknown field {_show(key)} in messages[{i}]"
+                                                 f"; a message has only role and content")
+        for key in _MESSAGE_FIELDS:
+            if type(message.get(key)) is not str:
+                got = "missing" if key not in message else type(message[key]).__name__
+                raise ProtocolError(E_PROTO_003,
+                                    f"messages[{i}].{key} must be a string, not {got}")
+            n_bytes += _utf8_len(message[key])
+        messages.append({"role": message["role"], "content": message["content"]})
+    # Roles count too, or an endless "role" would slip past the limit.
+    _check_bytes("messages", n_bytes, limits)
+    return tuple(messages)
+
+
+def _tokens(value: object, limits: RequestLimits) -> tuple[int, ...]:
+    if type(value) is not list:
+        raise ProtocolError(E_PROTO_003,
+                            f"tokens must be a list of integers, not {type(value).__name__}")
+    if len(value) > limits.max_prompt_tokens:
+        raise ProtocolError(E_LIMIT_001, f"tokens has {len(value)} ids; this server takes at "
+                                         f"most {limits.max_prompt_tokens}")
+    # set(map(type, ...)) runs in C: prompts can hold 100k ids. `type is int` also rejects
+    # booleans, which are ints to isinstance.
+    if value and (set(map(type, value)) != {int} or min(value) < 0 or max(value) > _INT32_MAX):
+        for i, token in enumerate(value):
+            if type(token) is not int:
+                raise ProtocolError(E_PROTO_003, f"tokens[{i}] must be an integer, "
+                                                 f"not {type(token).__name__}")
+            if not 0 <= token <= _INT32_MAX:
+                raise ProtocolError(E_PROTO_003,
+                                    f"tokens[{i}] must be in [0, {_INT32_MAX}], not {token}")
+    return tuple(value)
+
+
+def _max_tokens(value: object, limits: RequestLimits) -> int:
+    if value is None:
+        return min(limits.default_max_tokens, limits.max_tokens)
+    if type(value) is not int:
+        raise ProtocolError(E_PROTO_003,
+                            f"max_tokens must be an integer, not {type(value).__name__}")
+    if value > limits.max_tokens:
+        raise ProtocolError(E_LIMIT_002, f"max_tokens is {value}; this server allows at most "
+                                         f"{limits.max_tokens}")
+    return value  # SamplingParams rejects values below 1
+
+
+def _stop(value: object) -> tuple[object, ...]:
+    if value is None:
+        return ()
+    if type(value) is str:
+        strings = [value]
+    elif type(value) is list:
+        strings = value
+    else:
+        raise ProtocolError(E_PROTO_003, f"stop must be a string or a list of strings, "
+                                         f"not {type(value).__name__}")
+    if len(strings) > MAX_STOP_STRINGS:
+        raise ProtocolError(E_PROTO_003, f"stop has {len(strings)} strings; at most "
+                                         f"{MAX_STOP_STRINGS} are allowed")
+    for i, s in enumerate(strings):
+        if type(s) is str and len(s) > MAX_STOP_CHARS:
+            raise ProtocolError(E_PROTO_003, f"stop[{i}] has {len(s)} characters; at most "
+                                             f"{MAX_STOP_CHARS} are allowed")
+    return tuple(strings)  # SamplingParams checks the element types and rejects ""
+
+
+def _priority(value: object) -> Priority:
+    if type(value) is not str:
+        raise ProtocolError(E_PROTO_003, f"priority must be 'interactive' or 'background', "
+                                         f"not {type(value).__name__}")
+    return Priority.parse(value)
+
+
+def _readable_id(msg: dict) -> str | None:
+    request_id = msg.get("id")
+    if type(request_id) is str and 0 < len(request_id) <= MAX_ID_CHARS:
+        return request_id
+    return None
+
+
+def _id(msg: dict, *, required: bool) -> str | None:
+    # Ids are strings only: an int id would come back as a string (or need a type-preserving
+    # echo), and a client matching events by id would then miss them.
+    request_id = msg.get("id")
+    if request_id is None:
+        if required:
+            raise ProtocolError(E_PROTO_003, "missing field 'id'")
+        return None
+    if type(request_id) is not str:
+        raise ProtocolError(E_PROTO_003, f"id must be a string, not {type(request_id).__name__}")
+    if not 0 < len(request_id) <= MAX_ID_CHARS:
+        raise ProtocolError(E_PROTO_003, f"id must have 1 to {MAX_ID_CHARS} characters, not "
+                                         f"{len(request_id)}")
+    return request_id
+
+
+def _check_fields(msg: dict, kind: str) -> None:
+    allowed = _FIELDS[kind]
+    for key in msg:
+        if key not in allowed:
+            hint = ""
+            if type(key) is str:
+                close = difflib.get_close_matches(key, allowed, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ProtocolError(E_PROTO_003,
+                                f"unknown field {_show(key)} in a {kind} request{hint}")
+
+
+def _check_bytes(name: str, n_bytes: int, limits: RequestLimits) -> None:
+    if n_bytes > limits.max_prompt_bytes:
+        raise ProtocolError(E_LIMIT_001, f"{name} is {n_bytes} bytes of UTF-8; this server "
+                                         f"takes at most {limits.max_prompt_bytes}")
+
+
+def _utf8_len(text: str) -> int:
+    # surrogatepass: strings from the wire are valid UTF-8, but callers in-process may hand
+    # lone surrogates; the engine rejects those, here they only need measuring.
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _show(value: object) -> str:
+    """A short description of a value taken from the wire, for an error message."""
+    if type(value) in (str, bytes):
+        return repr(value) if len(value) <= 64 else f"{value[:61]!r}..."
+    if type(value) in (int, float, bool) or value is None:
+        return repr(value)
+    return f"<{type(value).__name__}>"  # never repr() a container: it may be huge
+
+
+# --- events ------------------------------------------------------------------------------------
+# Plain dicts, built once per token: no validation here, the server passes its own values.
+
+EVENTS = frozenset({"token", "eos", "error", "metrics", "health"})
+_EVENT_FIELDS = {
+    "token": ("id", "text", "token_ids"),
+    "eos": ("id", "reason", "usage", "timings"),
+    "error": ("id", "code", "message"),
+    "metrics": ("id", "metrics"),
+    "health": ("id", "health"),
+}
+
+
+def token_event(request_id: str, text: str, token_ids: Sequence[int],
+                logprobs: Sequence[float] | None = None) -> dict:
+    """New output of a streaming request: the tokens sampled since its last event and the text
+    they completed ('' while a character or a possible stop string is pending)."""
+    event = {"event": "token", "id": request_id, "text": text, "token_ids": token_ids}
+    if logprobs is not None:
+        event["logprobs"] = logprobs
+    return event
+
+
+def eos_event(request_id: str, reason: str, usage: dict, timings: dict,
+              text: str | None = None) -> dict:
+    """The end of a request: reason 'stop', 'length', 'cancelled' or 'error'. text (the whole
+    output) only for stream=false requests."""
+    event = {"event": "eos", "id": request_id, "reason": reason, "usage": usage,
+             "timings": timings}
+    if text is not None:
+        event["text"] = text
+    return event
+
+
+def error_event(request_id: str | None, code: str, message: str) -> dict:
+    """A failure: of one request when request_id is set, of the connection when it is None."""
+    return {"event": "error", "id": request_id, "code": code, "message": message}
+
+
+def metrics_event(request_id: str | None, snapshot: dict) -> dict:
+    """The answer to a metrics request."""
+    return {"event": "metrics", "id": request_id, "metrics": snapshot}
+
+
+def health_event(request_id: str | None, info: dict) -> dict:
+    """The answer to a health request."""
+    return {"event": "health", "id": request_id, "health": info}
+
+
+def parse_event(msg: dict) -> dict:
+    """The client's check of a decoded event: a known "event" with its fields present.
+    Returns msg itself; raises ProtocolError(E_PROTO_003) otherwise."""
+    if not isinstance(msg, dict):
+        raise ProtocolError(E_PROTO_001, f"an event must be a map, not {type(msg).__name__}")
+    request_id = _readable_id(msg)
+    kind = msg.get("event")
+    fields = _EVENT_FIELDS.get(kind) if type(kind) is str else None
+    if fields is None:
+        if "event" not in msg:
+            raise ProtocolError(E_PROTO_003, "missing field 'event'", request_id)
+        raise ProtocolError(E_PROTO_003, f"unknown event {_show(msg['event'])}; expected one "
+                                         f"of {', '.join(sorted(EVENTS))}", request_id)
+    for name in fields:
+        if name not in msg:
+            raise ProtocolError(E_PROTO_003, f"missing field {name!r} in a {kind} event",
+                                request_id)
+    return msg

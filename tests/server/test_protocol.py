@@ -1,0 +1,385 @@
+"""Requests parse into frozen objects or fail with the right wire code, naming the field."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from uma import errors
+from uma.config import SamplingParams
+from uma.sched.state import Priority
+from uma.server import protocol as p
+from uma.server.framing import FrameDecoder, encode
+from uma.server.protocol import (
+    CancelRequest,
+    GenerateRequest,
+    HealthRequest,
+    MetricsRequest,
+    PriorityRequest,
+    ProtocolError,
+    RequestLimits,
+    parse_event,
+    parse_request,
+)
+
+LIMITS = RequestLimits(max_prompt_bytes=1000, max_prompt_tokens=100, max_tokens=512)
+
+
+def parse(msg: dict, limits: RequestLimits = LIMITS, **kw):
+    return parse_request(msg, limits, **kw)
+
+
+def rejected(msg: dict, limits: RequestLimits = LIMITS) -> ProtocolError:
+    with pytest.raises(ProtocolError) as info:
+        parse_request(msg, limits)
+    return info.value
+
+
+def gen(**fields) -> dict:
+    return {"type": "generate", "id": "r1", "prompt": "hi", **fields}
+
+
+# --- each request type -----------------------------------------------------------------------
+
+
+def test_generate_with_prompt_and_defaults():
+    req = parse(gen())
+    assert req == GenerateRequest(id="r1", params=SamplingParams(max_tokens=256),
+                                  priority=Priority.INTERACTIVE, prompt="hi")
+    assert req.stream is True
+    assert req.engine_prompt == "hi"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        req.id = "other"  # type: ignore[misc]
+
+
+def test_generate_with_every_option():
+    req = parse(gen(
+        max_tokens=32, temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, repeat_penalty=1.1,
+        frequency_penalty=0.5, presence_penalty=-0.5, penalty_last_n=128, seed=2**64 - 1,
+        stop=["\n\n", "END"], stream=False, priority="background", logprobs=True,
+        ignore_eos=True))
+    assert req.params == SamplingParams(
+        temperature=0.7, top_k=40, top_p=0.9, min_p=0.05, repeat_penalty=1.1,
+        frequency_penalty=0.5, presence_penalty=-0.5, penalty_last_n=128, seed=2**64 - 1,
+        max_tokens=32, stop=("\n\n", "END"), ignore_eos=True, logprobs=True)
+    assert req.stream is False
+    assert req.priority is Priority.BACKGROUND
+
+
+def test_generate_with_messages():
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    req = parse({"type": "generate", "id": "c", "messages": messages})
+    assert req.messages == tuple(messages)
+    assert req.prompt is None and req.tokens is None
+    assert req.engine_prompt == tuple(messages)
+
+
+def test_generate_with_tokens():
+    req = parse({"type": "generate", "id": "t", "tokens": [1, 15043, 0, 2**31 - 1]})
+    assert req.tokens == (1, 15043, 0, 2**31 - 1)
+    assert req.engine_prompt == req.tokens
+
+
+def test_single_stop_string_becomes_a_tuple():
+    assert parse(gen(stop="###")).params.stop == ("###",)
+
+
+def test_nil_fields_count_as_absent():
+    req = parse(gen(temperature=None, max_tokens=None, stop=None, stream=None, priority=None,
+                    tokens=None, messages=None))
+    assert req == parse(gen())
+
+
+def test_priority_defaults_to_the_connection_default():
+    assert parse(gen(), default_priority=Priority.BACKGROUND).priority is Priority.BACKGROUND
+    assert parse(gen(), default_priority="background").priority is Priority.BACKGROUND
+    assert parse(gen(priority="interactive"),
+                 default_priority=Priority.BACKGROUND).priority is Priority.INTERACTIVE
+
+
+def test_bad_default_priority_is_the_servers_error_not_the_clients():
+    with pytest.raises(errors.InvalidRequestError):
+        parse(gen(), default_priority="urgent")
+
+
+def test_default_max_tokens_is_capped():
+    assert parse(gen(), RequestLimits(max_tokens=100)).params.max_tokens == 100
+    assert parse(gen(), RequestLimits(default_max_tokens=64)).params.max_tokens == 64
+
+
+def test_cancel_priority_metrics_health():
+    assert parse({"type": "cancel", "id": "r1"}) == CancelRequest("r1")
+    assert parse({"type": "priority", "id": "r1", "priority": "background"}) == \
+        PriorityRequest("r1", Priority.BACKGROUND)
+    assert parse({"type": "metrics"}) == MetricsRequest()
+    assert parse({"type": "metrics", "id": "m"}) == MetricsRequest("m")
+    assert parse({"type": "health"}) == HealthRequest()
+    assert parse({"type": "health", "id": "h"}) == HealthRequest("h")
+
+
+def test_parses_what_came_over_the_wire():
+    msg = gen(temperature=0.5, stop=["x"], tokens=None)
+    [decoded] = FrameDecoder().feed(encode(msg))
+    assert parse(decoded) == parse(msg)
+
+
+# --- schema errors -------------------------------------------------------------------------
+
+
+def test_unknown_field_is_named_with_a_suggestion():
+    err = rejected(gen(max_token=5))
+    assert err.code == p.E_PROTO_003
+    assert "'max_token'" in err.message and "did you mean 'max_tokens'" in err.message
+    assert err.request_id == "r1"
+
+
+@pytest.mark.parametrize("msg", [
+    {"type": "cancel", "id": "x", "prompt": "hi"},
+    {"type": "metrics", "verbose": True},
+    {"type": "health", "id": "h", "extra": 1},
+    {"type": "priority", "id": "x", "priority": "background", "stream": True},
+])
+def test_unknown_fields_rejected_for_every_type(msg):
+    err = rejected(msg)
+    assert err.code == p.E_PROTO_003 and "unknown field" in err.message
+
+
+@pytest.mark.parametrize("msg, words", [
+    ({"id": "x"}, "missing field 'type'"),
+    ({"type": "generat", "id": "x"}, "unknown request type 'generat'"),
+    ({"type": 3, "id": "x"}, "unknown request type 3"),
+    ({"type": ["generate"], "id": "x"}, "unknown request type <list>"),
+    ({"type": "cancel"}, "missing field 'id'"),
+    ({"type": "priority", "id": "x"}, "missing field 'priority'"),
+    ({"type": "priority", "id": "x", "priority": "urgent"}, "priority"),
+    ({"type": "priority", "id": "x", "priority": 1}, "priority"),
+    ({"type": "generate", "id": "x"}, "exactly one of prompt, messages and tokens"),
+    (gen(tokens=[1]), "got prompt and tokens"),
+])
+def test_schema_errors(msg, words):
+    err = rejected(msg)
+    assert err.code == p.E_PROTO_003
+    assert words in err.message
+
+
+@pytest.mark.parametrize("request_id", [5, True, 1.5, ["a"], b"bytes", "", "x" * 129])
+def test_ids_are_strings_of_1_to_128_characters(request_id):
+    err = rejected(gen(id=request_id))
+    assert err.code == p.E_PROTO_003 and "id" in err.message
+    assert err.request_id is None  # not a readable id, so not echoed
+    err = rejected({"type": "metrics", "id": request_id})
+    assert err.code == p.E_PROTO_003 and "id" in err.message
+
+
+def test_longest_id_accepted():
+    assert parse(gen(id="x" * 128)).id == "x" * 128
+
+
+BAD_FIELDS = [
+    # (field, value); each must be rejected with a message naming the field
+    ("temperature", "hot"), ("temperature", True), ("temperature", math.nan),
+    ("temperature", math.inf), ("temperature", -1.0), ("temperature", [1.0]),
+    ("top_p", 0.0), ("top_p", "0.9"), ("min_p", 2.0), ("min_p", -0.1),
+    ("top_k", 1.5), ("top_k", True), ("top_k", -1), ("top_k", 2**40),
+    ("repeat_penalty", 0), ("frequency_penalty", 3.0), ("presence_penalty", "x"),
+    ("penalty_last_n", 2**21), ("penalty_last_n", False),
+    ("seed", -1), ("seed", 2**64), ("seed", 1.0),
+    ("max_tokens", True), ("max_tokens", "5"), ("max_tokens", 0), ("max_tokens", -3),
+    ("max_tokens", 5.0),
+    ("stream", 1), ("stream", "true"), ("logprobs", 1), ("ignore_eos", "yes"),
+    ("priority", "urgent"), ("priority", 1), ("priority", ["background"]),
+    ("stop", 5), ("stop", [1]), ("stop", [""]), ("stop", ""), ("stop", {"a": 1}),
+    ("stop", ["x"] * 17), ("stop", ["x" * 257]),
+]
+
+
+@pytest.mark.parametrize("field, value", BAD_FIELDS)
+def test_bad_values_are_schema_errors_naming_the_field(field, value):
+    err = rejected(gen(**{field: value}))
+    assert err.code == p.E_PROTO_003, err.message
+    assert field in err.message
+    assert err.request_id == "r1"
+
+
+@pytest.mark.parametrize("field, value, name", [
+    ("prompt", ["a"], "prompt"), ("prompt", b"hi", "prompt"), ("prompt", 7, "prompt"),
+    ("messages", "hi", "messages"), ("messages", {"role": "user"}, "messages"),
+    ("messages", ["hi"], "messages[0]"),
+    ("messages", [{"role": "user"}], "messages[0].content"),
+    ("messages", [{"content": "x"}], "messages[0].role"),
+    ("messages", [{"role": "user", "content": 1}], "messages[0].content"),
+    ("messages", [{"role": "user", "content": "x"}, {"role": 2, "content": "y"}],
+     "messages[1].role"),
+    ("messages", [{"role": "user", "content": "x", "name": "bob"}], "'name' in messages[0]"),
+    ("tokens", "abc", "tokens"), ("tokens", [1, "2"], "tokens[1]"), ("tokens", [True], "tokens[0]"),
+    ("tokens", [1, 2.0], "tokens[1]"), ("tokens", [-1], "tokens[0]"),
+    ("tokens", [5, 2**31], "tokens[1]"), ("tokens", [[1]], "tokens[0]"),
+])
+def test_bad_prompts_are_schema_errors_naming_the_field(field, value, name):
+    err = rejected({"type": "generate", "id": "r1", field: value})
+    assert err.code == p.E_PROTO_003, err.message
+    assert name in err.message
+    assert err.request_id == "r1"
+
+
+def test_long_unknown_field_name_is_shortened():
+    err = rejected(gen(**{"k" * 1000: 1}))
+    assert len(err.message) < 200
+
+
+# --- limits ------------------------------------------------------------------------------------
+
+
+def test_prompt_bytes_are_utf8_bytes():
+    assert parse(gen(prompt="é" * 500)).prompt  # 1000 bytes: at the limit
+    err = rejected(gen(prompt="é" * 501))
+    assert err.code == p.E_LIMIT_001 and "1002 bytes" in err.message
+    assert err.request_id == "r1"
+
+
+def test_message_bytes_add_up_roles_included():
+    ok = [{"role": "user", "content": "x" * 496}] * 2  # 2 * (4 + 496) = 1000
+    assert parse({"type": "generate", "id": "c", "messages": ok}).messages
+    err = rejected({"type": "generate", "id": "c",
+                    "messages": [{"role": "u" * 600, "content": "x" * 401}]})
+    assert err.code == p.E_LIMIT_001 and "messages" in err.message
+
+
+def test_token_count_limit():
+    assert parse({"type": "generate", "id": "t", "tokens": [1] * 100}).tokens
+    err = rejected({"type": "generate", "id": "t", "tokens": [1] * 101})
+    assert err.code == p.E_LIMIT_001 and "tokens" in err.message
+
+
+def test_max_tokens_above_the_cap_is_an_error_not_clamped():
+    assert parse(gen(max_tokens=512)).params.max_tokens == 512
+    err = rejected(gen(max_tokens=513))
+    assert err.code == p.E_LIMIT_002 and "max_tokens" in err.message and "512" in err.message
+    assert err.request_id == "r1"
+
+
+@pytest.mark.parametrize("field", ["max_prompt_bytes", "max_prompt_tokens", "max_tokens",
+                                   "default_max_tokens"])
+@pytest.mark.parametrize("value", [0, -1, True, 1.5])
+def test_request_limits_validate(field, value):
+    with pytest.raises(ValueError, match=field):
+        RequestLimits(**{field: value})
+
+
+# --- robustness --------------------------------------------------------------------------------
+
+wire_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats()
+    | st.text(max_size=10) | st.binary(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
+                                                                max_size=3),
+    max_leaves=8,
+)
+field_names = st.sampled_from(sorted(p._FIELDS["generate"]) + ["role", "content", "x"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([*p._FIELDS, "bogus"]),
+       st.dictionaries(field_names, wire_values, max_size=6))
+def test_any_message_parses_or_raises_protocol_error(kind, fields):
+    try:
+        parse({**fields, "type": kind})
+    except ProtocolError as exc:
+        assert exc.code in (p.E_PROTO_003, p.E_LIMIT_001, p.E_LIMIT_002)
+
+
+def test_non_map_request_is_a_payload_error():
+    with pytest.raises(ProtocolError) as info:
+        parse_request([1], LIMITS)  # type: ignore[arg-type]
+    assert info.value.code == p.E_PROTO_001
+
+
+# --- error codes -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("exc, code", [
+    (errors.InvalidRequestError("bad"), p.E_PROTO_003),
+    (errors.InvalidTokenError("bad token"), p.E_PROTO_003),
+    (errors.ContextOverflowError("long"), p.E_LIMIT_001),
+    (errors.BatchFullError("full"), p.E_BUSY_001),
+    (errors.EngineBusyError("busy"), p.E_BUSY_001),
+    (errors.ClosedError("closed"), p.E_BUSY_001),
+    (errors.ModelLoadError("load"), p.E_MODEL_001),
+    (errors.ModelNotFoundError("missing"), p.E_MODEL_001),
+    (errors.InvalidModelError("not gguf"), p.E_MODEL_001),
+    (errors.DecodeError("decode", -3), p.E_RUNTIME_001),
+    (errors.NoKVSlotError("kv", 1), p.E_RUNTIME_001),
+    (errors.DecodeAbortedError("abort", 2), p.E_RUNTIME_001),
+    (errors.InvalidBatchError("batch", -1), p.E_RUNTIME_001),
+    (errors.LogitsInUseError("view"), p.E_RUNTIME_001),
+    (errors.UmaError("?"), p.E_RUNTIME_001),
+    (RuntimeError("bug"), p.E_RUNTIME_001),
+    (ProtocolError(p.E_LIMIT_004, "too many"), p.E_LIMIT_004),
+])
+def test_error_code_for(exc, code):
+    assert p.error_code_for(exc) == code
+
+
+def test_codes_are_their_own_names():
+    codes = {name: value for name, value in vars(p).items() if name.startswith("E_")}
+    assert len(codes) == 13
+    assert all(name == value for name, value in codes.items())
+
+
+# --- events ------------------------------------------------------------------------------------
+
+EVENTS = [
+    p.token_event("r1", "Hel", [15043]),
+    p.token_event("r1", "", (1, 2), logprobs=[-0.1, -2.5]),
+    p.eos_event("r1", "length", {"prompt_tokens": 3, "completion_tokens": 8},
+                {"ttft_ms": 12.5, "total_ms": 80.0}),
+    p.eos_event("r1", "stop", {"prompt_tokens": 3, "completion_tokens": 2}, {}, text="Hi"),
+    p.error_event("r1", p.E_LIMIT_002, "max_tokens is too high"),
+    p.error_event(None, p.E_PROTO_002, "frame too large"),
+    p.metrics_event(None, {"requests_submitted_total": 3, "ttft_ms": {"p50": 12.0}}),
+    p.health_event("h", {"status": "ok", "model": "tiny.gguf"}),
+]
+
+
+@pytest.mark.parametrize("event", EVENTS, ids=lambda e: e["event"])
+def test_events_survive_the_wire_and_parse(event):
+    [decoded] = FrameDecoder().feed(encode(event))
+    assert parse_event(decoded) is decoded
+    assert decoded["event"] in p.EVENTS
+
+
+def test_event_shapes():
+    assert p.token_event("a", "x", [1]) == {"event": "token", "id": "a", "text": "x",
+                                             "token_ids": [1]}
+    assert "logprobs" in p.token_event("a", "x", [1], [-1.0])
+    assert "text" not in p.eos_event("a", "stop", {}, {})
+    assert p.eos_event("a", "stop", {}, {}, text="")["text"] == ""
+    assert p.error_event(None, "E", "m") == {"event": "error", "id": None, "code": "E",
+                                             "message": "m"}
+
+
+@pytest.mark.parametrize("msg, words", [
+    ({"id": "a"}, "missing field 'event'"),
+    ({"event": "tokens", "id": "a"}, "unknown event 'tokens'"),
+    ({"event": ["token"], "id": "a"}, "unknown event <list>"),
+    ({"event": "token", "id": "a", "text": "x"}, "'token_ids'"),
+    ({"event": "error", "code": "E", "message": "m"}, "'id'"),
+    ({"event": "eos", "id": "a", "reason": "stop", "usage": {}}, "'timings'"),
+])
+def test_parse_event_rejects(msg, words):
+    with pytest.raises(ProtocolError) as info:
+        parse_event(msg)
+    assert info.value.code == p.E_PROTO_003
+    assert words in info.value.message
+    if isinstance(msg.get("id"), str):
+        assert info.value.request_id == msg["id"]
+
+
+def test_parse_event_rejects_non_maps():
+    with pytest.raises(ProtocolError) as info:
+        parse_event("token")  # type: ignore[arg-type]
+    assert info.value.code == p.E_PROTO_001
