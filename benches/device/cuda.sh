@@ -34,3 +34,6 @@ timeout "${TEST_TIMEOUT:-240}" python3 -m pytest tests -q -p no:cacheprovider 2>
 
 python3 benches/decode_throughput.py --model "$MODEL" --backend cuda --gpu-layers 99 \
   --threads 8 --streams "$STREAMS" --pp 128 --tg 128 --out "$OUT/decode_cuda.json"
+
+python3 benches/profile_tick.py --model "$MODEL" --streams "${PROFILE_STREAMS:-32}" \
+  --gpu-layers 99 --threads 8 2>&1 | grep -v "^ggml_cuda_init\|^  Device" | tee "$OUT/profile.txt"
