@@ -391,7 +391,7 @@ cdef class Model:
         self._check_open()
         tmpl = template if template is not None else self.chat_template
         if tmpl is None:
-            raise errors.InvalidRequestError(
+            raise errors.NoChatTemplateError(
                 "the model has no chat template; pass template= (e.g. 'chatml')")
         if not isinstance(messages, (list, tuple)) or not messages:
             raise errors.InvalidRequestError("messages must be a non-empty list")

@@ -41,8 +41,8 @@ def check_sampling(
     """Raises InvalidRequestError naming the first sampler option out of range."""
     if _number("temperature", temperature) < 0:
         raise InvalidRequestError(f"temperature must be >= 0, not {temperature}")
-    if _integer("top_k", top_k) < 0:
-        raise InvalidRequestError(f"top_k must be >= 0 (0 disables it), not {top_k}")
+    if not 0 <= _integer("top_k", top_k) < 1 << 31:
+        raise InvalidRequestError(f"top_k must be in [0, 2**31) (0 disables it), not {top_k}")
     if not 0.0 < _number("top_p", top_p) <= 1.0:
         raise InvalidRequestError(f"top_p must be in (0, 1], not {top_p}")
     if not 0.0 <= _number("min_p", min_p) <= 1.0:
@@ -152,3 +152,33 @@ class EngineConfig:
             raise InvalidRequestError("kv_unified must be a boolean")
         if _number("tick_target_ms", self.tick_target_ms) <= 0:
             raise InvalidRequestError(f"tick_target_ms must be > 0, not {self.tick_target_ms}")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The daemon's socket and limits (the engine's settings are an EngineConfig)."""
+
+    socket: str  # Unix socket path
+    max_connections: int = 64
+    max_inflight: int = 16  # requests in flight on one connection
+    max_prompt_bytes: int = 1 << 20  # UTF-8 bytes of a prompt (or of all chat messages)
+    max_tokens: int = 4096  # cap on a request's max_tokens (more is refused, not clamped)
+    default_max_tokens: int = 256  # for requests that name none
+    idle_timeout_s: float = 300.0  # close connections with no request for this long
+    max_frame_bytes: int = 16 << 20  # largest request frame
+    max_outbuf_bytes: int = 8 << 20  # output a slow reader may fall behind before it is dropped
+    grace_s: float = 5.0  # on SIGTERM/SIGINT: time in-flight requests get to finish
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.socket, str) or not self.socket:
+            raise InvalidRequestError("socket must be a path")
+        if len(self.socket.encode()) > 100:
+            raise InvalidRequestError(
+                f"socket path is {len(self.socket.encode())} bytes; Unix sockets allow ~100")
+        for name in ("max_connections", "max_inflight", "max_prompt_bytes", "max_tokens",
+                     "default_max_tokens", "max_frame_bytes", "max_outbuf_bytes"):
+            if _integer(name, getattr(self, name)) < 1:
+                raise InvalidRequestError(f"{name} must be >= 1, not {getattr(self, name)}")
+        for name in ("idle_timeout_s", "grace_s"):
+            if _number(name, getattr(self, name)) <= 0:
+                raise InvalidRequestError(f"{name} must be > 0, not {getattr(self, name)}")

@@ -50,25 +50,28 @@ class Engine:
     ...     print(engine.generate("Once upon a time", max_tokens=32).text)
     """
 
-    def __init__(self, model: str | os.PathLike, **config) -> None:
-        self._start(EngineConfig(model=os.fspath(model), **config))
+    def __init__(self, model: str | os.PathLike, *, progress=None, **config) -> None:
+        self._start(EngineConfig(model=os.fspath(model), **config), progress)
 
     @classmethod
-    def from_config(cls, config: EngineConfig) -> Engine:
+    def from_config(cls, config: EngineConfig, *, progress=None) -> Engine:
+        """progress: optional callable(fraction) observed while the model loads."""
         engine = cls.__new__(cls)
-        engine._start(config)
+        engine._start(config, progress)
         return engine
 
-    def _start(self, config: EngineConfig) -> None:
+    def _start(self, config: EngineConfig, progress) -> None:
         self.config = config
         self._closed = False
         self._cond = threading.Condition()
         self._inbox: list[Request] = []
+        self._reprioritize: list[tuple[Request, Priority]] = []
         self._closing: str | None = None  # None, "drain" or "cancel"
         self._poked = False
         self._rids = itertools.count(1)
         self.metrics = Registry()
-        self.model = _core.Model(config.model, n_gpu_layers=config.n_gpu_layers)
+        self.model = _core.Model(config.model, n_gpu_layers=config.n_gpu_layers,
+                                 progress=progress)
         try:
             self.ctx = _core.Context(
                 self.model, n_ctx=config.n_ctx, n_batch=config.n_batch, n_ubatch=config.n_ubatch,
@@ -116,6 +119,7 @@ class Engine:
             rid = next(self._rids)
             req = Request(rid, tokens, params, prio, time.monotonic_ns())
             req.handle = RequestHandle(rid, functools.partial(self._cancel, req))
+            req.handle._request = req
             self._inbox.append(req)
             self._submitted.inc()
             self._cond.notify()
@@ -153,6 +157,13 @@ class Engine:
             raise InvalidRequestError("the prompt is empty")
         return tokens
 
+    def set_priority(self, handle: RequestHandle, priority: str | Priority) -> None:
+        """Promotes or demotes a queued or running request; it takes effect at the next tick."""
+        prio = Priority.parse(priority)
+        with self._cond:
+            self._reprioritize.append((handle._request, prio))
+            self._cond.notify()
+
     def _cancel(self, req: Request) -> None:
         req.cancelled = True
         self._poke()
@@ -168,12 +179,16 @@ class Engine:
         ex = self._executor
         while True:
             with self._cond:
-                while not (self._inbox or self._poked or self._closing or not ex.idle):
+                while not (self._inbox or self._poked or self._closing or self._reprioritize
+                           or not ex.idle):
                     self._cond.wait()
                 inbox, self._inbox, self._poked = self._inbox, [], False
+                changes, self._reprioritize = self._reprioritize, []
                 closing = self._closing
             for req in inbox:
                 ex.enqueue(req)
+            for req, prio in changes:
+                ex.reprioritize(req, prio)
             if closing == "cancel":
                 ex.release_all("cancelled")
             if closing and ex.idle:

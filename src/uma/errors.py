@@ -2,8 +2,8 @@
 
 Every failure a user can see is a :class:`UmaError`. What the caller caused (a bad request, a
 bad model file) also subclasses the matching built-in (``ValueError``, ``FileNotFoundError``),
-so generic handlers keep working; internal faults do not. Each class carries the wire ``code``
-the daemon sends in its ``error`` events (docs/PROTOCOL.md).
+so generic handlers keep working; internal faults do not. The daemon maps each class to the
+wire code of its ``error`` events in one place, uma.server.protocol.error_code_for.
 """
 
 from __future__ import annotations
@@ -12,16 +12,12 @@ from __future__ import annotations
 class UmaError(Exception):
     """Base of every UMA Serve error."""
 
-    code = "E_INTERNAL"
-
 
 # --- what the caller caused ------------------------------------------------------------------
 
 
 class InvalidRequestError(UmaError, ValueError):
     """A request, parameter or input that can never succeed as given."""
-
-    code = "E_REQUEST"
 
 
 class InvalidTokenError(InvalidRequestError):
@@ -31,25 +27,22 @@ class InvalidTokenError(InvalidRequestError):
 class BatchFullError(InvalidRequestError):
     """More tokens than the batch (or the context's n_batch) holds."""
 
-    code = "E_LIMIT_BATCH"
-
 
 class ContextOverflowError(InvalidRequestError):
     """A sequence would grow past the context window (a prompt longer than the context)."""
-
-    code = "E_LIMIT_CONTEXT"
 
 
 class EngineBusyError(UmaError):
     """Too many requests are already waiting; try again later."""
 
-    code = "E_BUSY"
+
+class NoChatTemplateError(InvalidRequestError):
+    """The model has no chat template (and none was given), so chat messages cannot be
+    rendered."""
 
 
 class ModelLoadError(UmaError):
     """The model could not be loaded."""
-
-    code = "E_MODEL"
 
 
 class ModelNotFoundError(ModelLoadError, FileNotFoundError):
@@ -66,8 +59,6 @@ class InvalidModelError(ModelLoadError, ValueError):
 class DecodeError(UmaError):
     """llama_decode failed."""
 
-    code = "E_RUNTIME_DECODE"
-
     def __init__(self, message: str, rc: int = 0) -> None:
         super().__init__(message)
         self.rc = rc
@@ -77,19 +68,13 @@ class NoKVSlotError(DecodeError):
     """No room in the KV cache for the batch (rc 1). Recoverable: shrink the batch, or free or
     preempt a sequence, and decode again; the cache is as it was before the call."""
 
-    code = "E_RUNTIME_KV_FULL"
-
 
 class DecodeAbortedError(DecodeError):
     """The decode was aborted by its abort callback (rc 2)."""
 
-    code = "E_RUNTIME_ABORTED"
-
 
 class InvalidBatchError(DecodeError, ValueError):
     """llama.cpp rejected the batch (rc -1): positions or sequence ids out of order."""
-
-    code = "E_RUNTIME_BATCH"
 
 
 class LogitsInUseError(UmaError, BufferError):
@@ -98,13 +83,9 @@ class LogitsInUseError(UmaError, BufferError):
     The next decode overwrites that memory, so it refuses to run until the view is dropped (or
     copied with ``numpy.array(view)``)."""
 
-    code = "E_RUNTIME_LOGITS"
-
 
 class ClosedError(UmaError, RuntimeError):
     """The object was closed and can no longer be used."""
-
-    code = "E_CLOSED"
 
 
 def decode_error(rc: int, detail: str = "") -> DecodeError:

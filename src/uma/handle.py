@@ -75,6 +75,8 @@ class RequestHandle:
         self._events: collections.deque[TokenEvent] = collections.deque()
         self._result: Result | None = None
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
+        self._listener: Callable[[RequestHandle], None] | None = None
+        self._request = None  # the engine's Request, for priority changes
 
     # --- producer side (engine threads) --------------------------------------------------------
 
@@ -92,6 +94,25 @@ class RequestHandle:
             # A closed loop raises RuntimeError: its consumer is gone, nothing to wake.
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(_wake, fut)
+        if self._listener is not None:
+            self._listener(self)
+
+    def listen(self, callback: Callable[[RequestHandle], None]) -> None:
+        """Calls callback(handle) on the engine's output thread after every new event and after
+        the result; it must be quick and must not block (the daemon wakes its poller there).
+        Consume with drain() instead of iterating."""
+        with self._lock:
+            self._listener = callback
+            pending = bool(self._events) or self._result is not None
+        if pending:
+            callback(self)
+
+    def drain(self) -> tuple[list[TokenEvent], Result | None]:
+        """Takes every queued event without waiting, and the result if the request ended."""
+        with self._lock:
+            events = list(self._events)
+            self._events.clear()
+            return events, self._result
 
     # --- consumer side -------------------------------------------------------------------------
 

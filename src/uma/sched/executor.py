@@ -104,6 +104,19 @@ class Executor:
     def enqueue(self, req: Request) -> None:
         self.waiting[req.priority].append(req)
 
+    def reprioritize(self, req: Request, priority: Priority) -> None:
+        """Moves a request to another class: a queued one changes queue (keeping its arrival
+        order there), a running one is simply seen in its new class by the policy."""
+        if req.done or req.priority is priority:
+            return
+        queue = self.waiting[req.priority]
+        if req in queue:
+            queue.remove(req)
+            target = self.waiting[priority]
+            later = next((i for i, r in enumerate(target) if r.rid > req.rid), len(target))
+            target.insert(later, req)
+        req.priority = priority
+
     @property
     def n_waiting(self) -> int:
         """Requests queued for a sequence (safe to read from any thread)."""

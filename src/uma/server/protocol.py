@@ -21,6 +21,7 @@ from uma.errors import (
     EngineBusyError,
     InvalidRequestError,
     ModelLoadError,
+    NoChatTemplateError,
     UmaError,
 )
 from uma.sched.state import Priority
@@ -69,6 +70,7 @@ _ERROR_CODES: tuple[tuple[type[BaseException], str], ...] = (
     (BatchFullError, E_BUSY_001),
     (EngineBusyError, E_BUSY_001),
     (ClosedError, E_BUSY_001),  # the engine is shutting down
+    (NoChatTemplateError, E_MODEL_001),
     (InvalidRequestError, E_PROTO_003),  # a field's value was rejected
     (ModelLoadError, E_MODEL_001),
 )
@@ -224,10 +226,6 @@ def _parse_generate(msg: dict, limits: RequestLimits,
                     default_priority: Priority) -> GenerateRequest:
     request_id = _id(msg, required=True)
     prompt, messages, tokens = _prompt(msg, limits)
-    top_k = msg.get("top_k")
-    # SamplingParams bounds top_k below only; the native sampler stores it in a C int.
-    if type(top_k) is int and top_k > _INT32_MAX:
-        raise ProtocolError(E_PROTO_003, f"top_k must be at most {_INT32_MAX}, not {top_k}")
     options = {name: msg[name] for name in _SAMPLER_FIELDS if msg.get(name) is not None}
     for name in ("logprobs", "ignore_eos"):
         if msg.get(name) is not None:

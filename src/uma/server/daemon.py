@@ -1,0 +1,489 @@
+"""The daemon: one Engine served over a Unix socket to every local app.
+
+One thread polls every socket (selectors: epoll on Linux, kqueue on macOS) and never blocks on
+a client: reads are parsed by the pure framer, writes go through a per-connection buffer sent as
+the socket takes it. Engine events arrive on the engine's output thread, which only queues the
+request's handle and wakes the poller through an eventfd (a pipe where there is none); the
+poller turns them into frames. Tokenising a prompt can take a while, so submissions run on a
+small thread pool (tokenisation releases the GIL) instead of the poller.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import selectors
+import socket
+import stat
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from uma import _core
+from uma.config import ServerConfig
+from uma.engine import Engine
+from uma.errors import UmaError
+from uma.handle import RequestHandle, Result
+from uma.sched.state import Priority
+from uma.server import protocol as P
+from uma.server.framing import FrameDecoder, FrameError, encode
+
+log = logging.getLogger("uma.daemon")
+
+_READ_CHUNK = 1 << 16
+
+
+class SocketInUseError(UmaError):
+    """Another daemon is serving on the socket path, or the path is not a socket."""
+
+
+class _Entry:
+    """One request of a connection."""
+
+    __slots__ = ("handle", "stream", "cancelled")
+
+    def __init__(self, stream: bool) -> None:
+        self.handle: RequestHandle | None = None  # None until its submission completes
+        self.stream = stream
+        self.cancelled = False  # a cancel arrived before the submission completed
+
+
+class _Connection:
+    __slots__ = ("sock", "decoder", "out", "requests", "last_active", "closing", "peer_gone")
+
+    def __init__(self, sock: socket.socket, max_frame: int) -> None:
+        self.sock = sock
+        self.decoder = FrameDecoder(max_frame)
+        self.out = bytearray()
+        self.requests: dict[str, _Entry] = {}
+        self.last_active = time.monotonic()
+        self.closing = False  # close once the output buffer is sent
+        self.peer_gone = False
+
+
+@dataclass
+class _Stats:
+    accepted: int = 0
+    dropped_slow: int = 0
+    protocol_errors: int = 0
+
+
+class Daemon:
+    """Serves `engine` on `config.socket` until stop() (or a signal that calls it)."""
+
+    def __init__(self, engine: Engine, config: ServerConfig) -> None:
+        self.engine = engine
+        self.config = config
+        self.limits = P.RequestLimits(
+            max_prompt_bytes=config.max_prompt_bytes, max_prompt_tokens=engine.n_ctx_seq,
+            max_tokens=config.max_tokens,
+            default_max_tokens=min(config.default_max_tokens, config.max_tokens))
+        self._sel = selectors.DefaultSelector()
+        self._conns: dict[int, _Connection] = {}
+        self._ready: collections.deque = collections.deque()  # (conn, request id, handle)
+        self._wake_pending = False
+        self._wake_r, self._wake_w = _make_waker()
+        self._stopping = False
+        self._listener: socket.socket | None = None
+        self._submitter = ThreadPoolExecutor(2, thread_name_prefix="uma-submit")
+        self._started = time.monotonic()
+        self.stats = _Stats()
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def bind(self) -> None:
+        """Creates the socket (mode 0600). A stale file from a dead daemon is replaced; a live
+        daemon's socket, or a path that is not a socket, is left alone with an error."""
+        path = self.config.socket
+        if os.path.lexists(path):
+            if not stat.S_ISSOCK(os.lstat(path).st_mode):
+                raise SocketInUseError(f"{path} exists and is not a socket; not touching it")
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(path)
+            except (ConnectionRefusedError, FileNotFoundError):
+                os.unlink(path)  # nobody listens: left over by a daemon that died
+            else:
+                raise SocketInUseError(f"another UMA daemon is serving on {path}")
+            finally:
+                probe.close()
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)  # the socket file is born 0600: no window where others may connect
+        try:
+            sock.bind(path)
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o600)
+        sock.listen(128)
+        sock.setblocking(False)
+        self._listener = sock
+        self._sel.register(sock, selectors.EVENT_READ, "accept")
+        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+
+    def stop(self) -> None:
+        """Begins a graceful shutdown. Safe from signal handlers and other threads."""
+        self._stopping = True
+        self._wake()
+
+    def serve_forever(self) -> None:
+        if self._listener is None:
+            self.bind()
+        deadline = None
+        try:
+            while True:
+                if self._stopping and deadline is None:
+                    deadline = self._begin_shutdown()
+                if deadline is not None:
+                    if not self._in_flight() and not self._unsent():
+                        break
+                    if time.monotonic() >= deadline:
+                        if not self._cancel_all():
+                            break  # cancelled already, and the grace for that is over too
+                        deadline = time.monotonic() + 2.0
+                for key, mask in self._sel.select(self._timeout(deadline)):
+                    self._on_event(key, mask)
+                self._publish_ready()
+                self._expire_idle()
+        finally:
+            self._shutdown()
+
+    # --- the poll loop -----------------------------------------------------------------------
+
+    def _timeout(self, deadline: float | None) -> float | None:
+        """Sleep until the next thing with a time on it; with nothing, indefinitely (an idle
+        daemon makes no system calls at all)."""
+        now = time.monotonic()
+        times = [deadline] if deadline is not None else []
+        idle = self.config.idle_timeout_s
+        times += [c.last_active + idle for c in self._conns.values() if not c.requests]
+        return max(0.0, min(times) - now) if times else None
+
+    def _on_event(self, key: selectors.SelectorKey, mask: int) -> None:
+        if key.data == "accept":
+            self._accept()
+        elif key.data == "wake":
+            _drain_waker(self._wake_r)
+            self._wake_pending = False
+        else:
+            conn = key.data
+            if mask & selectors.EVENT_READ:
+                self._read(conn)
+            if mask & selectors.EVENT_WRITE and conn.sock.fileno() >= 0:
+                self._flush(conn)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # e.g. EMFILE: keep serving the clients we have
+                log.warning("accept failed: %s", exc)
+                return
+            sock.setblocking(False)
+            conn = _Connection(sock, self.config.max_frame_bytes)
+            self.stats.accepted += 1
+            self._conns[sock.fileno()] = conn
+            self._sel.register(sock, selectors.EVENT_READ, conn)
+            if len(self._conns) > self.config.max_connections:
+                self._fail(conn, P.E_LIMIT_003,
+                           f"the daemon serves at most {self.config.max_connections} connections")
+
+    def _read(self, conn: _Connection) -> None:
+        try:
+            data = conn.sock.recv(_READ_CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            conn.peer_gone = True
+            self._close(conn)
+            return
+        conn.last_active = time.monotonic()
+        if conn.closing:
+            return  # a connection on its way out ignores further input
+        try:
+            messages = conn.decoder.feed(data)
+        except FrameError as exc:
+            self.stats.protocol_errors += 1
+            for msg in exc.messages:
+                self._dispatch(conn, msg)
+            self._fail(conn, exc.code, str(exc))
+            return
+        for msg in messages:
+            self._dispatch(conn, msg)
+
+    def _dispatch(self, conn: _Connection, msg: dict) -> None:
+        try:
+            req = P.parse_request(msg, self.limits, Priority.INTERACTIVE)
+        except P.ProtocolError as exc:
+            self.stats.protocol_errors += 1
+            self._send(conn, P.error_event(exc.request_id, exc.code, str(exc)))
+            return
+        if isinstance(req, P.GenerateRequest):
+            self._generate(conn, req)
+        elif isinstance(req, P.CancelRequest):
+            entry = self._entry(conn, req.id)
+            if entry is not None:
+                entry.cancelled = True
+                if entry.handle is not None:
+                    entry.handle.cancel()
+        elif isinstance(req, P.PriorityRequest):
+            entry = self._entry(conn, req.id)
+            if entry is not None and entry.handle is not None:
+                self.engine.set_priority(entry.handle, req.priority)
+        elif isinstance(req, P.MetricsRequest):
+            self._send(conn, P.metrics_event(req.id, self.metrics()))
+        elif isinstance(req, P.HealthRequest):
+            self._send(conn, P.health_event(req.id, self.health()))
+
+    def _entry(self, conn: _Connection, request_id: str) -> _Entry | None:
+        entry = conn.requests.get(request_id)
+        if entry is None:
+            self._send(conn, P.error_event(request_id, P.E_PROTO_004,
+                                           f"no request {request_id!r} in flight here"))
+        return entry
+
+    def _generate(self, conn: _Connection, req: P.GenerateRequest) -> None:
+        if self._stopping:
+            self._send(conn, P.error_event(req.id, P.E_BUSY_001, "the daemon is shutting down"))
+            return
+        if req.id in conn.requests:
+            self._send(conn, P.error_event(req.id, P.E_PROTO_004,
+                                           f"request id {req.id!r} is already in flight"))
+            return
+        if len(conn.requests) >= self.config.max_inflight:
+            self._send(conn, P.error_event(
+                req.id, P.E_LIMIT_004,
+                f"at most {self.config.max_inflight} requests in flight per connection"))
+            return
+        conn.requests[req.id] = _Entry(req.stream)
+        self._submitter.submit(self._submit, conn, req)
+
+    def _submit(self, conn: _Connection, req: P.GenerateRequest) -> None:
+        """On the submit pool: tokenise and queue; the result goes back through _ready."""
+        try:
+            handle = self.engine.submit(req.engine_prompt, req.params, priority=req.priority)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes an error event
+            self._ready.append((conn, req.id, exc))
+            self._wake()
+            return
+        self._ready.append((conn, req.id, handle))
+        handle.listen(lambda h: self._notify(conn, req.id, h))
+
+    def _notify(self, conn: _Connection, request_id: str, handle: RequestHandle) -> None:
+        """On the engine's output thread: queue, wake the poller, return."""
+        self._ready.append((conn, request_id, handle))
+        self._wake()
+
+    def _publish_ready(self) -> None:
+        touched = set()
+        while self._ready:
+            conn, request_id, item = self._ready.popleft()
+            entry = conn.requests.get(request_id)
+            if entry is None or conn.sock.fileno() < 0:
+                if isinstance(item, RequestHandle) and not item.done:
+                    item.cancel()  # its client is gone
+                continue
+            if isinstance(item, Exception):
+                del conn.requests[request_id]
+                code = P.error_code_for(item)
+                if code == P.E_RUNTIME_001 and not isinstance(item, UmaError):
+                    log.exception("submit failed", exc_info=item)
+                self._queue(conn, P.error_event(request_id, code, str(item)))
+                touched.add(conn)
+                continue
+            if entry.handle is None:
+                entry.handle = item
+                if entry.cancelled:
+                    item.cancel()
+            events, result = item.drain()
+            if entry.stream:
+                for ev in events:
+                    self._queue(conn, P.token_event(request_id, ev.text, ev.token_ids,
+                                                    ev.logprobs))
+            if result is not None:
+                del conn.requests[request_id]
+                conn.last_active = time.monotonic()
+                self._queue(conn, self._eos(request_id, result, entry.stream))
+            touched.add(conn)
+        for conn in touched:
+            self._flush(conn)
+
+    @staticmethod
+    def _eos(request_id: str, r: Result, stream: bool) -> dict:
+        if r.finish_reason == "error" and r.error is not None:
+            return P.error_event(request_id, P.error_code_for(r.error), str(r.error))
+        usage = {"prompt_tokens": r.usage.prompt_tokens,
+                 "completion_tokens": r.usage.completion_tokens}
+        t = r.timings
+        timings = {"queue_ms": t.queue_ms, "ttft_ms": t.ttft_ms, "total_ms": t.total_ms}
+        return P.eos_event(request_id, r.finish_reason, usage, timings,
+                           None if stream else r.text)
+
+    # --- output ------------------------------------------------------------------------------
+
+    def _send(self, conn: _Connection, event: dict) -> None:
+        self._queue(conn, event)
+        self._flush(conn)
+
+    def _queue(self, conn: _Connection, event: dict) -> None:
+        if conn.sock.fileno() < 0:
+            return
+        conn.out += encode(event)
+        if len(conn.out) > self.config.max_outbuf_bytes and not conn.closing:
+            # The client reads too slowly: drop it rather than buffer without bound. The reason
+            # replaces the backlog, in case it still reads that much.
+            self.stats.dropped_slow += 1
+            mib = len(conn.out) / (1 << 20)
+            conn.out = bytearray()
+            self._fail(conn, P.E_IO_001, f"dropped: the client fell {mib:.1f} MiB behind")
+
+    def _flush(self, conn: _Connection) -> None:
+        if conn.sock.fileno() < 0:
+            return
+        while conn.out:
+            try:
+                n = conn.sock.send(conn.out)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                conn.peer_gone = True
+                self._close(conn)
+                return
+            del conn.out[:n]
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.out else 0)
+        if conn.closing and not conn.out:
+            self._close(conn)
+            return
+        if self._sel.get_key(conn.sock).events != events:
+            self._sel.modify(conn.sock, events, conn)
+
+    def _fail(self, conn: _Connection, code: str, message: str) -> None:
+        """Tells the client why, then closes the connection once that is sent."""
+        conn.closing = True
+        self._send(conn, P.error_event(None, code, message))
+
+    def _close(self, conn: _Connection) -> None:
+        """Closes at once; the connection's requests are cancelled, freeing their KV."""
+        if conn.sock.fileno() < 0:
+            return
+        for entry in conn.requests.values():
+            entry.cancelled = True
+            if entry.handle is not None:
+                entry.handle.cancel()
+        conn.requests.clear()
+        self._conns.pop(conn.sock.fileno(), None)
+        with contextlib.suppress(KeyError, ValueError):
+            self._sel.unregister(conn.sock)
+        conn.sock.close()
+
+    def _expire_idle(self) -> None:
+        limit = time.monotonic() - self.config.idle_timeout_s
+        for conn in [c for c in self._conns.values()
+                     if not c.requests and not c.closing and c.last_active < limit]:
+            self._fail(conn, P.E_IDLE_001,
+                       f"closed after {self.config.idle_timeout_s:g} s without a request")
+
+    # --- status --------------------------------------------------------------------------------
+
+    def metrics(self) -> dict:
+        snap = self.engine.snapshot()
+        snap.update({
+            "connections": len(self._conns), "connections_accepted_total": self.stats.accepted,
+            "connections_dropped_slow_total": self.stats.dropped_slow,
+            "protocol_errors_total": self.stats.protocol_errors,
+            "requests_in_flight": self._in_flight(),
+        })
+        return snap
+
+    def health(self) -> dict:
+        return {
+            "status": "draining" if self._stopping else "ok",
+            "model": os.path.basename(self.engine.config.model),
+            "uptime_s": round(time.monotonic() - self._started, 3),
+            "connections": len(self._conns), "requests_in_flight": self._in_flight(),
+            "backends": list(_core.backends()), "pid": os.getpid(),
+        }
+
+    def _in_flight(self) -> int:
+        return sum(len(c.requests) for c in self._conns.values())
+
+    def _unsent(self) -> bool:
+        return any(c.out for c in self._conns.values())
+
+    # --- shutdown ------------------------------------------------------------------------------
+
+    def _begin_shutdown(self) -> float:
+        """Stops accepting and removes the socket file; in-flight requests get the grace
+        period to finish."""
+        log.info("shutting down: %d requests in flight", self._in_flight())
+        if self._listener is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self._sel.unregister(self._listener)
+            self._listener.close()
+            self._listener = None
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.config.socket)
+        return time.monotonic() + self.config.grace_s
+
+    def _cancel_all(self) -> bool:
+        """Cancels what is still running; False if there was nothing left to cancel."""
+        handles = [e.handle for c in self._conns.values() for e in c.requests.values()
+                   if e.handle is not None and not e.handle.done and not e.cancelled]
+        for conn in self._conns.values():
+            for entry in conn.requests.values():
+                entry.cancelled = True
+        for handle in handles:
+            handle.cancel()
+        return bool(handles)
+
+    def _shutdown(self) -> None:
+        for conn in list(self._conns.values()):
+            conn.sock.setblocking(True)
+            conn.sock.settimeout(1.0)
+            with contextlib.suppress(OSError):
+                conn.sock.sendall(conn.out)
+            self._close(conn)
+        if self._listener is not None:
+            self._listener.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.config.socket)
+        self._submitter.shutdown(wait=True, cancel_futures=True)
+        self._sel.close()
+        for fd in {self._wake_r, self._wake_w}:
+            os.close(fd)
+
+    def _wake(self) -> None:
+        # One wake-up per poll round is enough; skipping the others saves a system call a token.
+        if self._wake_pending:
+            return
+        self._wake_pending = True
+        with contextlib.suppress(OSError):
+            if self._wake_r == self._wake_w:
+                os.eventfd_write(self._wake_w, 1)
+            else:
+                os.write(self._wake_w, b"\0")
+
+
+def _make_waker() -> tuple[int, int]:
+    """(read fd, write fd) of an eventfd (Linux), or of a pipe elsewhere; both non-blocking."""
+    if hasattr(os, "eventfd"):
+        fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        return fd, fd
+    r, w = os.pipe()
+    for fd in (r, w):
+        os.set_blocking(fd, False)
+    return r, w
+
+
+def _drain_waker(fd: int) -> None:
+    # An eventfd read returns its 8-byte counter and resets it; a pipe is read until empty.
+    with contextlib.suppress(BlockingIOError, InterruptedError):
+        while len(os.read(fd, 4096)) == 4096:
+            pass
+

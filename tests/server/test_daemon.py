@@ -1,0 +1,281 @@
+"""`uma run` in a subprocess on a tiny synthetic model, driven through real sockets."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+import msgpack
+import pytest
+
+from uma import testing
+from uma.client import Client, ConnectionLost, ServerError
+from uma.server.framing import FrameDecoder, encode
+
+from ..helpers import assert_same_greedy
+
+ENDLESS = 60000
+ENDLESS_ARGS = ("--ctx", "65536", "--max-tokens", str(ENDLESS))
+PROMPTS = [
+    "Hello", "The quick brown fox", "a b c", "Once upon a time, there was a",
+    "1 2 3 4 5", "def main():", "🦙 llamas", "middling length prompt here",
+]
+
+
+@pytest.fixture(scope="module")
+def daemon(tiny_path):
+    # A large context and cap, so "endless" requests outlive anything a test does meanwhile.
+    with testing.run_daemon(tiny_path, *ENDLESS_ARGS, "--parallel", "8",
+                            "--idle-timeout", "60") as d:
+        yield d
+
+
+def wait_for(predicate, timeout=30.0, interval=0.01):
+    """Polls a condition of another process (no event to wait on), failing after timeout."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(interval)
+
+
+def test_socket_is_private(daemon):
+    mode = os.stat(daemon.socket).st_mode
+    assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600
+
+
+def test_sixteen_clients_get_what_they_get_alone(daemon):
+    opts = {"max_tokens": 12, "ignore_eos": True, "logprobs": True}
+    with Client(daemon.socket) as c:
+        alone = {p: c.generate(p, **opts) for p in PROMPTS}
+    results = {}
+
+    def one(i):
+        with Client(daemon.socket) as c:
+            results[i] = c.generate(PROMPTS[i % 8], **opts)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for i in range(16):
+        a, r = alone[PROMPTS[i % 8]], results[i]
+        assert r.finish_reason == "length"
+        assert_same_greedy(a.token_ids, r.token_ids, a.logprobs, r.logprobs)
+
+
+def test_streaming_and_several_requests_per_connection(daemon):
+    with Client(daemon.socket) as c:
+        s1 = c.submit("first", max_tokens=8, ignore_eos=True)
+        s2 = c.submit("second", max_tokens=8, ignore_eos=True, stream=False)
+        events = list(s1)
+        r1, r2 = s1.result(), s2.result()
+    assert "".join(e.text for e in events) == r1.text
+    assert len(r1.token_ids) == 8 and r2.usage.completion_tokens == 8 and r2.text
+
+
+def test_killed_client_frees_its_kv_and_others_go_on(daemon, tiny_path):
+    code = (
+        "import sys; from uma.client import Client\n"
+        "c = Client(sys.argv[1])\n"
+        f"s = c.submit('never ending story', max_tokens={ENDLESS}, ignore_eos=True)\n"
+        "next(iter(s)); print('streaming', flush=True); sys.stdin.read()\n"
+    )
+    with Client(daemon.socket) as watcher:
+        before = watcher.metrics()
+        other = watcher.submit("meanwhile", max_tokens=200, ignore_eos=True)
+        victim = subprocess.Popen([sys.executable, "-c", code, daemon.socket],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert victim.stdout.readline().strip() == "streaming"
+        victim.kill()
+        victim.wait()
+        wait_for(lambda: watcher.metrics()["requests_cancelled_total"]
+                 > before["requests_cancelled_total"])
+        result = other.result()
+        assert result.finish_reason == "length" and result.usage.completion_tokens == 200
+        wait_for(lambda: watcher.metrics()["kv_cells_used"] == 0)
+
+
+def test_bad_requests_get_error_events_and_the_connection_survives(daemon):
+    with Client(daemon.socket) as c:
+        with pytest.raises(ServerError) as err:
+            c.generate("x", max_tokens=ENDLESS + 1)
+        assert err.value.code == "E_LIMIT_002"
+        with pytest.raises(ServerError) as err:
+            c.generate("word " * 70000)
+        assert err.value.code == "E_LIMIT_001"
+        assert c.generate("still fine", max_tokens=3).usage.completion_tokens == 3
+        assert c.health()["status"] == "ok"
+
+
+def raw_exchange(path: str, payload: bytes, timeout: float = 10.0) -> list[dict]:
+    """Sends raw bytes and reads events until the daemon closes the connection."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(path)
+        s.sendall(payload)
+        s.shutdown(socket.SHUT_WR)
+        decoder, events = FrameDecoder(1 << 24), []
+        while chunk := s.recv(65536):
+            events += decoder.feed(chunk)
+        return events
+
+
+def frame(body: bytes) -> bytes:
+    return struct.pack("<I", len(body)) + body
+
+
+def malformed_frames(rng: random.Random):
+    """Frames a fuzzer would send: random bytes, lies about lengths, wrong types."""
+    junk = [
+        lambda: rng.randbytes(rng.randint(1, 64)),
+        lambda: struct.pack("<I", 0xFFFFFFFF) + b"x",
+        lambda: struct.pack("<I", 0),
+        lambda: frame(rng.randbytes(rng.randint(1, 32))),
+        lambda: frame(msgpack.packb([1, 2, 3])),
+        lambda: frame(msgpack.packb({"type": "generate", "id": "x", "prompt": 5})),
+        lambda: frame(msgpack.packb({"type": "generate", "id": "x", "prompt": "a",
+                                     "max_tokens": 2**64 - 1})),
+        lambda: frame(msgpack.packb({"type": "nope", "id": "x"})),
+        lambda: frame(msgpack.packb({"type": "generate", "id": "y",
+                                     "prompt": b"\xff\xfe".decode("latin1"),
+                                     "temperature": float("nan")})),
+        lambda: frame(b"\xa3\xff\xfe\xfd"),  # invalid UTF-8 in a str
+        lambda: frame(msgpack.packb({"type": "cancel", "id": "missing"})),
+        lambda: frame(msgpack.packb({"type": "generate", "id": "z", "tokens": [-1]})),
+    ]
+    while True:
+        yield rng.choice(junk)()
+
+
+def test_fuzzed_frames_never_hurt_a_well_behaved_client(daemon):
+    rng = random.Random(1234)
+    gen = malformed_frames(rng)
+    with Client(daemon.socket) as good:
+        steady = good.submit("steady stream", max_tokens=400, ignore_eos=True)
+        closed_with_reason = 0
+        for _ in range(150):
+            payload = b"".join(next(gen) for _ in range(rng.randint(1, 20)))
+            events = raw_exchange(daemon.socket, payload)
+            assert all(e["event"] == "error" for e in events)
+            closed_with_reason += any(e["id"] is None for e in events)
+        assert closed_with_reason > 0
+        result = steady.result()
+        assert result.finish_reason == "length" and result.usage.completion_tokens == 400
+        assert good.health()["status"] == "ok"
+
+
+def test_a_second_daemon_refuses_the_socket(daemon, tiny_path):
+    proc = subprocess.run([sys.executable, "-m", "uma", "run", str(tiny_path),
+                           "--socket", daemon.socket], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1 and "another UMA daemon" in proc.stderr
+    with Client(daemon.socket) as c:
+        assert c.health()["status"] == "ok"
+
+
+def test_a_stale_socket_file_is_replaced(tiny_path, tmp_path):
+    path = testing.short_socket_path()
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(path)
+    stale.close()  # the file stays, nobody listens: what a crashed daemon leaves
+    with testing.run_daemon(tiny_path, socket=path) as d, Client(d.socket) as c:
+        assert c.generate("hi", max_tokens=2).usage.completion_tokens == 2
+
+
+def test_sigterm_ends_streams_with_a_reason_and_removes_the_socket(tiny_path):
+    with testing.run_daemon(tiny_path, *ENDLESS_ARGS, "--grace", "0.5") as d:
+        c = Client(d.socket)
+        stream = c.submit("endless", max_tokens=ENDLESS, ignore_eos=True)
+        next(iter(stream))
+        os.kill(d.pid, signal.SIGTERM)
+        result = stream.result()
+        assert result.finish_reason == "cancelled"
+        assert d.proc.wait(30) == 0
+        assert not os.path.exists(d.socket)
+        c.close()
+
+
+def test_no_connection_no_daemon(tmp_path):
+    with pytest.raises(ConnectionLost, match="uma run"):
+        Client(str(tmp_path / "nobody.sock"))
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_an_idle_daemon_uses_no_cpu(daemon):
+    with Client(daemon.socket) as c:
+        c.generate("wake up", max_tokens=2)
+        start = cpu_seconds(daemon.pid)
+        time.sleep(2.0)  # the measurement window itself, not a synchronisation
+        used = cpu_seconds(daemon.pid) - start
+    assert used < 0.05, f"idle daemon used {used:.3f} s of CPU in 2 s"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_eight_clients_share_one_copy_of_the_weights(daemon, tiny_path):
+    with Client(daemon.socket) as c:
+        c.generate("one client", max_tokens=16, ignore_eos=True)
+    one = rss_bytes(daemon.pid)
+    clients = [Client(daemon.socket) for _ in range(8)]
+    streams = [c.submit(f"client {i}", max_tokens=16, ignore_eos=True)
+               for i, c in enumerate(clients)]
+    assert all(s.result().usage.completion_tokens == 16 for s in streams)
+    eight = rss_bytes(daemon.pid)
+    for c in clients:
+        c.close()
+    weights = os.path.getsize(tiny_path)
+    assert eight - one < weights / 4, f"RSS grew {(eight - one) >> 20} MiB for 8 clients"
+
+
+def test_limits_slow_readers_connections_and_idle_clients(tiny_path):
+    env = {"UMA_MAX_OUTBUF_BYTES": "65536", "UMA_MAX_CONNECTIONS": "3"}
+    with testing.run_daemon(tiny_path, *ENDLESS_ARGS, "--idle-timeout", "1", env=env) as d:
+        good = Client(d.socket)
+        # A client that asks for a long stream and never reads is dropped, with a reason.
+        slow = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        slow.connect(d.socket)
+        slow.sendall(encode({"type": "generate", "id": "s", "prompt": "flood",
+                             "max_tokens": ENDLESS, "ignore_eos": True}))
+        wait_for(lambda: good.metrics()["connections_dropped_slow_total"] == 1, timeout=60)
+        slow.close()
+        # Three connections are the limit; a fourth is told so and closed.
+        others = [Client(d.socket), Client(d.socket)]
+        wait_for(lambda: good.metrics()["connections"] == 3)
+        events = raw_exchange(d.socket, b"")
+        assert [e["code"] for e in events] == ["E_LIMIT_003"]
+        for c in others:
+            c.close()
+        # A connection that sends nothing is closed after the idle timeout, with a reason.
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as idle:
+            idle.settimeout(30)
+            idle.connect(d.socket)
+            decoder, got = FrameDecoder(1 << 20), []
+            while chunk := idle.recv(4096):
+                got += decoder.feed(chunk)
+        assert [e["code"] for e in got] == ["E_IDLE_001"]
+        good.close()  # idle as long by now, so closed by the daemon too
+        with Client(d.socket) as fresh:
+            assert fresh.generate("still served", max_tokens=3).usage.completion_tokens == 3

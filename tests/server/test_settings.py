@@ -1,0 +1,45 @@
+"""Settings from file, environment and flags."""
+
+import pytest
+
+from uma.errors import InvalidRequestError
+from uma.server import settings
+
+
+def test_precedence_file_then_environment_then_flags(tmp_path):
+    conf = tmp_path / "uma.toml"
+    conf.write_text('model = "a.gguf"\nctx = 1024\nparallel = 2\nsocket = "/tmp/x.sock"\n')
+    env = settings.from_environment({"UMA_CTX": "2048", "UMA_KV_UNIFIED": "false"})
+    s = settings.resolve([settings.read_file(conf), env, {"parallel": 4, "ctx": None}])
+    assert (s.engine.model, s.engine.n_ctx, s.engine.n_seq_max) == ("a.gguf", 2048, 4)
+    assert s.engine.kv_unified is False and s.server.socket == "/tmp/x.sock"
+
+
+def test_kv_type_sets_both_caches():
+    s = settings.resolve([{"model": "m.gguf", "kv_type": "q8_0", "socket": "/tmp/s"}])
+    assert (s.engine.type_k, s.engine.type_v) == ("q8_0", "q8_0")
+
+
+def test_demo_model_and_default_socket(monkeypatch):
+    monkeypatch.setenv("UMA_SOCKET", "/tmp/from-env.sock")
+    s = settings.resolve([{}], demo_model="demo.gguf")
+    assert s.engine.model == "demo.gguf" and s.server.socket == "/tmp/from-env.sock"
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [("ctx = [1]", "n_ctx"), ("nonsense = 1", "nonsense"), ("ctx = ", "TOML"),
+     ("max_tokens = 0", "max_tokens"), ("grace = -1", "grace_s")],
+)
+def test_bad_files_name_the_problem(tmp_path, text, match):
+    conf = tmp_path / "bad.toml"
+    conf.write_text(f'model = "m.gguf"\nsocket = "/tmp/s"\n{text}\n')
+    with pytest.raises(InvalidRequestError, match=match):
+        settings.resolve([settings.read_file(conf)])
+
+
+def test_missing_file_and_missing_model(tmp_path):
+    with pytest.raises(InvalidRequestError, match="not found"):
+        settings.read_file(tmp_path / "none.toml")
+    with pytest.raises(InvalidRequestError, match="no model"):
+        settings.resolve([{"socket": "/tmp/s"}])
