@@ -105,6 +105,17 @@ def test_interactive_is_admitted_before_background(tiny_path):
         assert all(fg_at < h.result(timeout=30).timings.admitted_ns for h in bg)
 
 
+def test_a_promoted_request_moves_ahead_in_the_queue(tiny_path):
+    with uma.Engine(tiny_path, n_ctx=1024, n_seq_max=1) as e:
+        blocker = e.submit("busy", max_tokens=300, ignore_eos=True)  # outlives the changes
+        first_bg = e.submit("early background", max_tokens=2, priority="background")
+        late_bg = e.submit("late background", max_tokens=2, priority="background")
+        e.set_priority(late_bg, "interactive")
+        blocker.result(timeout=30)
+        assert (late_bg.result(timeout=30).timings.admitted_ns
+                < first_bg.result(timeout=30).timings.admitted_ns)
+
+
 def test_cancel_mid_stream_frees_the_kv(tiny_path):
     with uma.Engine(tiny_path, n_ctx=1024, n_seq_max=2) as e:
         handle = e.submit("Keep going forever", max_tokens=10_000, ignore_eos=True)

@@ -6,6 +6,7 @@ in one of these dataclasses, whose constructors check every field and name the b
 
 from __future__ import annotations
 
+import ipaddress
 import math
 from dataclasses import dataclass, field
 
@@ -168,6 +169,9 @@ class ServerConfig:
     max_frame_bytes: int = 16 << 20  # largest request frame
     max_outbuf_bytes: int = 8 << 20  # output a slow reader may fall behind before it is dropped
     grace_s: float = 5.0  # on SIGTERM/SIGINT: time in-flight requests get to finish
+    http: str | None = None  # "host:port" of the OpenAI-compatible HTTP gateway; None: off
+    api_key: str | None = field(default=None, repr=False)  # required as a Bearer token on /v1
+    allow_public: bool = False  # serve HTTP beyond loopback without an api_key
 
     def __post_init__(self) -> None:
         if not isinstance(self.socket, str) or not self.socket:
@@ -182,3 +186,42 @@ class ServerConfig:
         for name in ("idle_timeout_s", "grace_s"):
             if _number(name, getattr(self, name)) <= 0:
                 raise InvalidRequestError(f"{name} must be > 0, not {getattr(self, name)}")
+        if self.api_key is not None and (
+                not isinstance(self.api_key, str) or not self.api_key.strip()
+                or self.api_key != self.api_key.strip()):
+            raise InvalidRequestError("api_key must be non-empty text without surrounding spaces")
+        if not isinstance(self.allow_public, bool):
+            raise InvalidRequestError("allow_public must be a boolean")
+        if self.http is not None:
+            host, _ = parse_http_address(self.http)
+            if not is_loopback(host) and self.api_key is None and not self.allow_public:
+                raise InvalidRequestError(
+                    f"refusing to serve HTTP on {self.http} (beyond this machine) without an API "
+                    f"key; give --api-key-file (or --api-key), or --allow-public to serve it "
+                    f"to anyone who can reach it")
+
+
+def parse_http_address(address: object) -> tuple[str, int]:
+    """'host:port', '[v6 host]:port' or a bare port (on 127.0.0.1) as (host, port)."""
+    if not isinstance(address, str) or not address:
+        raise InvalidRequestError(f"http must be 'host:port' or a port, not {address!r}")
+    host, sep, port = address.rpartition(":")
+    if not sep:
+        host, port = "127.0.0.1", address
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host or not port.isdigit() or int(port) > 65535:
+        raise InvalidRequestError(
+            f"http must be 'host:port' (port 0-65535; 0 picks a free one), not {address!r}")
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """True only for addresses that never leave this machine. Any other name counts as public:
+    what it resolves to can change."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -122,8 +122,11 @@ def raw_exchange(path: str, payload: bytes, timeout: float = 10.0) -> list[dict]
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
         s.connect(path)
-        s.sendall(payload)
-        s.shutdown(socket.SHUT_WR)
+        try:
+            s.sendall(payload)
+            s.shutdown(socket.SHUT_WR)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the daemon closed first: it answered before the rest arrived
         decoder, events = FrameDecoder(1 << 24), []
         while chunk := s.recv(65536):
             events += decoder.feed(chunk)
@@ -163,7 +166,7 @@ def test_fuzzed_frames_never_hurt_a_well_behaved_client(daemon):
     with Client(daemon.socket) as good:
         steady = good.submit("steady stream", max_tokens=400, ignore_eos=True)
         closed_with_reason = 0
-        for _ in range(150):
+        for _ in range(300):  # about 3000 frames
             payload = b"".join(next(gen) for _ in range(rng.randint(1, 20)))
             events = raw_exchange(daemon.socket, payload)
             assert all(e["event"] == "error" for e in events)
@@ -250,9 +253,9 @@ def test_eight_clients_share_one_copy_of_the_weights(daemon, tiny_path):
     assert eight - one < weights / 4, f"RSS grew {(eight - one) >> 20} MiB for 8 clients"
 
 
-def test_limits_slow_readers_connections_and_idle_clients(tiny_path):
+def test_slow_readers_are_dropped_and_connections_are_limited(tiny_path):
     env = {"UMA_MAX_OUTBUF_BYTES": "65536", "UMA_MAX_CONNECTIONS": "3"}
-    with testing.run_daemon(tiny_path, *ENDLESS_ARGS, "--idle-timeout", "1", env=env) as d:
+    with testing.run_daemon(tiny_path, *ENDLESS_ARGS, env=env) as d:
         good = Client(d.socket)
         # A client that asks for a long stream and never reads is dropped, with a reason.
         slow = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -266,9 +269,13 @@ def test_limits_slow_readers_connections_and_idle_clients(tiny_path):
         wait_for(lambda: good.metrics()["connections"] == 3)
         events = raw_exchange(d.socket, b"")
         assert [e["code"] for e in events] == ["E_LIMIT_003"]
-        for c in others:
+        assert good.generate("still served", max_tokens=3).usage.completion_tokens == 3
+        for c in [good, *others]:
             c.close()
-        # A connection that sends nothing is closed after the idle timeout, with a reason.
+
+
+def test_idle_connections_are_closed_with_a_reason(tiny_path):
+    with testing.run_daemon(tiny_path, "--idle-timeout", "0.5") as d:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as idle:
             idle.settimeout(30)
             idle.connect(d.socket)
@@ -276,6 +283,5 @@ def test_limits_slow_readers_connections_and_idle_clients(tiny_path):
             while chunk := idle.recv(4096):
                 got += decoder.feed(chunk)
         assert [e["code"] for e in got] == ["E_IDLE_001"]
-        good.close()  # idle as long by now, so closed by the daemon too
         with Client(d.socket) as fresh:
             assert fresh.generate("still served", max_tokens=3).usage.completion_tokens == 3

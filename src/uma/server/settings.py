@@ -40,9 +40,12 @@ _SERVER = {
     "max_prompt_bytes": "max_prompt_bytes", "max_tokens": "max_tokens",
     "default_max_tokens": "default_max_tokens", "idle_timeout": "idle_timeout_s",
     "max_frame_bytes": "max_frame_bytes", "max_outbuf_bytes": "max_outbuf_bytes",
-    "grace": "grace_s",
+    "grace": "grace_s", "http": "http", "api_key": "api_key", "allow_public": "allow_public",
 }
-_OTHER = {"kv_type", "log_level"}  # kv_type sets type_k and type_v; log_level is the CLI's
+# kv_type sets type_k and type_v; log_level is the CLI's; api_key_file is read into api_key.
+_OTHER = {"kv_type", "log_level", "api_key_file"}
+# Kept as given in the environment: an API key or address of digits is still text.
+_TEXT = {"api_key", "api_key_file", "http"}
 NAMES = frozenset(_ENGINE) | frozenset(_SERVER) | _OTHER
 
 
@@ -86,6 +89,10 @@ def resolve(sources: list[Mapping[str, object]], demo_model: str | None = None) 
     merged.setdefault("socket", default_socket_path())
     merged["socket"] = os.path.expanduser(str(merged["socket"]))
     log_level = str(merged.pop("log_level", "warn"))
+    if "api_key_file" in merged:
+        if "api_key" in merged:
+            raise InvalidRequestError("give api_key or api_key_file, not both")
+        merged["api_key"] = _read_key(str(merged.pop("api_key_file")))
     engine = EngineConfig(**{_ENGINE[k]: v for k, v in merged.items() if k in _ENGINE})
     server = ServerConfig(**{_SERVER[k]: v for k, v in merged.items() if k in _SERVER})
     return Settings(engine, server, log_level)
@@ -98,8 +105,21 @@ def from_environment(environ: Mapping[str, str] = os.environ) -> dict[str, objec
     for name in NAMES:
         raw = environ.get(f"UMA_{name.upper()}")
         if raw is not None:
-            out[name] = _parse_scalar(raw)
+            out[name] = raw if name in _TEXT else _parse_scalar(raw)
     return out
+
+
+def _read_key(path: str) -> str:
+    """The API key in a file (a key file keeps it out of `ps` and shell history); the trailing
+    newline an editor adds is not part of it."""
+    try:
+        with open(os.path.expanduser(path), encoding="utf-8") as f:
+            key = f.read().strip()
+    except OSError as exc:
+        raise InvalidRequestError(f"cannot read the API key file {path}: {exc.strerror}") from None
+    if not key:
+        raise InvalidRequestError(f"the API key file {path} is empty")
+    return key
 
 
 def _parse_scalar(raw: str) -> object:
