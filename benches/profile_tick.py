@@ -26,7 +26,10 @@ def core_loop(model: _core.Model, streams: int, pp: int, tg: int, threads: int,
                         n_seq_max=streams, n_threads=threads, kv_unified=kv_unified)
     batch = _core.Batch(2048)
     rng = np.random.default_rng(0)
-    for s in range(streams):
+    for s in range(streams):  # prompts in batches of at most n_batch tokens
+        if batch.n_tokens + pp > batch.capacity:
+            ctx.decode(batch)
+            batch.clear()
         batch.add_sequence(rng.integers(100, 30000, pp).astype(np.int32), 0, s)
     ctx.decode(batch)
     sampler = _core.Sampler(streams, model.n_vocab)
