@@ -123,8 +123,11 @@ class EngineConfig:
     type_k: str = "f16"
     type_v: str = "f16"
     flash_attn: str = "auto"
-    policy: str = "baseline"
+    policy: str = "baseline"  # or "slo": latency guard, QoS lanes, ΣBMT guard (docs/SCHEDULING.md)
     tick_target_ms: float = 30.0  # the baseline policy's tick time budget
+    latency_cap: float = 1.20  # slo: interactive tick time allowed relative to their own
+    tick_budget_ms: float | None = None  # slo: a fixed tick budget instead of the cap
+    bmt_budget_gbps: float | None = None  # memory bandwidth for ticks; None: probe on CPU, 0: off
     max_queue: int = 1024  # requests waiting beyond this are refused
 
     def __post_init__(self) -> None:
@@ -153,6 +156,15 @@ class EngineConfig:
             raise InvalidRequestError("kv_unified must be a boolean")
         if _number("tick_target_ms", self.tick_target_ms) <= 0:
             raise InvalidRequestError(f"tick_target_ms must be > 0, not {self.tick_target_ms}")
+        if _number("latency_cap", self.latency_cap) < 1.0:
+            raise InvalidRequestError(f"latency_cap must be >= 1, not {self.latency_cap}")
+        if self.tick_budget_ms is not None and _number("tick_budget_ms", self.tick_budget_ms) <= 0:
+            raise InvalidRequestError(f"tick_budget_ms must be > 0, not {self.tick_budget_ms}")
+        if self.bmt_budget_gbps is not None and _number(
+                "bmt_budget_gbps", self.bmt_budget_gbps) < 0:
+            raise InvalidRequestError(f"bmt_budget_gbps must be >= 0, not {self.bmt_budget_gbps}")
+        if self.policy not in ("slo", "baseline"):
+            raise InvalidRequestError(f"policy must be 'slo' or 'baseline', not {self.policy!r}")
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from uma.handle import RequestHandle, Result
 from uma.metrics import Registry
 from uma.output import OutputStage
 from uma.request import Request
+from uma.sched.bmt import BmtModel, probe_bandwidth_gbps
 from uma.sched.executor import Executor
 from uma.sched.policy import create_policy
 from uma.sched.state import Priority
@@ -83,11 +84,32 @@ class Engine:
             raise
         self.n_ctx_seq = self.ctx.n_ctx_seq
         self._output = OutputStage(self.model, on_stop=self._poke)
-        policy = create_policy(config.policy, tick_target_ms=config.tick_target_ms)
-        self._executor = Executor(self.ctx, policy, self._output, self.metrics)
+        policy = create_policy(config.policy, config)
+        self._executor = Executor(self.ctx, policy, self._output, self.metrics,
+                                  bmt=BmtModel.from_model(self._model_info(), config.type_k),
+                                  bmt_budget_gbps=self._bandwidth(config))
         self._submitted = self.metrics.counter("requests_submitted_total", "requests accepted")
         self._thread = threading.Thread(target=self._compute, name="uma-compute", daemon=True)
         self._thread.start()
+
+    def _model_info(self) -> dict:
+        info = self.model.info()
+        arch = info["architecture"]
+        for key in (f"{arch}.expert_feed_forward_length", f"{arch}.feed_forward_length"):
+            value = self.model.meta(key)
+            if value and value.isdigit():
+                info["n_ff_expert" if "expert" in key else "n_ff"] = int(value)
+        return info
+
+    @staticmethod
+    def _bandwidth(config: EngineConfig) -> float:
+        """The ΣBMT budget: as configured, or probed where the model's memory is host memory
+        (CPU builds). A discrete GPU's bandwidth cannot be probed from here: off unless given."""
+        if config.bmt_budget_gbps is not None:
+            return config.bmt_budget_gbps
+        if _core.backends() == ("cpu",) or config.n_gpu_layers == 0:
+            return probe_bandwidth_gbps()
+        return 0.0
 
     # --- submitting ------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ a request that ends, is cancelled or fails has its KV cleared before its result 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -23,6 +24,7 @@ from uma.errors import DecodeError, NoKVSlotError, UmaError
 from uma.metrics import Registry
 from uma.output import OutputStage
 from uma.request import Request
+from uma.sched.bmt import BmtModel
 from uma.sched.cost import CostModel
 from uma.sched.policy import BatchPolicy
 from uma.sched.state import Phase, Plan, Priority, SchedulerState
@@ -52,6 +54,13 @@ class TickMetrics:
         self.running = reg.gauge("requests_running", "requests holding a KV sequence")
         self.kv_cells = reg.gauge("kv_cells_used", "KV positions held by running requests")
         self.cost_error = reg.gauge("cost_model_error_ms", "mean |measured - predicted| tick ms")
+        self.served = reg.gauge("served_decoders", "decoding sequences served in the last tick")
+        self.parked = reg.gauge("parked_sessions", "decoding sequences left out of the last tick")
+        self.bmt_last = reg.gauge("bmt_estimate_last", "bytes the last tick moved (estimate)")
+        self.bmt_budget = reg.gauge("bmt_budget_gbps", "memory bandwidth budget, GB/s (0: off)")
+        self.guard_active = reg.gauge("prefill_guard_active", "1 while prompts are held back")
+        self.tick_budget = reg.gauge("tick_budget_ms", "the last tick's time budget")
+        self.over_budget = reg.counter("ticks_over_budget_total", "ticks longer than budget")
         self.kv_full = reg.counter("kv_full_total", "decodes that found no KV slot")
         self.preempted = reg.counter("preemptions_total", "requests sent back to the queue")
         self.finished = {r: reg.counter(f"requests_{r}_total", f"requests ended: {r}")
@@ -78,7 +87,8 @@ class Executor:
     """Owns the context's sequences and runs ticks. Used by one thread (the compute thread)."""
 
     def __init__(self, ctx: _core.Context, policy: BatchPolicy, output: OutputStage,
-                 metrics: Registry) -> None:
+                 metrics: Registry, bmt: BmtModel | None = None,
+                 bmt_budget_gbps: float = 0.0) -> None:
         self.ctx = ctx
         self.model = ctx.model
         self.policy = policy
@@ -93,11 +103,17 @@ class Executor:
         self.running: dict[int, Request] = {}
         self.cost = CostModel()
         self.tick = 0
+        self.bmt = bmt
+        self.bmt_budget_gbps = bmt_budget_gbps
+        self.m.bmt_budget.set(bmt_budget_gbps)
         self._decode_ewma = 0.0
         self._tick_start = 0.0
-        # Set to a list to record (prefill tokens, decode tokens, decode s, sample s, tick s)
-        # of every tick, for profiling; None costs nothing.
-        self.trace: list[tuple[int, int, float, float, float]] | None = None
+        self._last_tick_ms = 0.0
+        self._last_tick_tokens = 0
+        self._memory: object = None  # the policy's, from its last executed plan
+        # Set to a list to record (prefill tokens, decode tokens, decode s, sample s, tick s,
+        # llama_decode s, plan) of every tick, for profiling and tests; None costs nothing.
+        self.trace: list[tuple] | None = None
 
     # --- requests in and out -----------------------------------------------------------------
 
@@ -197,6 +213,11 @@ class Executor:
             decode_ms_ewma=self._decode_ewma,
             cost=self.cost.estimate,
             tick=self.tick,
+            last_tick_ms=self._last_tick_ms,
+            last_tick_tokens=self._last_tick_tokens,
+            memory=self._memory,
+            bmt=self.bmt,
+            bmt_budget_gbps=self.bmt_budget_gbps,
         )
         return self.policy.schedule_tick(state)
 
@@ -249,7 +270,8 @@ class Executor:
         """A smaller plan after 'no KV slot': first without prompt chunks; if decode steps
         alone do not fit, the newest request (background first) goes back to the queue."""
         if any(i.phase is Phase.PREFILL for i in plan.items):
-            return Plan(tuple(i for i in plan.items if i.phase is Phase.DECODE))
+            return dataclasses.replace(
+                plan, items=tuple(i for i in plan.items if i.phase is Phase.DECODE))
         victims = sorted(self.running.values(),
                          key=lambda r: (r.priority is Priority.INTERACTIVE, -r.rid))
         if len(victims) <= 1:
@@ -258,7 +280,8 @@ class Executor:
                 self.release(req, "length")
             return Plan.empty()
         self._preempt(victims[0])
-        return Plan(tuple(i for i in plan.items if i.seq_id in self.running))
+        return dataclasses.replace(
+            plan, items=tuple(i for i in plan.items if i.seq_id in self.running))
 
     def _preempt(self, req: Request) -> None:
         """Frees the request's KV and requeues it at the head of its class: it will prefill
@@ -318,7 +341,9 @@ class Executor:
         m = self.m
         self.tick += 1
         if plan.items:
-            self.cost.observe(n_prefill, n_decode, kv, decode_ms + sample_s * 1e3)
+            # The whole tick, Python included: that is what streams wait for, and what the
+            # policy's budgets compare against.
+            self.cost.observe(n_prefill, n_decode, kv, tick_s * 1e3)
         self._decode_ewma = decode_ms if self._decode_ewma == 0 else \
             0.9 * self._decode_ewma + 0.1 * decode_ms
         m.ticks.inc()
@@ -339,9 +364,22 @@ class Executor:
         m.running.set(len(self.running))
         m.kv_cells.set(sum(r.n_past for r in self.running.values()))
         m.cost_error.set(self.cost.error_ewma_ms)
+        self._last_tick_ms = tick_s * 1e3
+        self._last_tick_tokens = len(ran.tokens)
+        self._memory = plan.memory
+        notes = plan.notes
+        if notes:
+            m.served.set(notes.get("served_decoders", n_decode))
+            m.parked.set(notes.get("parked", 0))
+            m.bmt_last.set(notes.get("bmt_bytes", 0.0))
+            m.guard_active.set(1 if notes.get("guard_active") else 0)
+            budget = notes.get("budget_ms", 0.0)
+            m.tick_budget.set(budget)
+            if budget and tick_s * 1e3 > budget:
+                m.over_budget.inc()
         if self.trace is not None:
             self.trace.append((n_prefill, n_decode, decode_s, sample_s, tick_s,
-                               self.ctx.last_decode_seconds))
+                               self.ctx.last_decode_seconds, plan))
 
     def close(self) -> None:
         self.sampler.close()

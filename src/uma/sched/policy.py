@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from uma.errors import InvalidRequestError
 from uma.sched.state import BatchItem, Phase, Plan, Priority, SchedulerState, SessionView
 
 
@@ -62,6 +63,10 @@ class BaselinePolicy:
     min_prefill: int = 16
     name: str = "baseline"
 
+    @classmethod
+    def from_config(cls, config) -> BaselinePolicy:
+        return cls(tick_target_ms=config.tick_target_ms)
+
     def schedule_tick(self, state: SchedulerState) -> Plan:
         decoders = [s for s in state.sessions if s.phase is Phase.DECODE]
         prefills = [s for s in state.sessions if s.phase is Phase.PREFILL]
@@ -77,13 +82,14 @@ class BaselinePolicy:
         return Plan(items=tuple(items), token_budget=len(served) + budget)
 
 
-POLICIES = {"baseline": BaselinePolicy}
+def create_policy(name: str, config=None, **options) -> BatchPolicy:
+    """The policy registered under `name`, built from an EngineConfig or from `options`."""
+    from uma.sched.slo import SloPolicy  # slo builds on this module's helpers
 
-
-def create_policy(name: str, **options) -> BatchPolicy:
-    """The policy registered under `name`, built with `options`."""
+    policies = {"baseline": BaselinePolicy, "slo": SloPolicy}
     try:
-        cls = POLICIES[name]
+        cls = policies[name]
     except KeyError:
-        raise ValueError(f"unknown policy: {name!r} (known: {', '.join(POLICIES)})") from None
-    return cls(**options)
+        raise InvalidRequestError(
+            f"unknown policy: {name!r} (known: {', '.join(policies)})") from None
+    return cls.from_config(config) if config is not None else cls(**options)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from uma.sched.bmt import BmtModel
 from uma.sched.cost import CostEstimate
 
 
@@ -68,6 +69,11 @@ class SchedulerState:
     decode_ms_ewma: float  # recent decode time per tick (0 before the first tick)
     cost: CostEstimate  # the learned tick cost model, to predict a plan's time
     tick: int  # ticks run so far
+    last_tick_ms: float = 0.0  # what the previous tick took, measured (0 before the first)
+    last_tick_tokens: int = 0  # tokens sampled in the previous tick
+    memory: object = None  # the policy's own state, as its previous plan left it (Plan.memory)
+    bmt: BmtModel | None = None  # bytes a tick moves, from the model's shape
+    bmt_budget_gbps: float = 0.0  # memory bandwidth the ticks may use; 0: no ΣBMT guard
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +93,7 @@ class Plan:
     items: tuple[BatchItem, ...] = ()  # what goes in the batch, in batch order
     token_budget: int = 0  # the budget the policy planned against (for metrics)
     notes: dict[str, object] = field(default_factory=dict)  # policy telemetry, e.g. guard state
+    memory: object = None  # handed back to the policy in the next snapshot (SchedulerState.memory)
 
     @classmethod
     def empty(cls) -> Plan:

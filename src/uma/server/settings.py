@@ -33,7 +33,8 @@ _ENGINE = {
     "ubatch": "n_ubatch", "threads": "n_threads", "threads_batch": "n_threads_batch",
     "gpu_layers": "n_gpu_layers", "kv_unified": "kv_unified", "type_k": "type_k",
     "type_v": "type_v", "flash_attn": "flash_attn", "policy": "policy",
-    "tick_ms": "tick_target_ms", "max_queue": "max_queue",
+    "tick_ms": "tick_target_ms", "max_queue": "max_queue", "latency_cap": "latency_cap",
+    "tick_budget_ms": "tick_budget_ms", "bmt_budget": "bmt_budget_gbps",
 }
 _SERVER = {
     "socket": "socket", "max_connections": "max_connections", "max_inflight": "max_inflight",

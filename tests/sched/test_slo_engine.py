@@ -1,0 +1,36 @@
+"""The SLO policy on the real core: plan membership under a prompt storm, end to end."""
+
+import uma
+from uma.sched.state import Phase
+
+from ..helpers import assert_same_greedy
+
+
+def test_interactive_streams_are_served_every_tick_while_a_long_prompt_prefills(tiny_path):
+    opts = {"ignore_eos": True, "logprobs": True}
+    with uma.Engine(tiny_path, n_ctx=4096, n_seq_max=4, policy="slo") as e:
+        alone = [e.generate(p, max_tokens=40, **opts) for p in ("first stream", "second one")]
+        e._executor.trace = trace = []
+        streams = [e.submit(p, max_tokens=40, **opts) for p in ("first stream", "second one")]
+        for s in streams:  # both are decoding once each has a token
+            next(iter(s))
+        inter_seqs = set(e._executor.running)  # only the two streams hold sequences now
+        start = len(trace)
+        storm = e.submit(" ".join(f"w{i}" for i in range(700)), max_tokens=4,
+                         priority="background")
+        results = [s.result(timeout=120) for s in streams]
+        assert storm.result(timeout=120).finish_reason == "length"
+    assert len(inter_seqs) == 2
+    # While the streams run, every tick that prefills the storm also serves both of them.
+    during = [plan for *_, plan in trace[start:]
+              if inter_seqs <= {i.seq_id for i in plan.items}
+              or any(i.phase is Phase.PREFILL for i in plan.items)]
+    storm_ticks = [p for p in during if any(i.phase is Phase.PREFILL for i in p.items)]
+    assert storm_ticks
+    last_stream_tick = max(k for k, p in enumerate(during)
+                           if inter_seqs & {i.seq_id for i in p.items})
+    for plan in during[:last_stream_tick]:
+        if any(i.phase is Phase.PREFILL for i in plan.items):
+            assert inter_seqs <= {i.seq_id for i in plan.items if i.phase is Phase.DECODE}
+    for a, r in zip(alone, results, strict=True):
+        assert_same_greedy(a.token_ids, r.token_ids, a.logprobs, r.logprobs)
