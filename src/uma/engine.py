@@ -66,6 +66,7 @@ class Engine:
         self._closed = False
         self._cond = threading.Condition()
         self._inbox: list[Request] = []
+        self._submitting = 0  # callers tokenizing right now (they use the model)
         self._reprioritize: list[tuple[Request, Priority]] = []
         self._closing: str | None = None  # None, "drain" or "cancel"
         self._poked = False
@@ -128,7 +129,16 @@ class Engine:
             except TypeError as exc:
                 raise InvalidRequestError(str(exc)) from None
         prio = Priority.parse(priority)
-        tokens = self._tokens(prompt)
+        with self._cond:
+            if self._closing or self._closed:
+                raise ClosedError("engine is closed")
+            self._submitting += 1  # close() frees the model only once this is back to 0
+        try:
+            tokens = self._tokens(prompt)
+        finally:
+            with self._cond:
+                self._submitting -= 1
+                self._cond.notify_all()
         if len(tokens) > self.n_ctx_seq:
             raise ContextOverflowError(
                 f"prompt has {len(tokens)} tokens; the context holds {self.n_ctx_seq} per sequence")
@@ -244,6 +254,8 @@ class Engine:
             raise TimeoutError("the engine did not stop in time")
         self._output.close()
         self._executor.close()
+        with self._cond:
+            self._cond.wait_for(lambda: self._submitting == 0)
         self.ctx.close()
         self.model.close()
         self._closed = True
