@@ -39,7 +39,16 @@ def run(
     kv_unified: bool | None = typer.Option(
         None, "--kv-unified/--no-kv-unified", help="one KV buffer for all requests [on]"),
     flash_attn: str | None = typer.Option(None, help="auto, on or off [auto]"),
-    tick_ms: float | None = typer.Option(None, help="tick time budget in ms [30]"),
+    tick_ms: float | None = typer.Option(None, help="baseline policy: tick time budget in ms "
+                                                    "[30]"),
+    policy: str | None = typer.Option(None, help="scheduling policy: baseline or slo "
+                                                 "[baseline]"),
+    latency_cap: float | None = typer.Option(
+        None, help="slo: interactive tick time allowed relative to their own [1.2]"),
+    tick_budget_ms: float | None = typer.Option(
+        None, help="slo: a fixed tick budget in ms instead of the cap"),
+    bmt_budget: float | None = typer.Option(
+        None, help="slo: memory bandwidth for ticks in GB/s [probed on CPU; 0: off]"),
     max_connections: int | None = typer.Option(None, help="[64]"),
     max_inflight: int | None = typer.Option(None, help="requests in flight per connection [16]"),
     max_prompt_bytes: int | None = typer.Option(None, help="[1 MiB]"),
@@ -49,12 +58,22 @@ def run(
     grace: float | None = typer.Option(None, help="seconds in-flight requests get on "
                                                   "SIGTERM [5]"),
     log_level: str | None = typer.Option(None, help="none, error, warn, info or debug [warn]"),
+    http: str | None = typer.Option(
+        None, help="also serve the OpenAI-compatible HTTP API on HOST:PORT, e.g. "
+                   "127.0.0.1:8080 (off by default)"),
+    api_key: str | None = typer.Option(
+        None, help="require 'Authorization: Bearer KEY' on /v1 (visible in ps: prefer "
+                   "--api-key-file or UMA_API_KEY)"),
+    api_key_file: str | None = typer.Option(None, help="read the API key from this file"),
+    allow_public: bool = typer.Option(
+        False, "--allow-public", help="allow --http beyond loopback without an API key"),
 ) -> None:
-    """Serve a model to every app on this machine over a Unix socket."""
+    """Serve a model to every app on this machine over a Unix socket (and HTTP, with --http)."""
     from uma.errors import UmaError
     from uma.server import settings
 
     flags = {k: v for k, v in locals().items() if k in settings.NAMES}
+    flags["allow_public"] = allow_public or None  # an absent flag leaves file and env to decide
     try:
         sources = [settings.read_file(config)] if config else []
         sources += [settings.from_environment(), flags]
@@ -101,20 +120,42 @@ def _serve(conf) -> int:
         typer.echo(f"uma: {exc}", err=True)
         return 1
     daemon = Daemon(engine, conf.server)
+    gateway = None
+    if conf.server.http:
+        from uma.server.http import HttpGateway  # starlette and uvicorn load only when used
+
+        gateway = HttpGateway(engine, conf.server)
     try:
+        if gateway is not None:
+            gateway.start()
         daemon.bind()
     except (UmaError, OSError) as exc:
+        if gateway is not None:
+            gateway.stop()
         engine.close()
         typer.echo(f"uma: {exc}", err=True)
         return 1
+
+    def stop(*_) -> None:
+        # Both doors drain at once, each with the grace period.
+        daemon.stop()
+        if gateway is not None:
+            gateway.stop_soon()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: daemon.stop())
-    typer.echo(f"uma: serving {name} on {conf.server.socket} (ctx {engine.ctx.n_ctx}, "
+        signal.signal(sig, stop)
+    where = conf.server.socket + (f" and {gateway.url}" if gateway is not None else "")
+    typer.echo(f"uma: serving {name} on {where} (ctx {engine.ctx.n_ctx}, "
                f"parallel {conf.engine.n_seq_max}, backends {','.join(_core.backends())}, "
                f"pid {os.getpid()})", err=True)
     try:
         daemon.serve_forever()
     finally:
+        if gateway is not None:
+            try:
+                gateway.stop()
+            except TimeoutError as exc:
+                typer.echo(f"uma: {exc}; closing anyway", err=True)
         engine.close()
     typer.echo("uma: stopped", err=True)
     return 0

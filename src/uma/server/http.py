@@ -1,0 +1,431 @@
+"""The OpenAI-compatible HTTP gateway: Starlette routes served by uvicorn on a thread of its own.
+
+It submits to the same uma.Engine as the Unix-socket daemon, so both share one scheduler, its
+priorities and its metrics; the engine is thread-safe, and this thread's event loop never
+touches the daemon's poller. Request bodies become socket-protocol requests
+(uma.server.openai_api), so both doors accept and refuse the same things.
+
+    POST /v1/completions, POST /v1/chat/completions  (stream: server-sent events)
+    GET  /v1/models, /v1/models/{id}, /health, /metrics (Prometheus text)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import os
+import socket
+import threading
+from collections.abc import AsyncIterator, Callable, Iterable
+from pathlib import Path
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from uma.config import ServerConfig, parse_http_address
+from uma.engine import Engine
+from uma.errors import InvalidRequestError, UmaError
+from uma.handle import RequestHandle, Result
+from uma.sched.state import Priority
+from uma.server import prometheus
+from uma.server.openai_api import (
+    ApiError,
+    ApiRequest,
+    ChatFormat,
+    CompletionFormat,
+    error_for,
+    parse_chat,
+    parse_completion,
+)
+from uma.server.protocol import RequestLimits
+
+log = logging.getLogger("uma.http")
+
+# Room in a body for JSON around the prompt: the prompt limit itself applies after parsing.
+# Twice the prompt bytes covers JSON's escapes of typical text ("\n", "\"", "\u00e9").
+_BODY_OVERHEAD = 64 << 10
+_DONE = b"data: [DONE]\n\n"
+_SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+def create_app(engine: Engine, config: ServerConfig,
+               metrics_source: Iterable[prometheus.Metric] | None = None) -> Starlette:
+    """The gateway's ASGI app over `engine`, with config's limits and API key. /metrics renders
+    metrics_source (default: the engine's Registry) on every scrape."""
+    api = _Api(engine, config, metrics_source)
+    routes = [
+        Route("/v1/completions", api.completions, methods=["POST"]),
+        Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
+        Route("/v1/models", api.models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", api.model, methods=["GET"]),
+        Route("/health", api.health, methods=["GET"]),
+        Route("/metrics", api.metrics, methods=["GET"]),
+    ]
+    middleware = [Middleware(BearerAuth, key=config.api_key)] if config.api_key else []
+    app = Starlette(routes=routes, middleware=middleware, exception_handlers={
+        ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error})
+    app.state.api = api
+    return app
+
+
+class _Api:
+    """The routes' shared state: the engine, the limits and the gateway's own counters."""
+
+    def __init__(self, engine: Engine, config: ServerConfig,
+                 metrics_source: Iterable[prometheus.Metric] | None) -> None:
+        self.engine = engine
+        self.limits = RequestLimits(
+            max_prompt_bytes=config.max_prompt_bytes, max_prompt_tokens=engine.n_ctx_seq,
+            max_tokens=config.max_tokens,
+            default_max_tokens=min(config.default_max_tokens, config.max_tokens))
+        self.max_body = 2 * config.max_prompt_bytes + _BODY_OVERHEAD
+        self.model_id = Path(engine.config.model).stem
+        self.model_created = int(os.path.getmtime(engine.config.model))
+        self.metrics_source = engine.metrics if metrics_source is None else metrics_source
+        self.stopping = False  # set when the gateway stops: new generations get 503
+        self.live: set[RequestHandle] = set()  # requests being answered, for cancel_all
+        reg = engine.metrics
+        self.requests = reg.counter("http_requests_total", "HTTP completion and chat requests")
+        self.errors = reg.counter("http_errors_total", "of those, answered with an error")
+        self.disconnects = reg.counter(
+            "http_client_disconnects_total", "HTTP requests cancelled because the client left")
+        self._piece = engine.model.token_to_piece
+
+    # --- generation --------------------------------------------------------------------------
+
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, parse_completion, CompletionFormat)
+
+    async def chat_completions(self, request: Request) -> Response:
+        return await self._generate(request, parse_chat, ChatFormat)
+
+    async def _generate(self, request: Request, parse: Callable[..., ApiRequest],
+                        format_cls: type[CompletionFormat | ChatFormat]) -> Response:
+        self.requests.inc()
+        try:
+            if self.stopping:
+                raise ApiError(503, "the server is shutting down", type="server_error",
+                               code="shutting_down")
+            body = await _read_json(request, self.max_body)
+            api_req = parse(body, model_id=self.model_id, limits=self.limits,
+                                        default_priority=_header_priority(request))
+            gen = api_req.generate
+            try:
+                handle = await asyncio.to_thread(
+                    self.engine.submit, gen.engine_prompt, gen.params, priority=gen.priority)
+            except Exception as exc:  # noqa: BLE001 - each one has its HTTP answer
+                raise error_for(exc) from exc
+        except ApiError:
+            self.errors.inc()
+            raise
+        fmt = format_cls(self.model_id, self._piece)
+        if api_req.stream:
+            return _EventStream(self, handle, self._events(handle, fmt, api_req))
+        self.live.add(handle)
+        try:
+            result = await self._wait(handle, request)
+        finally:
+            self.live.discard(handle)
+        if result is None:
+            # Nobody will read this: nginx's "client closed request", for the access log.
+            return Response(status_code=499)
+        if result.finish_reason not in ("stop", "length"):
+            self.errors.inc()
+            raise _ended_badly(result)
+        return JSONResponse(fmt.full(result))
+
+    def cancel_all(self) -> None:
+        """Ends every request in flight (at the end of the shutdown grace period); each
+        client gets a 'shutting down' error."""
+        for handle in list(self.live):
+            handle.cancel()
+
+    async def _events(self, handle: RequestHandle, fmt: CompletionFormat | ChatFormat,
+                      api_req: ApiRequest) -> AsyncIterator[bytes]:
+        if isinstance(fmt, ChatFormat):
+            yield _sse(fmt.opening())
+        logprobs = api_req.generate.params.logprobs
+        async for event in handle:
+            # An event with no text holds a token back (half a character, a possible stop
+            # string); it is shown only when its log-probability was asked for.
+            if event.text or (logprobs and event.token_ids):
+                yield _sse(fmt.delta(event))
+        result = await handle.aresult()
+        if result.finish_reason not in ("stop", "length"):
+            # The status line is sent; OpenAI clients raise on a chunk that carries an error.
+            self.errors.inc()
+            yield _sse(_ended_badly(result).body())
+            return
+        yield _sse(fmt.closing(result))
+        if api_req.include_usage:
+            yield _sse(fmt.usage_chunk(result))
+        yield _DONE
+
+    async def _wait(self, handle: RequestHandle, request: Request) -> Result | None:
+        """The result, or None if the client left first (the request is then cancelled)."""
+        done = asyncio.ensure_future(handle.aresult())
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({done, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not done.done():
+                done.cancel()
+                handle.cancel()
+                self.disconnects.inc()
+        return done.result() if not done.cancelled() else None
+
+    # --- the rest ------------------------------------------------------------------------------
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [self._model()]})
+
+    async def model(self, request: Request) -> Response:
+        if request.path_params["model_id"] not in (self.model_id, f"{self.model_id}.gguf"):
+            raise ApiError(404, f"no model {request.path_params['model_id']!r}; this server has "
+                                f"{self.model_id!r}", param="model", code="model_not_found")
+        return JSONResponse(self._model())
+
+    def _model(self) -> dict:
+        return {"id": self.model_id, "object": "model", "created": self.model_created,
+                "owned_by": "uma"}
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "draining" if self.stopping else "ok",
+                             "model": self.model_id})
+
+    async def metrics(self, request: Request) -> Response:
+        return Response(prometheus.render(self.metrics_source),
+                        media_type=prometheus.CONTENT_TYPE)
+
+
+class _EventStream(StreamingResponse):
+    """A server-sent event stream that cancels its request however the response ends: a client
+    that disconnects, or a server that stops, frees the request's KV at the next tick."""
+
+    def __init__(self, api: _Api, handle: RequestHandle, chunks: AsyncIterator[bytes]) -> None:
+        super().__init__(chunks, media_type="text/event-stream", headers=_SSE_HEADERS)
+        self._api = api
+        self._handle = handle
+
+    async def __call__(self, scope, receive, send) -> None:
+        self._api.live.add(self._handle)
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._api.live.discard(self._handle)
+            if not self._handle.done:
+                self._handle.cancel()
+                self._api.disconnects.inc()
+            # The body generator may be suspended at a yield if the client left mid-send.
+            with contextlib.suppress(Exception):
+                await self.body_iterator.aclose()
+
+
+class BearerAuth:
+    """ASGI middleware: every /v1 path needs `Authorization: Bearer <key>`. The key is compared
+    in constant time, so response times do not reveal how much of a guess was right."""
+
+    def __init__(self, app, key: str) -> None:
+        self.app = app
+        self._key = key.encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+            problem = self._check(dict(scope["headers"]).get(b"authorization"))
+            if problem:
+                error = ApiError(401, problem, code="invalid_api_key")
+                response = JSONResponse(error.body(), 401, {"www-authenticate": "Bearer"})
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def _check(self, header: bytes | None) -> str | None:
+        if header is None:
+            return "missing API key: send the header 'Authorization: Bearer <key>'"
+        scheme, _, token = header.partition(b" ")
+        if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self._key):
+            return "invalid API key"
+        return None
+
+
+class HttpGateway:
+    """Serves create_app(engine, config) on config.http with uvicorn, on its own thread and
+    event loop. start() returns once it accepts connections; stop() drains it (streams get
+    config.grace_s, then are cancelled) and joins the thread."""
+
+    def __init__(self, engine: Engine, config: ServerConfig,
+                 metrics_source: Iterable[prometheus.Metric] | None = None) -> None:
+        if config.http is None:
+            raise InvalidRequestError("the config has no http address")
+        self.host, self.port = parse_http_address(config.http)
+        self.app = create_app(engine, config, metrics_source)
+        self._grace = config.grace_s
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+        self._failure: BaseException | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Binds (OSError if the port is taken) and starts serving."""
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        # Bound here, not on the thread, so a taken port fails the caller and port 0 is known.
+        sock = socket.create_server((self.host, self.port), family=family)
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            self.app, lifespan="off", log_config=None, log_level="warning", access_log=False,
+            # Past the grace period cancel_all ends the requests; their last chunks need a
+            # moment to go out before uvicorn cuts what is left.
+            server_header=False, timeout_graceful_shutdown=self._grace + 2.0)
+        self._server = _Server(config)
+        self._thread = threading.Thread(target=self._run, args=(sock,), name="uma-http",
+                                        daemon=True)
+        self._thread.start()
+        if not self._server.ready.wait(timeout):
+            raise TimeoutError(f"the HTTP gateway did not start in {timeout} s")
+        if self._failure is not None:
+            raise UmaError(f"the HTTP gateway failed to start: {self._failure!r}")
+
+    def _run(self, sock: socket.socket) -> None:
+        try:
+            self._server.run(sockets=[sock])
+        except BaseException as exc:  # noqa: BLE001 - reported to start() or logged
+            self._failure = exc
+            log.exception("the HTTP gateway stopped with an error")
+        finally:
+            self._server.ready.set()
+            sock.close()
+
+    def stop_soon(self) -> None:
+        """Begins draining: new generations get 503, idle connections close, requests in
+        flight get the grace period and are then cancelled. Returns at once; safe from signal
+        handlers and other threads."""
+        api = self.app.state.api
+        if api.stopping:
+            return
+        api.stopping = True
+        server = self._server
+        if server is None:
+            return
+        server.should_exit = True
+        if server.loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop has already closed
+                server.loop.call_soon_threadsafe(server.loop.call_later, self._grace,
+                                                 api.cancel_all)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Drains and joins the gateway's thread. Idempotent."""
+        self.stop_soon()
+        if self._thread is None:
+            return
+        # uvicorn polls should_exit every 0.1 s; in-flight responses get the grace period.
+        self._thread.join(self._grace + 5.0 if timeout is None else timeout)
+        if self._thread.is_alive():
+            raise TimeoutError("the HTTP gateway did not stop in time")
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server with a ready event: set once it listens (or once it failed)."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.ready = threading.Event()
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        self.loop = asyncio.get_running_loop()
+        self.ready.set()
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+async def _read_json(request: Request, limit: int) -> object:
+    """The body as JSON. Bodies over `limit` are refused before more than `limit` bytes are
+    held, whether or not they declare their length."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(int(declared), limit)
+    chunks = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(size, limit)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ApiError(400, "the client went away while sending the body") from None
+    try:
+        return json.loads(b"".join(chunks))
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise ApiError(400, f"the body is not valid JSON: {exc}") from None
+
+
+def _too_large(size: int, limit: int) -> ApiError:
+    return ApiError(413, f"the body is {size} bytes or more; this server takes at most {limit}",
+                    code="request_too_large")
+
+
+def _header_priority(request: Request) -> Priority:
+    value = request.headers.get("x-uma-priority")
+    if value is None:
+        return Priority.INTERACTIVE
+    try:
+        return Priority.parse(value.strip().lower())
+    except InvalidRequestError:
+        raise ApiError(400, f"X-UMA-Priority must be 'interactive' or 'background', not "
+                            f"{value!r}", param="X-UMA-Priority") from None
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client disconnects (the body has been read by then)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _ended_badly(result: Result) -> ApiError:
+    """The answer to a request that neither stopped nor hit its length: an engine error, or a
+    cancellation that only a stopping server makes (a client that left gets no answer)."""
+    if result.finish_reason == "cancelled":
+        return ApiError(503, "the request was cancelled: the server is shutting down",
+                        type="server_error", code="shutting_down")
+    return error_for(result.error or UmaError("the request failed"))
+
+
+def _sse(obj: dict) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + \
+        b"\n\n"
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    headers = {"retry-after": "1"} if exc.status == 429 else None
+    return JSONResponse(exc.body(), exc.status, headers)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    kind = "not_found" if exc.status_code == 404 else None
+    error = ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+                     code=kind)
+    return JSONResponse(error.body(), exc.status_code, exc.headers)
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    # Starlette logs the traceback after this answer is sent.
+    error = ApiError(500, f"internal error: {exc!r}", type="server_error")
+    return JSONResponse(error.body(), 500)

@@ -1,0 +1,346 @@
+"""The OpenAI HTTP API's bodies: requests in, response and chunk objects out. No I/O.
+
+A request body is checked for the OpenAI-only fields (n, stream, stream_options, logprobs, the
+features UMA Serve does not have) and then rewritten as a socket-protocol generate message and
+parsed by uma.server.protocol.parse_request, so HTTP accepts exactly what the socket accepts:
+the same prompt limits, the same max_tokens cap, and SamplingParams' own checks.
+
+Not supported, and refused with 400 rather than silently ignored: n > 1, several prompts in one
+request, echo, suffix, best_of > 1, a non-empty logit_bias, tools, response_format other than
+text, and top_logprobs (the engine knows only the sampled token's log-probability; completions'
+`logprobs: N` returns token_logprobs and leaves top_logprobs null). Other fields that clients
+commonly send (user, metadata, store, parallel_tool_calls, ...) are ignored.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from uma.errors import ClosedError, ContextOverflowError
+from uma.handle import Result, TokenEvent
+from uma.sched.state import Priority
+from uma.server import protocol as P
+
+# Sampler options passed through as they are. After OpenAI's own, uma's extensions (the names
+# llama-server also takes), and priority: 'interactive' or 'background'.
+_PASSED = (
+    "temperature", "top_p", "seed", "frequency_penalty", "presence_penalty",
+    "top_k", "min_p", "repeat_penalty", "penalty_last_n", "ignore_eos", "priority",
+)
+# Leading words of protocol/SamplingParams messages that name a body field.
+_PARAMS = frozenset({*_PASSED, "max_tokens", "stop", "prompt", "messages", "tokens"})
+# OpenAI's placeholder for a log-probability that is too small to show.
+_TINY_LOGPROB = -9999.0
+
+
+class ApiError(Exception):
+    """An answer in OpenAI's error shape: {"error": {"message", "type", "param", "code"}}."""
+
+    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = (
+            status, message, type, param, code)
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+def error_for(exc: BaseException) -> ApiError:
+    """The HTTP answer to an exception from submitting or running a request; the status follows
+    the socket's wire code (uma.server.protocol.error_code_for)."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, ClosedError):
+        return ApiError(503, "the server is shutting down", type="server_error",
+                        code="shutting_down")
+    code = P.error_code_for(exc)
+    if code == P.E_BUSY_001:
+        return ApiError(429, str(exc), type="rate_limit_error", code="server_busy")
+    if code == P.E_RUNTIME_001:
+        return ApiError(500, f"internal error: {exc}", type="server_error")
+    if code == P.E_LIMIT_001 or isinstance(exc, ContextOverflowError):
+        return ApiError(400, str(exc), code="context_length_exceeded")
+    message = str(exc)
+    return ApiError(400, message, param=_param_named_in(message))
+
+
+@dataclass(frozen=True)
+class ApiRequest:
+    """One checked completion or chat request."""
+
+    generate: P.GenerateRequest  # prompt, SamplingParams and priority, as the socket has them
+    stream: bool  # answer with server-sent events
+    include_usage: bool  # stream_options.include_usage: a last chunk with the token counts
+
+
+def parse_completion(body: object, *, model_id: str, limits: P.RequestLimits,
+                     default_priority: Priority) -> ApiRequest:
+    """POST /v1/completions."""
+    body = _object(body)
+    if body.get("prompt") is None:
+        raise ApiError(400, "prompt is required", param="prompt")
+    if _field(body, "echo", bool):
+        raise ApiError(400, "echo is not supported", param="echo")
+    if _field(body, "suffix", str):
+        raise ApiError(400, "suffix is not supported", param="suffix")
+    if _field(body, "best_of", int) not in (None, 1):
+        raise ApiError(400, "best_of must be 1", param="best_of")
+    logprobs = _field(body, "logprobs", int)
+    if logprobs is not None and logprobs < 0:
+        raise ApiError(400, f"logprobs must be >= 0, not {logprobs}", param="logprobs")
+    fields = {**_prompt(body["prompt"]), "max_tokens": body.get("max_tokens"),
+              "logprobs": logprobs is not None}
+    return _parse(body, fields, model_id, limits, default_priority)
+
+
+def parse_chat(body: object, *, model_id: str, limits: P.RequestLimits,
+               default_priority: Priority) -> ApiRequest:
+    """POST /v1/chat/completions."""
+    body = _object(body)
+    if body.get("messages") is None:
+        raise ApiError(400, "messages is required", param="messages")
+    if _field(body, "tools", list):
+        raise ApiError(400, "tools are not supported", param="tools")
+    response_format = _field(body, "response_format", dict)
+    if response_format is not None and response_format.get("type") != "text":
+        raise ApiError(400, "only response_format {'type': 'text'} is supported",
+                       param="response_format")
+    if _field(body, "top_logprobs", int):
+        raise ApiError(400, "top_logprobs is not supported: only the sampled token's "
+                            "log-probability is known", param="top_logprobs")
+    # max_completion_tokens is the newer name; OpenAI clients send one or the other.
+    max_tokens = body.get("max_completion_tokens")
+    if max_tokens is None:
+        max_tokens = body.get("max_tokens")
+    fields = {"messages": _messages(body["messages"]), "max_tokens": max_tokens,
+              "logprobs": bool(_field(body, "logprobs", bool))}
+    return _parse(body, fields, model_id, limits, default_priority)
+
+
+def _parse(body: dict, fields: dict, model_id: str, limits: P.RequestLimits,
+           default_priority: Priority) -> ApiRequest:
+    model = _field(body, "model", str)
+    if model is not None and model not in (model_id, f"{model_id}.gguf"):
+        raise ApiError(400, f"unknown model {model!r}; this server has {model_id!r}",
+                       param="model", code="model_not_found")
+    if _field(body, "n", int) not in (None, 1):
+        raise ApiError(400, "n must be 1: send one request per completion", param="n")
+    _field(body, "user", str)
+    if _field(body, "logit_bias", dict):
+        raise ApiError(400, "logit_bias is not supported", param="logit_bias")
+    stream = bool(_field(body, "stream", bool))
+    options = _field(body, "stream_options", dict) or {}
+    include_usage = bool(_field(options, "include_usage", bool, "stream_options.include_usage"))
+    msg = {"type": "generate", "id": "http", "stream": stream, "stop": body.get("stop"),
+           **{name: body.get(name) for name in _PASSED}, **fields}
+    try:
+        req = P.parse_request(msg, limits, default_priority)
+    except P.ProtocolError as exc:
+        code = "context_length_exceeded" if exc.code == P.E_LIMIT_001 else None
+        raise ApiError(400, exc.message, param=_param_named_in(exc.message), code=code) from None
+    assert isinstance(req, P.GenerateRequest)  # the message above is a generate request
+    return ApiRequest(req, stream, include_usage)
+
+
+def _object(body: object) -> dict:
+    if not isinstance(body, dict):
+        raise ApiError(400, f"the body must be a JSON object, not {_json_type(body)}")
+    return body
+
+
+def _field(obj: dict, name: str, kind: type, label: str | None = None):
+    """obj[name] if it is of `kind` (null counts as absent); 400 naming it otherwise."""
+    value = obj.get(name)
+    # type() rather than isinstance(): JSON true is not an integer here.
+    if value is not None and type(value) is not kind:
+        raise ApiError(400, f"{label or name} must be {_json_name(kind)}, not "
+                            f"{_json_type(value)}", param=label or name)
+    return value
+
+
+def _prompt(prompt: object) -> dict:
+    """OpenAI's prompt forms: text, token ids, or a list of one of those."""
+    if type(prompt) is str:
+        return {"prompt": prompt}
+    if type(prompt) is list:
+        if prompt and all(type(t) is int for t in prompt):
+            return {"tokens": prompt}
+        if len(prompt) == 1 and type(prompt[0]) in (str, list):
+            return _prompt(prompt[0])
+        if len(prompt) > 1 and all(type(p) in (str, list) for p in prompt):
+            raise ApiError(400, "one prompt per request: several prompts in one request are "
+                                "not supported", param="prompt")
+        if not prompt:
+            raise ApiError(400, "the prompt is empty", param="prompt")
+    raise ApiError(400, f"prompt must be a string or a list of token ids, not "
+                        f"{_json_type(prompt)}", param="prompt")
+
+
+def _messages(messages: object) -> object:
+    """OpenAI messages as the socket's {role, content} maps: text content parts are joined,
+    other message fields (name, tool_call_id, ...) are dropped. Anything that is not a list of
+    objects is passed on for the protocol to name the problem."""
+    if type(messages) is not list:
+        return messages
+    out = []
+    for i, message in enumerate(messages):
+        if type(message) is not dict:
+            return messages
+        kept = {key: message[key] for key in ("role", "content") if key in message}
+        if "content" in kept and kept["content"] is None:
+            kept["content"] = ""  # an assistant turn that only called tools
+        elif type(kept.get("content")) is list:
+            kept["content"] = _text_parts(kept["content"], f"messages[{i}].content")
+        out.append(kept)
+    return out
+
+
+def _text_parts(parts: list, label: str) -> str:
+    texts = []
+    for j, part in enumerate(parts):
+        if type(part) is not dict or part.get("type") != "text" or type(part.get("text")) \
+                is not str:
+            raise ApiError(400, f"{label}[{j}]: only text content parts are supported",
+                           param=label)
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _param_named_in(message: str) -> str | None:
+    """The body field a protocol or SamplingParams message starts with ('max_tokens must ...')."""
+    word = message.split(" ", 1)[0]
+    return word if word in _PARAMS or word.startswith(("messages[", "tokens[", "stop[")) \
+        else None
+
+
+def _json_name(kind: type) -> str:
+    return {bool: "a boolean", int: "an integer", str: "a string", list: "an array",
+            dict: "an object"}[kind]
+
+
+def _json_type(value: object) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            list: "an array", dict: "an object", type(None): "null"}.get(type(value), "unknown")
+
+
+# --- responses -----------------------------------------------------------------------------------
+
+
+class _Format:
+    """Builds one request's response objects. piece(token) gives a token's bytes (for
+    logprobs); finish reasons other than 'stop' and 'length' never reach here."""
+
+    object_name = ""
+    chunk_name = ""
+
+    def __init__(self, model_id: str, piece: Callable[[int], bytes], prefix: str) -> None:
+        self.id = f"{prefix}-{secrets.token_hex(12)}"
+        self.created = int(time.time())
+        self.model_id = model_id
+        self._piece = piece
+
+    def _envelope(self, name: str, choices: list) -> dict:
+        return {"id": self.id, "object": name, "created": self.created, "model": self.model_id,
+                "choices": choices}
+
+    def usage_chunk(self, result: Result) -> dict:
+        """The last chunk of a stream with stream_options.include_usage: no choices."""
+        return {**self._envelope(self.chunk_name, []), "usage": usage(result)}
+
+    def _pieces(self, token_ids: Sequence[int]) -> list[bytes]:
+        return [self._piece(t) for t in token_ids]
+
+
+class CompletionFormat(_Format):
+    """text_completion objects. logprobs: tokens, token_logprobs and text_offset of the
+    sampled tokens; top_logprobs is null."""
+
+    object_name = chunk_name = "text_completion"
+
+    def __init__(self, model_id: str, piece: Callable[[int], bytes]) -> None:
+        super().__init__(model_id, piece, "cmpl")
+        self._offset = 0  # characters of text sent so far, for text_offset
+
+    def full(self, result: Result) -> dict:
+        return {**self._envelope(self.object_name, [self._choice(
+            result.text, result.token_ids, result.logprobs, result.finish_reason)]),
+            "usage": usage(result)}
+
+    def delta(self, event: TokenEvent) -> dict:
+        return self._envelope(self.chunk_name, [self._choice(
+            event.text, event.token_ids, event.logprobs, None)])
+
+    def closing(self, result: Result) -> dict:
+        return self._envelope(self.chunk_name, [self._choice("", (), None, result.finish_reason)])
+
+    def _choice(self, text: str, token_ids: Sequence[int], logprobs: Sequence[float] | None,
+                finish_reason: str | None) -> dict:
+        lp = None
+        if logprobs is not None:
+            tokens = [p.decode("utf-8", "replace") for p in self._pieces(token_ids)]
+            offsets = []
+            for t in tokens:
+                offsets.append(self._offset)
+                self._offset += len(t)
+            lp = {"tokens": tokens, "token_logprobs": [_finite(x) for x in logprobs],
+                  "top_logprobs": None, "text_offset": offsets}
+        return {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish_reason}
+
+
+class ChatFormat(_Format):
+    """chat.completion objects. logprobs: content entries for the sampled tokens, each with an
+    empty top_logprobs list."""
+
+    object_name = "chat.completion"
+    chunk_name = "chat.completion.chunk"
+
+    def __init__(self, model_id: str, piece: Callable[[int], bytes]) -> None:
+        super().__init__(model_id, piece, "chatcmpl")
+
+    def full(self, result: Result) -> dict:
+        choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
+                  "logprobs": self._logprobs(result.token_ids, result.logprobs),
+                  "finish_reason": result.finish_reason}
+        return {**self._envelope(self.object_name, [choice]), "usage": usage(result)}
+
+    def opening(self) -> dict:
+        """The first chunk: the assistant's role, before any token (clients expect it)."""
+        return self._envelope(self.chunk_name, [{
+            "index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+            "finish_reason": None}])
+
+    def delta(self, event: TokenEvent) -> dict:
+        return self._envelope(self.chunk_name, [{
+            "index": 0, "delta": {"content": event.text},
+            "logprobs": self._logprobs(event.token_ids, event.logprobs),
+            "finish_reason": None}])
+
+    def closing(self, result: Result) -> dict:
+        return self._envelope(self.chunk_name, [{
+            "index": 0, "delta": {}, "logprobs": None, "finish_reason": result.finish_reason}])
+
+    def _logprobs(self, token_ids: Sequence[int], logprobs: Sequence[float] | None
+                  ) -> dict | None:
+        if logprobs is None:
+            return None
+        content = [{"token": p.decode("utf-8", "replace"), "logprob": _finite(lp),
+                    "bytes": list(p), "top_logprobs": []}
+                   for p, lp in zip(self._pieces(token_ids), logprobs, strict=False)]
+        return {"content": content, "refusal": None}
+
+
+def usage(result: Result) -> dict:
+    u = result.usage
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+            "total_tokens": u.total_tokens}
+
+
+def _finite(logprob: float) -> float:
+    # JSON has no -Infinity; OpenAI shows what is too small to print as -9999.
+    return logprob if math.isfinite(logprob) else _TINY_LOGPROB

@@ -1,0 +1,546 @@
+"""The OpenAI-compatible HTTP gateway, in-process on a tiny synthetic model, driven by the official
+`openai` package, httpx and curl; and beside the socket in a `uma run --http` subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+
+import httpx
+import openai
+import pytest
+
+from uma import Engine, testing
+from uma.client import Client
+from uma.config import ServerConfig
+from uma.errors import InvalidRequestError
+from uma.server import settings
+from uma.server.http import HttpGateway
+
+from ..helpers import assert_same_greedy
+
+KEY = "test-key-123"
+ENDLESS = 60000  # max_tokens of requests that are meant to be cut short
+PROMPT = "Once upon a time"
+CHAT = [{"role": "user", "content": "Say something"}]
+
+
+# One compute thread: on a busy machine, ggml's threads wait for each other at every barrier
+# and a tiny model's decode slows a hundredfold; the tests measure behaviour, not speed.
+THREADS = 1
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_path):
+    with Engine(tiny_path, n_ctx=65536, n_seq_max=4, n_threads=THREADS) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def gateway(engine):
+    config = ServerConfig(socket="/tmp/unused.sock", http="127.0.0.1:0", api_key=KEY,
+                          max_tokens=ENDLESS, max_prompt_bytes=1 << 16)
+    gw = HttpGateway(engine, config)
+    gw.start()
+    yield gw
+    gw.stop()
+
+
+@pytest.fixture
+def http(gateway):
+    with httpx.Client(base_url=gateway.url, headers={"Authorization": f"Bearer {KEY}"},
+                      timeout=30) as c:
+        yield c
+
+
+@pytest.fixture
+def oai(gateway):
+    with openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=KEY, max_retries=0,
+                       timeout=30) as c:
+        yield c
+
+
+@pytest.fixture
+def model_id(tiny_path):
+    return tiny_path.stem
+
+
+def capture_handles(monkeypatch, engine) -> list:
+    """Records the handles of the requests the gateway submits."""
+    handles = []
+    submit = engine.submit
+
+    def recording_submit(*args, **kwargs):
+        handles.append(submit(*args, **kwargs))
+        return handles[-1]
+
+    monkeypatch.setattr(engine, "submit", recording_submit)
+    return handles
+
+
+# --- the official client -------------------------------------------------------------------
+
+
+def test_openai_client_completes_both_endpoints(engine, oai, model_id):
+    expected = engine.generate(PROMPT, max_tokens=8, ignore_eos=True)
+    r = oai.completions.create(model=model_id, prompt=PROMPT, max_tokens=8,
+                               extra_body={"ignore_eos": True})
+    assert r.object == "text_completion" and r.model == model_id
+    assert r.choices[0].text == expected.text and r.choices[0].finish_reason == "length"
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.total_tokens) == (
+        expected.usage.prompt_tokens, 8, expected.usage.prompt_tokens + 8)
+
+    expected = engine.chat(CHAT, max_tokens=8, ignore_eos=True)
+    r = oai.chat.completions.create(model=model_id, messages=CHAT, max_tokens=8,
+                                    extra_body={"ignore_eos": True})
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content == expected.text
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 8
+
+
+def test_openai_client_streams_both_endpoints_with_usage(engine, oai, model_id):
+    expected = engine.generate(PROMPT, max_tokens=10, ignore_eos=True)
+    chunks = list(oai.completions.create(
+        model=model_id, prompt=PROMPT, max_tokens=10, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+    assert len(chunks) > 3  # token by token, not one lump
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == expected.text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
+
+    expected = engine.chat(CHAT, max_tokens=10, ignore_eos=True)
+    chunks = list(oai.chat.completions.create(
+        model=model_id, messages=CHAT, max_tokens=10, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == expected.text
+    assert chunks[-1].usage.prompt_tokens == expected.usage.prompt_tokens
+    assert chunks[-1].usage.completion_tokens == 10
+
+
+def test_without_include_usage_a_stream_has_no_usage_chunk(oai, model_id):
+    chunks = list(oai.completions.create(model=model_id, prompt=PROMPT, max_tokens=4,
+                                         stream=True, extra_body={"ignore_eos": True}))
+    assert all(c.choices and c.usage is None for c in chunks)
+
+
+def test_logprobs_are_those_of_the_sampled_tokens(engine, oai, model, model_id):
+    expected = engine.generate(PROMPT, max_tokens=6, ignore_eos=True, logprobs=True)
+    r = oai.completions.create(model=model_id, prompt=PROMPT, max_tokens=6, logprobs=0,
+                               extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    pieces = [model.token_to_piece(t).decode("utf-8", "replace") for t in expected.token_ids]
+    assert lp.tokens == pieces and lp.top_logprobs is None
+    assert lp.token_logprobs == pytest.approx(expected.logprobs, abs=1e-5)
+    assert lp.text_offset[0] == 0 and lp.text_offset[-1] == len("".join(pieces[:-1]))
+
+    expected = engine.chat(CHAT, max_tokens=6, ignore_eos=True, logprobs=True)
+    r = oai.chat.completions.create(model=model_id, messages=CHAT, max_tokens=6, logprobs=True,
+                                    extra_body={"ignore_eos": True})
+    content = r.choices[0].logprobs.content
+    assert [c.logprob for c in content] == pytest.approx(expected.logprobs, abs=1e-5)
+    assert [bytes(c.bytes) for c in content] == [model.token_to_piece(t)
+                                                for t in expected.token_ids]
+    with pytest.raises(openai.BadRequestError, match="top_logprobs"):
+        oai.chat.completions.create(model=model_id, messages=CHAT, logprobs=True,
+                                    top_logprobs=3)
+
+
+def test_penalties_and_common_extra_fields_pass_through(engine, http, model_id):
+    opts = {"max_tokens": 12, "ignore_eos": True, "frequency_penalty": 1.5,
+            "presence_penalty": 1.0, "temperature": 0.8, "top_p": 0.9, "seed": 7}
+    expected = engine.generate(PROMPT, **opts)
+    r = http.post("/v1/completions", json={
+        "model": model_id, "prompt": PROMPT, **opts, "user": "someone", "n": 1,
+        "logit_bias": {}, "metadata": {"app": "x"}, "store": False, "best_of": 1})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == expected.text
+
+
+def test_stop_strings_end_the_text(engine, http):
+    full = engine.generate(PROMPT, max_tokens=12, ignore_eos=True).text
+    stop = full[len(full) // 2:][:3]
+    r = http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 12,
+                                           "ignore_eos": True, "stop": [stop]})
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "stop" and choice["text"] == full[:full.index(stop)]
+
+
+# --- curl --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def curl():
+    path = shutil.which("curl")
+    if path is None:
+        pytest.skip("curl is not installed")
+    return path
+
+
+def curl_args(curl, gateway, body: dict) -> list[str]:
+    return [curl, "-N", "-sS", "--max-time", "30", "-H", f"Authorization: Bearer {KEY}",
+            "-H", "Content-Type: application/json", "-d", json.dumps(body),
+            f"{gateway.url}/v1/completions"]
+
+
+def test_curl_streams(engine, gateway, curl):
+    expected = engine.generate(PROMPT, max_tokens=8, ignore_eos=True)
+    out = subprocess.run(curl_args(curl, gateway, {
+        "prompt": PROMPT, "max_tokens": 8, "ignore_eos": True, "stream": True}),
+        capture_output=True, text=True, timeout=60, check=True).stdout
+    events = [line for line in out.split("\n\n") if line]
+    assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == expected.text
+
+
+def test_curl_n_shows_tokens_while_the_request_runs(engine, gateway, curl, monkeypatch):
+    handles = capture_handles(monkeypatch, engine)
+    proc = subprocess.Popen(curl_args(curl, gateway, {
+        "prompt": PROMPT, "max_tokens": ENDLESS, "ignore_eos": True, "stream": True}),
+        stdout=subprocess.PIPE, text=True)
+    try:
+        first = proc.stdout.readline()  # curl's --max-time bounds this read
+        assert first.startswith("data: {")
+        assert not handles[0].done  # the first token arrived long before the last
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    assert handles[0].result(timeout=30).finish_reason == "cancelled"
+
+
+# --- bad requests ------------------------------------------------------------------------------
+
+BAD = [
+    # (body or raw bytes, status, param, code, words in the message)
+    (b'{"prompt": "x",', 400, None, None, "not valid JSON"),
+    (b"\xff\xfe{}", 400, None, None, "not valid JSON"),
+    ([1, 2], 400, None, None, "JSON object"),
+    ({"max_tokens": 4}, 400, "prompt", None, "prompt is required"),
+    ({"prompt": 5}, 400, "prompt", None, "prompt must be"),
+    ({"prompt": ["a", "b"]}, 400, "prompt", None, "one prompt per request"),
+    ({"prompt": "x", "max_tokens": "5"}, 400, "max_tokens", None, "integer"),
+    ({"prompt": "x", "max_tokens": -1}, 400, "max_tokens", None, ">= 1"),
+    ({"prompt": "x", "max_tokens": ENDLESS + 1}, 400, "max_tokens", None, "at most"),
+    ({"prompt": "x", "model": "gpt-4"}, 400, "model", "model_not_found", "unknown model"),
+    ({"prompt": "x", "n": 2}, 400, "n", None, "n must be 1"),
+    ({"prompt": "x", "temperature": -1}, 400, "temperature", None, "temperature"),
+    ({"prompt": "x", "temperature": "hot"}, 400, "temperature", None, "number"),
+    ({"prompt": "x", "top_p": 0}, 400, "top_p", None, "top_p"),
+    ({"prompt": "x", "seed": -3}, 400, "seed", None, "seed"),
+    ({"prompt": "x", "stop": 3}, 400, "stop", None, "stop"),
+    ({"prompt": "x", "stream": "yes"}, 400, "stream", None, "boolean"),
+    ({"prompt": "x", "logprobs": True}, 400, "logprobs", None, "integer"),
+    ({"prompt": "x", "logit_bias": {"5": 1}}, 400, "logit_bias", None, "not supported"),
+    ({"prompt": "x", "echo": True}, 400, "echo", None, "not supported"),
+    ({"prompt": "x", "priority": "urgent"}, 400, "priority", None, "interactive"),
+    ({"prompt": "x" * 70000}, 400, "prompt", "context_length_exceeded", "bytes"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "param", "code", "words"), BAD)
+def test_bad_completions_get_openai_errors(http, body, status, param, code, words):
+    if isinstance(body, bytes):
+        r = http.post("/v1/completions", content=body)
+    else:
+        r = http.post("/v1/completions", json=body)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error" and words in error["message"]
+    assert (error["param"], error["code"]) == (param, code)
+    assert_still_serving(http)
+
+
+BAD_CHAT = [
+    ({}, "messages", "messages is required"),
+    ({"messages": "hi"}, "messages", "messages must be a list"),
+    ({"messages": [{"role": "user"}]}, "messages[0].content", "content must be a string"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+     "messages[0].content", "only text"),
+    ({"messages": CHAT, "tools": [{"type": "function"}]}, "tools", "not supported"),
+    ({"messages": CHAT, "response_format": {"type": "json_object"}}, "response_format", "text"),
+    ({"messages": CHAT, "logprobs": 1}, "logprobs", "boolean"),
+    ({"messages": CHAT, "stream_options": {"include_usage": 1}},
+     "stream_options.include_usage", "boolean"),
+]
+
+
+@pytest.mark.parametrize(("body", "param", "words"), BAD_CHAT)
+def test_bad_chats_get_openai_errors(http, body, param, words):
+    r = http.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and words in error["message"]
+    assert_still_serving(http)
+
+
+def test_chat_content_parts_are_joined(engine, http):
+    parts = [{"type": "text", "text": "Say"}, {"type": "text", "text": "something"}]
+    expected = engine.chat([{"role": "user", "content": "Say\nsomething"}], max_tokens=5,
+                           ignore_eos=True)
+    r = http.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": parts, "name": "ann"}], "max_tokens": 5,
+        "ignore_eos": True})
+    assert r.json()["choices"][0]["message"]["content"] == expected.text
+
+
+def test_huge_bodies_are_refused_before_they_are_read(gateway, http):
+    limit = 2 * (1 << 16) + (64 << 10)
+    r = http.post("/v1/completions", content=b" " * (limit + 1))
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+
+    def chunked():  # no Content-Length: the limit still holds while reading
+        for _ in range(64):
+            yield b" " * (64 << 10)
+
+    r = http.post("/v1/completions", content=chunked())
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+    assert_still_serving(http)
+
+
+@pytest.mark.parametrize("headers", [
+    {}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {KEY}"},
+    {"Authorization": f"Bearer {KEY}x"}, {"Authorization": "Bearer"},
+])
+def test_every_v1_route_needs_the_key(gateway, http, headers):
+    with httpx.Client(base_url=gateway.url, headers=headers, timeout=30) as c:
+        for method, path in [("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
+                             ("GET", "/v1/models"), ("GET", "/v1/nothing-here")]:
+            r = c.request(method, path, json={"prompt": "x"})
+            assert r.status_code == 401, (path, r.text)
+            assert r.json()["error"]["code"] == "invalid_api_key"
+            assert r.headers["www-authenticate"] == "Bearer"
+        assert c.get("/health").status_code == 200  # health and metrics stay open
+    assert_still_serving(http)
+
+
+def test_unknown_routes_and_methods(http):
+    r = http.get("/v1/nothing-here")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+    r = http.get("/v1/completions")
+    assert r.status_code == 405 and "error" in r.json()
+
+
+def assert_still_serving(http):
+    r = http.post("/v1/completions", json={"prompt": "still there?", "max_tokens": 2})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+
+
+# --- capacity and shutdown ---------------------------------------------------------------------
+
+
+def test_a_full_queue_is_429_and_a_closed_engine_503(tiny_path):
+    busy = Engine(tiny_path, n_ctx=65536, n_seq_max=1, max_queue=1, n_threads=THREADS)
+    gw = HttpGateway(busy, ServerConfig(socket="/tmp/unused.sock", http="127.0.0.1:0",
+                                        max_tokens=ENDLESS))
+    gw.start()
+    try:
+        runner = busy.submit("a", max_tokens=ENDLESS, ignore_eos=True)
+        asyncio.run(asyncio.wait_for(runner.__anext__(), 30))  # it holds the only sequence
+        waiting = busy.submit("b", max_tokens=2)  # and this one fills the queue
+        r = httpx.post(f"{gw.url}/v1/completions", json={"prompt": "c"}, timeout=30)
+        assert r.status_code == 429 and r.headers["retry-after"] == "1"
+        assert r.json()["error"]["code"] == "server_busy"
+        runner.cancel()
+        assert waiting.result(timeout=30).finish_reason == "length"
+        busy.close()
+        r = httpx.post(f"{gw.url}/v1/completions", json={"prompt": "c"}, timeout=30)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down"
+    finally:
+        gw.stop()
+        busy.close()
+
+
+def test_stopping_cancels_streams_after_the_grace_period(tiny_path):
+    with Engine(tiny_path, n_ctx=65536, n_seq_max=2, n_threads=THREADS) as eng:
+        gw = HttpGateway(eng, ServerConfig(socket="/tmp/unused.sock", http="127.0.0.1:0",
+                                           max_tokens=ENDLESS, grace_s=0.2))
+        gw.start()
+        body = {"prompt": PROMPT, "max_tokens": ENDLESS, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{gw.url}/v1/completions", json=body, timeout=30) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: {")
+            # Stopped from another thread while this one keeps reading, as a server would be.
+            stopper = threading.Thread(target=gw.stop)
+            stopper.start()
+            rest = [line for line in lines if line]
+        stopper.join(30)
+        assert not stopper.is_alive()
+        assert json.loads(rest[-1].removeprefix("data: "))["error"]["code"] == "shutting_down"
+        assert eng.snapshot()["kv_cells_used"] == 0
+
+
+# --- disconnects -------------------------------------------------------------------------------
+
+
+def test_client_disconnect_mid_stream_frees_kv(engine, http, monkeypatch):
+    handles = capture_handles(monkeypatch, engine)
+    cancelled = engine.snapshot()["requests_cancelled_total"]
+    body = {"prompt": PROMPT, "max_tokens": ENDLESS, "ignore_eos": True, "stream": True}
+    with http.stream("POST", "/v1/completions", json=body) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: {")
+        assert engine.snapshot()["kv_cells_used"] > 0
+    # Leaving the block closed the connection mid-stream.
+    assert handles[0].result(timeout=30).finish_reason == "cancelled"
+    snap = engine.snapshot()
+    assert snap["kv_cells_used"] == 0
+    assert snap["requests_cancelled_total"] == cancelled + 1
+    assert snap["http_client_disconnects_total"] >= 1
+
+
+def test_client_disconnect_while_waiting_for_a_whole_answer(engine, gateway, monkeypatch):
+    handles = capture_handles(monkeypatch, engine)
+    body = {"prompt": PROMPT, "max_tokens": ENDLESS, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{gateway.url}/v1/completions", json=body, timeout=1.0,
+                   headers={"Authorization": f"Bearer {KEY}"})
+    assert handles[0].result(timeout=30).finish_reason == "cancelled"
+    assert engine.snapshot()["kv_cells_used"] == 0
+
+
+# --- models, health, metrics, priority ---------------------------------------------------------
+
+
+def test_models_and_health(http, oai, model_id):
+    assert [m.id for m in oai.models.list().data] == [model_id]
+    assert oai.models.retrieve(model_id).id == model_id
+    assert http.get("/v1/models/other").status_code == 404
+    assert http.get("/health").json() == {"status": "ok", "model": model_id}
+
+
+def test_priority_from_header_or_body(engine, http):
+    def ttft_count(priority):
+        return engine.snapshot()[f"ttft_ms_{priority}"]["count"]
+
+    before = ttft_count("background"), ttft_count("interactive")
+    body = {"prompt": PROMPT, "max_tokens": 2}
+    assert http.post("/v1/completions", json=body,
+                     headers={"X-UMA-Priority": "background"}).status_code == 200
+    assert http.post("/v1/completions", json={**body, "priority": "interactive"},
+                     headers={"X-UMA-Priority": "background"}).status_code == 200
+    assert (ttft_count("background"), ttft_count("interactive")) == (before[0] + 1,
+                                                                     before[1] + 1)
+    r = http.post("/v1/completions", json=body, headers={"X-UMA-Priority": "urgent"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "X-UMA-Priority"
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    return samples
+
+
+def test_metrics_in_prometheus_text(engine, http):
+    http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 4, "ignore_eos": True})
+    r = http.get("/metrics")
+    assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
+    text = r.text
+    assert text.count("# TYPE uma_ttft_ms histogram") == 1
+    assert "# TYPE uma_requests_submitted_total counter" in text
+    assert "# TYPE uma_kv_cells_used gauge" in text
+    s = parse_prometheus(text)
+    snap = engine.snapshot()
+    for klass in ("interactive", "background"):
+        for family in ("ttft_ms", "inter_token_ms"):
+            count = s[f'uma_{family}_count{{class="{klass}"}}']
+            assert count == snap[f"{family}_{klass}"]["count"]
+            assert s[f'uma_{family}_bucket{{class="{klass}",le="+Inf"}}'] == count
+    buckets = [v for k, v in s.items() if k.startswith('uma_ttft_ms_bucket{class="interactive"')]
+    assert buckets == sorted(buckets) and 'uma_ttft_ms_bucket{class="interactive",le="50"}' in s
+    assert s["uma_requests_submitted_total"] == snap["requests_submitted_total"]
+    assert s["uma_http_requests_total"] >= 1
+
+
+# --- beside the socket, in `uma run` -----------------------------------------------------------
+
+
+def test_http_and_socket_clients_share_the_model(tiny_path, model):
+    prompts = ["Hello", "The quick brown fox", "a b c", "def main():"]
+    opts = {"max_tokens": 12, "ignore_eos": True}
+    with testing.run_daemon(tiny_path, "--http", "127.0.0.1:0", "--api-key", KEY,
+                            "--parallel", "8", "--ctx", "65536", "--grace", "0.5",
+                            "--threads", str(THREADS),
+                            "--max-tokens", str(ENDLESS)) as d:
+        url = re.search(r"http://[\d.]+:\d+", "".join(d.stderr)).group(0)
+        with Client(d.socket) as c:
+            alone = {p: c.generate(p, **opts, logprobs=True) for p in prompts}
+        results: dict[tuple[str, int], tuple[list, list]] = {}
+
+        def over_socket(i: int) -> None:
+            with Client(d.socket) as c:
+                r = c.generate(prompts[i], **opts, logprobs=True)
+            results["socket", i] = (
+                [model.token_to_piece(t).decode("utf-8", "replace") for t in r.token_ids],
+                list(r.logprobs))
+
+        def over_http(i: int) -> None:
+            r = httpx.post(f"{url}/v1/completions", timeout=60,
+                           headers={"Authorization": f"Bearer {KEY}"},
+                           json={"prompt": prompts[i], **opts, "logprobs": 0})
+            lp = r.json()["choices"][0]["logprobs"]
+            results["http", i] = (lp["tokens"], lp["token_logprobs"])
+
+        threads = [threading.Thread(target=f, args=(i,))
+                   for i in range(len(prompts)) for f in (over_socket, over_http)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert len(results) == 2 * len(prompts)
+        for (_, i), (pieces, logprobs) in results.items():
+            a = alone[prompts[i]]
+            expected = [model.token_to_piece(t).decode("utf-8", "replace") for t in a.token_ids]
+            assert_same_greedy(expected, pieces, a.logprobs, logprobs)
+        with Client(d.socket) as c:
+            snap = c.metrics()
+        assert snap["http_requests_total"] == len(prompts)
+        assert snap["requests_submitted_total"] == 3 * len(prompts)
+        assert snap["kv_cells_used"] == 0
+
+        # SIGTERM in the middle of an HTTP stream: the daemon drains and exits cleanly.
+        body = {"prompt": PROMPT, "max_tokens": ENDLESS, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=30,
+                          headers={"Authorization": f"Bearer {KEY}"}) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: {")
+            d.proc.send_signal(signal.SIGTERM)
+            rest = [line for line in lines if line]
+        assert "shutting_down" in rest[-1]
+        assert d.terminate(timeout=30) == 0
+        assert "uma: stopped\n" in d.stderr
+
+
+def test_public_bind_needs_a_key_or_allow_public(tmp_path, tiny_path):
+    base = {"model": "m.gguf", "socket": "/tmp/s"}
+    with pytest.raises(InvalidRequestError, match="allow-public"):
+        settings.resolve([{**base, "http": "0.0.0.0:8080"}])
+    assert settings.resolve([{**base, "http": "0.0.0.0:8080", "allow_public": True}])
+    assert settings.resolve([{**base, "http": "[::1]:8080"}]).server.http == "[::1]:8080"
+    key_file = tmp_path / "key"
+    key_file.write_text("from-a-file\n")
+    s = settings.resolve([{**base, "http": "0.0.0.0:8080", "api_key_file": str(key_file)}])
+    assert s.server.api_key == "from-a-file" and "from-a-file" not in repr(s)
+    env = settings.from_environment({"UMA_API_KEY": "12345", "UMA_HTTP": "8080"})
+    s = settings.resolve([base, env])
+    assert (s.server.api_key, s.server.http) == ("12345", "8080")
+    with pytest.raises(InvalidRequestError, match="not both"):
+        settings.resolve([{**base, "api_key": "a", "api_key_file": str(key_file)}])
+    with pytest.raises(InvalidRequestError, match="host:port"):
+        settings.resolve([{**base, "http": "localhost:http"}])
+
+    # The command line says why and exits 1, before loading anything.
+    out = subprocess.run([sys.executable, "-m", "uma", "run", str(tiny_path), "--socket",
+                          testing.short_socket_path(), "--http", "0.0.0.0:0"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "--allow-public" in out.stderr
