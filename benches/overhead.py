@@ -135,12 +135,13 @@ def sse_stream(host: str, port: int, max_tokens: int, extra: dict | None = None)
 
 
 @contextmanager
-def llama_server(tool: Path, model: Path, threads: int, ctx: int) -> Iterator[tuple[int, int]]:
+def llama_server(tool: Path, model: Path, threads: int, ctx: int,
+                 slots: int = 1) -> Iterator[tuple[int, int]]:
     with socket.socket() as s:  # a free port; llama-server cannot report the one it picked
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [str(tool), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
-           "-t", str(threads), "-tb", str(threads), "-c", str(ctx), "-np", "1", "-ngl", "0",
+           "-t", str(threads), "-tb", str(threads), "-c", str(ctx), "-np", str(slots), "-ngl", "0",
            "--no-cache-prompt", "-cram", "0", "--log-disable"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
