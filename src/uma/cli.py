@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -167,6 +168,22 @@ EXIT_SERVER_ERROR = 2
 EXIT_CONNECTION_ERROR = 3
 
 
+@contextlib.contextmanager
+def _client_errors():
+    """Turns a client command's failures into a message and its exit code."""
+    from uma.client import ConnectionLost, ServerError
+    from uma.errors import InvalidRequestError
+
+    try:
+        yield
+    except (ServerError, InvalidRequestError) as exc:
+        typer.echo(f"uma: {exc}", err=True)
+        raise typer.Exit(EXIT_SERVER_ERROR) from exc
+    except ConnectionLost as exc:
+        typer.echo(f"uma: {exc}", err=True)
+        raise typer.Exit(EXIT_CONNECTION_ERROR) from exc
+
+
 @app.command()
 def generate(
     prompt: str = typer.Option(..., "--prompt", "-p", help="the prompt text"),
@@ -181,29 +198,18 @@ def generate(
     socket: str | None = typer.Option(None, help="daemon socket [env UMA_SOCKET]"),
 ) -> None:
     """Generate text with the running daemon, streaming it to stdout."""
-    from uma.client import Client, ConnectionLost, ServerError
-    from uma.errors import InvalidRequestError
+    from uma.client import Client
 
-    try:
-        with Client(socket) as client:
-            stream = client.submit(prompt, max_tokens=max_tokens, temperature=temp,
-                                   top_p=top_p, top_k=top_k, seed=seed, stop=stop or (),
-                                   priority=priority, stream=not no_stream)
-            for event in stream:
-                typer.echo(event.text, nl=False)
-            result = stream.result()
-            if no_stream:
-                typer.echo(result.text, nl=False)
-            typer.echo()
-    except ServerError as exc:
-        typer.echo(f"uma: {exc}", err=True)
-        raise typer.Exit(EXIT_SERVER_ERROR) from exc
-    except InvalidRequestError as exc:
-        typer.echo(f"uma: {exc}", err=True)
-        raise typer.Exit(EXIT_SERVER_ERROR) from exc
-    except ConnectionLost as exc:
-        typer.echo(f"uma: {exc}", err=True)
-        raise typer.Exit(EXIT_CONNECTION_ERROR) from exc
+    with _client_errors(), Client(socket) as client:
+        stream = client.submit(prompt, max_tokens=max_tokens, temperature=temp, top_p=top_p,
+                               top_k=top_k, seed=seed, stop=stop or (), priority=priority,
+                               stream=not no_stream)
+        for event in stream:
+            typer.echo(event.text, nl=False)
+        result = stream.result()
+        if no_stream:
+            typer.echo(result.text, nl=False)
+        typer.echo()
 
 
 @app.command()
@@ -212,17 +218,10 @@ def metrics(
     socket: str | None = typer.Option(None, help="daemon socket [env UMA_SOCKET]"),
 ) -> None:
     """Print the daemon's metrics."""
-    from uma.client import Client, ConnectionLost, ServerError
+    from uma.client import Client
 
-    try:
-        with Client(socket) as client:
-            snap = client.metrics()
-    except ServerError as exc:
-        typer.echo(f"uma: {exc}", err=True)
-        raise typer.Exit(EXIT_SERVER_ERROR) from exc
-    except ConnectionLost as exc:
-        typer.echo(f"uma: {exc}", err=True)
-        raise typer.Exit(EXIT_CONNECTION_ERROR) from exc
+    with _client_errors(), Client(socket) as client:
+        snap = client.metrics()
     if as_json:
         typer.echo(json.dumps(snap, indent=2, default=str))
         return
