@@ -42,8 +42,8 @@ def run(
     flash_attn: str | None = typer.Option(None, help="auto, on or off [auto]"),
     tick_ms: float | None = typer.Option(None, help="baseline policy: tick time budget in ms "
                                                     "[30]"),
-    policy: str | None = typer.Option(None, help="scheduling policy: baseline or slo "
-                                                 "[baseline]"),
+    policy: str | None = typer.Option(None, help="scheduling policy: slo or baseline "
+                                                 "[slo]"),
     latency_cap: float | None = typer.Option(
         None, help="slo: interactive tick time allowed relative to their own [1.2]"),
     tick_budget_ms: float | None = typer.Option(

@@ -123,7 +123,7 @@ class EngineConfig:
     type_k: str = "f16"
     type_v: str = "f16"
     flash_attn: str = "auto"
-    policy: str = "baseline"  # or "slo": latency guard, QoS lanes, ΣBMT guard (docs/SCHEDULING.md)
+    policy: str = "slo"  # latency guard, QoS lanes, ΣBMT guard; or "baseline" (docs/SCHEDULING.md)
     tick_target_ms: float = 30.0  # the baseline policy's tick time budget
     latency_cap: float = 1.20  # slo: interactive tick time allowed relative to their own
     tick_budget_ms: float | None = None  # slo: a fixed tick budget instead of the cap

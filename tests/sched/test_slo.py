@@ -98,6 +98,28 @@ def test_an_overrun_holds_prompts_back_then_lets_them_in_gradually():
     assert 0 < prefill[4] < full and prefill[5] == full
 
 
+def test_prompt_chunks_grow_only_as_fast_as_ticks_prove_them():
+    # The policy believes a prompt token costs 0.02 ms; it really costs 0.5 ms. Trusting the
+    # model, the first idle tick would take all 512 batch slots: a 266 ms tick.
+    believed = dataclasses.replace(COST, per_prefill_ms=0.02)
+    policy = SloPolicy()
+    sessions = [session(5, BG, Phase.PREFILL, prompt=20000)]
+    memory, last_ms, chunks, times = None, 0.0, [], []
+    for t in range(12):
+        plan = policy.schedule_tick(dataclasses.replace(
+            state(sessions, tick=t, memory=memory, last_ms=last_ms), cost=believed))
+        n = plan.n_tokens
+        last_ms = COST.predict(n, 0)
+        memory = plan.memory
+        chunks.append(n)
+        times.append(last_ms)
+        sessions = [dataclasses.replace(sessions[0], n_prefilled=sessions[0].n_prefilled + n,
+                                        n_past=sessions[0].n_past + n)]
+    assert chunks[:4] == [16, 32, 64, 128]  # doubling while the ticks hold their budget
+    assert chunks[4] == 64  # 128 tokens overran the 50 ms idle budget: halved
+    assert max(times) <= 2 * SloPolicy().idle_budget_ms
+
+
 def test_background_decoders_are_capped_and_rotated_fairly():
     back = [session(i, BG, Phase.DECODE) for i in range(10)]
     policy = SloPolicy(initial_s=4, burst=1, climb_window=10**9)
@@ -125,8 +147,13 @@ def test_a_new_interactive_request_starts_at_the_next_tick():
 
 def test_interactive_prompts_progress_even_while_held():
     sessions = [session(0, INT, Phase.DECODE), session(1, INT, Phase.PREFILL, prompt=100)]
-    plan = SloPolicy().schedule_tick(state(sessions, memory=SloMemory(s=8, hold=5, ramp=0.0)))
-    assert any(i.seq_id == 1 and i.n_tokens == 16 for i in plan.items)
+    policy = SloPolicy()
+    plan = policy.schedule_tick(state(sessions, memory=SloMemory(s=8, hold=5, ramp=0.0)))
+    # the newcomer may stretch the decoder's tick to pause_factor × its solo time
+    solo = COST.predict(0, 1)
+    expected = int((policy.pause_factor * solo - solo) / COST.per_prefill_ms)
+    assert [(i.seq_id, i.n_tokens) for i in plan.items if i.phase is Phase.PREFILL] == \
+        [(1, expected)]
 
 
 def test_the_bandwidth_guard_trims_prompt_chunks():
@@ -134,9 +161,10 @@ def test_the_bandwidth_guard_trims_prompt_chunks():
                    kv_bytes_per_pos=0, act_bytes_per_token=1e6)
     sessions = [session(0, INT, Phase.DECODE), session(5, BG, Phase.PREFILL, prompt=5000)]
     policy = SloPolicy(tick_budget_ms=40.0)  # time alone allows (40 - 11) / 0.5 = 58 tokens
-    loose = policy.schedule_tick(state(sessions))
+    proven = SloMemory(chunk_cap=512)  # past the slow start
+    loose = policy.schedule_tick(state(sessions, memory=proven))
     # 40 ms × 3 GB/s = 120 MB: the weights and 20 tokens' activations
-    tight = policy.schedule_tick(state(sessions, bmt=bmt, gbps=3.0))
+    tight = policy.schedule_tick(state(sessions, memory=proven, bmt=bmt, gbps=3.0))
     n = [sum(i.n_tokens for i in p.items if i.phase is Phase.PREFILL) for p in (loose, tight)]
     assert n == [58, 19]
 

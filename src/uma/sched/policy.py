@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from uma.errors import InvalidRequestError
+from uma.sched.cost import attended
 from uma.sched.state import BatchItem, Phase, Plan, Priority, SchedulerState, SessionView
 
 
@@ -36,6 +37,11 @@ def rotated(sessions: list[SessionView], tick: int) -> list[SessionView]:
 def prefill_order(sessions: list[SessionView]) -> list[SessionView]:
     """TTFT first: interactive before background, then by arrival."""
     return sorted(sessions, key=lambda s: (s.priority is not Priority.INTERACTIVE, s.rid))
+
+
+def decode_kv(sessions: list[SessionView]) -> int:
+    """The cost model's attention feature for one decode token of each session."""
+    return sum(attended(s.n_past, 1) for s in sessions)
 
 
 def chunk_prefills(sessions: list[SessionView], budget: int) -> list[BatchItem]:
@@ -72,13 +78,14 @@ class BaselinePolicy:
         prefills = [s for s in state.sessions if s.phase is Phase.PREFILL]
         served = rotated(decoders, state.tick)[: state.n_batch]
         items = [BatchItem(s.seq_id, Phase.DECODE, 1, logits=True) for s in served]
-        kv = sum(s.n_past for s in served)
         room = state.n_batch - len(items)
         budget = 0
         if prefills and room > 0:
-            budget = state.cost.max_prefill(self.tick_target_ms, len(items), kv)
+            prefills = prefill_order(prefills)
+            budget = state.cost.max_prefill(self.tick_target_ms, len(items), decode_kv(served),
+                                            depth=prefills[0].n_past)
             budget = min(room, max(budget, self.min_prefill))
-            items += chunk_prefills(prefill_order(prefills), budget)
+            items += chunk_prefills(prefills, budget)
         return Plan(items=tuple(items), token_budget=len(served) + budget)
 
 

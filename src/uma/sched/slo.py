@@ -10,10 +10,14 @@ One tick's plan is built in stages, each a pure function of the snapshot:
    is predicted to take (or an explicit tick_budget_ms). Background decoders that would break
    it are parked; prompt tokens get what the cost model predicts still fits. After a tick
    overruns its budget, prompts are held back for hold_ticks ticks, then let in gradually.
+   The prompt allowance also grows no faster than it has been proven: it may at most double
+   the largest chunk that last ran within budget (slow start). A cost model fitted over ticks
+   that all looked alike cannot tell a prompt token's cost from the fixed cost, and its first
+   extrapolation to a large chunk was once off by 20x (a 700 ms tick predicted at 36 ms).
 3. ΣBMT guard: if the tick would move more bytes than bandwidth × budget, prompt chunks shrink
    first, then background decoders are parked.
 4. No starvation: background work that made no progress for max_starve_ticks ticks gets one
-   decoder served or one minimum prompt chunk, whatever the guards say.
+   decoder served, or the prompt chunk that fits rescue_slack × budget (at least one token).
 
 Whatever the policy must remember (the hold, the ramp, S and k, the hill-climb) travels in
 SloMemory: the executor hands back the plan's memory in the next snapshot.
@@ -22,19 +26,24 @@ SloMemory: the executor hands back the plan's memory in the next snapshot.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
-from uma.sched.policy import chunk_prefills, prefill_order, rotated
+from uma.sched.cost import CostEstimate
+from uma.sched.policy import decode_kv, prefill_order, rotated
 from uma.sched.state import BatchItem, Phase, Plan, Priority, SchedulerState, SessionView
 
 
 @dataclass(frozen=True, slots=True)
 class SloMemory:
-    budget_ms: float = 0.0  # the budget the last plan was made for
+    budget_ms: float = 0.0  # the time the last plan was allowed (its budget, plus credit spent)
+    credit_ms: float = 0.0  # prompt time saved from earlier ticks' unused budget
     hold: int = 0  # ticks prompts are still held back after an overrun
     ramp: float = 1.0  # share of the prompt allowance let in again after a hold (0..1)
     s: int = 0  # background decoders served per tick (0: not yet set)
     starve: int = 0  # ticks since background work last progressed
+    chunk_cap: int = 0  # slow start: the most prompt tokens the next tick may take (0: unset)
+    last_prefill: int = 0  # prompt tokens the last plan took
     overruns: int = 0  # ticks that took longer than their budget, in all
     # throughput hill-climb over windows of ticks
     direction: int = 1
@@ -50,6 +59,8 @@ class SloPolicy:
     latency_cap: float = 1.20  # interactive tick time allowed, relative to their own decode time
     tick_budget_ms: float | None = None  # an explicit budget instead of the cap
     idle_budget_ms: float = 50.0  # budget when no interactive stream decodes (bounds TTFT)
+    credit_factor: float = 1.3  # a tick spending saved prompt time may reach this × budget
+    pause_factor: float = 1.8  # an interactive prompt may stretch a tick to this × solo time
     hold_ticks: int = 4  # H: ticks without prompt tokens after an overrun
     ramp_steps: int = 4  # ticks to let the prompt allowance back in after a hold
     overrun_slack: float = 1.10  # a tick is over budget when it took this much more,
@@ -59,7 +70,8 @@ class SloPolicy:
     moe_initial_s: int = 2
     burst: int = 2  # k when no interactive stream decodes
     max_starve_ticks: int = 8
-    min_prefill: int = 16
+    rescue_slack: float = 1.5  # a starvation rescue may stretch a tick this far over budget
+    min_prefill: int = 16  # interactive prompts' floor, and the slow start's first chunk
     climb_window: int = 16  # ticks per hill-climb step of S
     name: str = "slo"
 
@@ -69,13 +81,14 @@ class SloPolicy:
 
     def schedule_tick(self, state: SchedulerState) -> Plan:
         mem = self._remember(state)
+        sessions_by_seq = {s.seq_id: s for s in state.sessions}
         inter = [s for s in state.sessions if s.priority is Priority.INTERACTIVE]
         back = [s for s in state.sessions if s.priority is Priority.BACKGROUND]
         inter_dec = [s for s in inter if s.phase is Phase.DECODE]
         back_dec = [s for s in back if s.phase is Phase.DECODE]
         cost = state.cost
 
-        solo_ms = cost.predict(0, len(inter_dec), _kv(inter_dec))
+        solo_ms = cost.predict(0, len(inter_dec), decode_kv(inter_dec))
         if self.tick_budget_ms is not None:
             budget = max(self.tick_budget_ms, solo_ms)
         elif inter_dec:
@@ -89,7 +102,8 @@ class SloPolicy:
         candidates = rotated(back_dec, state.tick // k)[: max(mem.s, 0)]
         for s in candidates:
             trial = served + [s]
-            if cost.predict(0, len(trial), _kv(trial)) > budget and not self._starving(mem):
+            if cost.predict(0, len(trial), decode_kv(trial)) > budget \
+                    and not self._starving(mem):
                 break
             served.append(s)
         served = served[: state.n_batch]
@@ -99,50 +113,94 @@ class SloPolicy:
 
         # 2-3. prompt tokens within what is left of the budget, bandwidth and batch
         room = state.n_batch - len(served)
-        allowance = cost.max_prefill(budget, len(served), _kv(served))
+        kv = decode_kv(served)
+        decode_ms = cost.predict(0, len(served), kv)
+        spare_ms = max(0.0, budget - decode_ms)
         if inter_dec:  # the hold protects interactive streams; with none decoding, no need
-            allowance = int(allowance * (0.0 if mem.hold else mem.ramp))
-        allowance = min(room, self._bmt_room(state, budget, served, allowance))
-        items = [BatchItem(s.seq_id, Phase.DECODE, 1, logits=True) for s in served]
-        prefill = self._prefill([s for s in inter if s.phase is Phase.PREFILL],
-                                [s for s in back if s.phase is Phase.PREFILL],
-                                allowance, room, mem)
-        items += prefill
+            spare_ms = 0.0 if mem.hold else min(spare_ms * mem.ramp + mem.credit_ms,
+                                                self.credit_factor * budget - decode_ms)
+        cap = min(room, mem.chunk_cap, self._bmt_room(state, budget, served, room))
+        rescue_ms = None  # not starving
+        if self._starving(mem):
+            rescue_ms = budget * self.rescue_slack - cost.predict(0, len(served), kv)
+        waiting = prefill_order([s for s in state.sessions if s.phase is Phase.PREFILL])
+        # A new interactive prompt is someone waiting for a first token: it may stretch the
+        # decoders' tick to pause_factor × their solo time, whatever the hold says; with no
+        # decoder to protect, it goes in whole (chunking it would only delay its first token).
+        if inter_dec:
+            floor_ms = max(budget, self.pause_factor * solo_ms) - decode_ms
+        else:
+            floor_ms = spare_ms if served else math.inf
+        prefill = self._prefill(waiting, cost, spare_ms, floor_ms, cap, room, rescue_ms)
+        items = [BatchItem(s.seq_id, Phase.DECODE, 1, logits=True) for s in served] + prefill
+        prefill_ms = sum(cost.prefill_ms(i.n_tokens, sessions_by_seq[i.seq_id].n_past)
+                         for i in prefill) if prefill else 0.0
 
+        # Unused prompt time carries over while a background prompt waits: one token deep into
+        # a long prompt can cost more than a tick's whole spare (2.75 ms against 1.8 ms on CPU).
+        credit = spare_ms - prefill_ms if inter_dec and any(
+            s.priority is Priority.BACKGROUND for s in waiting) else 0.0
         served_back = sum(1 for s in served if s.priority is Priority.BACKGROUND)
         back_progress = served_back or any(
             i.seq_id in {s.seq_id for s in back} for i in prefill)
-        mem = dataclasses.replace(
-            mem, budget_ms=budget, starve=0 if back_progress or not back else mem.starve + 1)
         n_prefill = sum(i.n_tokens for i in prefill)
-        kv = _kv(served)
+        mem = dataclasses.replace(
+            mem, budget_ms=max(budget, decode_ms + prefill_ms), credit_ms=max(0.0, credit),
+            starve=0 if back_progress or not back else mem.starve + 1, last_prefill=n_prefill)
         notes = {
-            "budget_ms": budget, "predicted_ms": cost.predict(n_prefill, len(served), kv),
+            "budget_ms": budget, "credit_ms": credit,
+            "predicted_ms": decode_ms + prefill_ms,
             "served_decoders": len(served), "parked": len(inter_dec) + len(back_dec)
             - len(served), "guard_active": bool(mem.hold or mem.ramp < 1.0), "s": mem.s,
-            "k": k, "bmt_bytes": state.bmt.tick_bytes(len(served) + n_prefill, kv)
+            "k": k, "chunk_cap": mem.chunk_cap,
+            "bmt_bytes": state.bmt.tick_bytes(len(served) + n_prefill, _cache_read(served))
             if state.bmt else 0.0, "overruns": mem.overruns,
         }
-        return Plan(items=tuple(items), token_budget=len(served) + allowance, notes=notes,
+        return Plan(items=tuple(items), token_budget=len(served) + cap, notes=notes,
                     memory=mem)
 
     # --- stages ------------------------------------------------------------------------------
 
-    def _prefill(self, inter: list[SessionView], back: list[SessionView], allowance: int,
-                 room: int, mem: SloMemory) -> list[BatchItem]:
-        """Interactive prompts first, background ones with what they leave, within at least
-        interactive_reserve of the allowance kept for interactive work when both wait.
-        Interactive prompts always get min_prefill tokens: someone is waiting for their first
-        token, and a guard that held them back for good would never let them start."""
-        inter_budget = max(allowance, min(self.min_prefill, room)) if inter else 0
-        items = chunk_prefills(prefill_order(inter), inter_budget)
-        used = sum(i.n_tokens for i in items)
-        back_budget = max(0, allowance - used)
+    def _prefill(self, waiting: list[SessionView], cost: CostEstimate, spare_ms: float,
+                 floor_ms: float, cap: int, room: int,
+                 rescue_ms: float | None) -> list[BatchItem]:
+        """Prompt chunks that spend spare_ms, each priced at its own depth (the last chunks of a
+        long prompt cost several times its first): interactive prompts first, then background
+        ones with what they leave, never more than 1 - interactive_reserve of spare_ms while an
+        interactive prompt also waits. Interactive prompts always get what fits floor_ms, at
+        least one token: a guard that held them back for good would never let them start, and
+        the slow start's cap does not apply to them. A starving background prompt (rescue_ms
+        given) gets what fits what is left of rescue_ms, and at least one token, when the
+        guards left it none. Background chunks take at most `cap` tokens (the slow start and
+        the bandwidth guard), and everything stays within `room`."""
+        items: list[BatchItem] = []
+        used, total_ms = 0, spare_ms
+        inter = [s for s in waiting if s.priority is Priority.INTERACTIVE]
+        back = [s for s in waiting if s.priority is Priority.BACKGROUND]
+        for s in inter:
+            n = min(s.prefill_left, room - used,
+                    max(cost.chunk_tokens(max(spare_ms, floor_ms), s.n_past), 0 if items else 1))
+            if n <= 0:
+                break
+            items.append(BatchItem(s.seq_id, Phase.PREFILL, n, logits=n == s.prefill_left))
+            used += n
+            ms = cost.prefill_ms(n, s.n_past)
+            spare_ms, floor_ms = spare_ms - ms, floor_ms - ms
+            if rescue_ms is not None:
+                rescue_ms -= ms
         if inter and back:
-            back_budget = min(back_budget, int(allowance * (1 - self.interactive_reserve)))
-        if back and back_budget <= 0 and self._starving(mem):
-            back_budget = min(self.min_prefill, room - used)
-        items += chunk_prefills(prefill_order(back), back_budget)
+            spare_ms = min(spare_ms, (1 - self.interactive_reserve) * total_ms)
+        start = len(items)
+        for s in back:
+            n = min(s.prefill_left, cap - used, cost.chunk_tokens(spare_ms, s.n_past))
+            if n <= 0 and len(items) == start and rescue_ms is not None:
+                n = min(s.prefill_left, room - used,
+                        max(1, cost.chunk_tokens(rescue_ms, s.n_past)))
+            if n <= 0:
+                break
+            items.append(BatchItem(s.seq_id, Phase.PREFILL, n, logits=n == s.prefill_left))
+            used += n
+            spare_ms -= cost.prefill_ms(n, s.n_past)
         return items
 
     def _bmt_room(self, state: SchedulerState, budget_ms: float, served: list[SessionView],
@@ -151,7 +209,7 @@ class SloPolicy:
         if not state.bmt or state.bmt_budget_gbps <= 0 or allowance <= 0:
             return allowance
         limit = state.bmt_budget_gbps * 1e6 * budget_ms  # GB/s × ms = 1e6 bytes
-        kv = _kv(served)
+        kv = _cache_read(served)
         lo, hi = 0, allowance
         while lo < hi:  # the largest allowance whose bytes fit
             mid = (lo + hi + 1) // 2
@@ -165,22 +223,33 @@ class SloPolicy:
         return mem.starve >= self.max_starve_ticks
 
     def _remember(self, state: SchedulerState) -> SloMemory:
-        """Updates the memory with what the previous tick measured: overrun → hold, the ramp,
-        and the hill-climb of S."""
+        """Updates the memory with what the previous tick measured: overrun → hold and a
+        halved chunk cap; within budget → the ramp, and a doubled cap if it was used; then the
+        hill-climb of S."""
         mem = state.memory if isinstance(state.memory, SloMemory) else SloMemory()
         if mem.s == 0:
             moe = state.bmt is not None and state.bmt.n_expert > 0
             mem = dataclasses.replace(mem, s=self.moe_initial_s if moe else self.initial_s)
+        if mem.chunk_cap == 0:
+            mem = dataclasses.replace(mem, chunk_cap=self.min_prefill)
         if state.last_tick_ms <= 0 or mem.budget_ms <= 0:
             return mem
         over = state.last_tick_ms > mem.budget_ms * self.overrun_slack + self.overrun_slack_ms
         if over:
-            mem = dataclasses.replace(mem, hold=self.hold_ticks, ramp=0.0,
-                                      overruns=mem.overruns + 1)
-        elif mem.hold:
-            mem = dataclasses.replace(mem, hold=mem.hold - 1)
-        elif mem.ramp < 1.0:
-            mem = dataclasses.replace(mem, ramp=min(1.0, mem.ramp + 1.0 / self.ramp_steps))
+            # Twice what was allowed is no longer noise: the cost model is wrong about this
+            # kind of chunk (a prompt's deep end), so the slow start begins again.
+            far = state.last_tick_ms > 2 * mem.budget_ms
+            cap = self.min_prefill if far else max(self.min_prefill, mem.chunk_cap // 2)
+            mem = dataclasses.replace(mem, hold=self.hold_ticks, ramp=0.0, credit_ms=0.0,
+                                      overruns=mem.overruns + 1, chunk_cap=cap)
+        else:
+            if mem.last_prefill * 2 >= mem.chunk_cap:  # the cap was used, and the tick held
+                mem = dataclasses.replace(
+                    mem, chunk_cap=min(2 * mem.chunk_cap, max(state.n_batch, self.min_prefill)))
+            if mem.hold:
+                mem = dataclasses.replace(mem, hold=mem.hold - 1)
+            elif mem.ramp < 1.0:
+                mem = dataclasses.replace(mem, ramp=min(1.0, mem.ramp + 1.0 / self.ramp_steps))
         return self._climb(mem, state, over)
 
     def _climb(self, mem: SloMemory, state: SchedulerState, over: bool) -> SloMemory:
@@ -203,5 +272,6 @@ class SloPolicy:
                                    window_overrun=False)
 
 
-def _kv(sessions: list[SessionView]) -> int:
+def _cache_read(sessions: list[SessionView]) -> int:
+    """KV positions a tick reads for these decoders: each reads its whole cache once."""
     return sum(s.n_past for s in sessions)

@@ -17,6 +17,7 @@ import os
 import selectors
 import socket
 import stat
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -131,6 +132,10 @@ class Daemon:
     def serve_forever(self) -> None:
         if self._listener is None:
             self.bind()
+        # The compute thread needs the GIL back after every decode; with the poll loop, the
+        # output thread and the HTTP gateway runnable, Python's default 5 ms switch interval
+        # added up to that much to a decode tick of a few milliseconds.
+        sys.setswitchinterval(0.001)
         deadline = None
         try:
             while True:

@@ -1,0 +1,58 @@
+"""The online tick cost model: what it learns and how the policies ask it for prompt room."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from uma.sched.cost import CostEstimate, CostModel, attended
+
+TRUE = CostEstimate(fixed_ms=3.0, per_prefill_ms=0.6, per_decode_ms=1.2, per_kv_kpos_ms=0.05)
+
+
+def test_attended_counts_the_cache_and_the_causal_chunk():
+    assert attended(0, 1) == 1
+    assert attended(100, 1) == 101  # a decode token sees the cache and itself
+    assert attended(0, 4) == 1 + 2 + 3 + 4
+    assert attended(10, 3) == 11 + 12 + 13
+
+
+def test_the_model_learns_a_known_cost_with_attention_from_varied_ticks():
+    rng = np.random.default_rng(0)
+    model = CostModel()
+    for _ in range(400):
+        decode, prefill, depth = rng.integers(0, 9), rng.integers(0, 300), rng.integers(0, 4000)
+        kv = decode * 1500 + attended(int(depth), int(prefill))
+        model.observe(int(prefill), int(decode), kv,
+                      TRUE.predict(int(prefill), int(decode), kv) + rng.normal(0, 0.05))
+    est = model.estimate
+    assert abs(est.per_prefill_ms - TRUE.per_prefill_ms) < 0.02
+    assert abs(est.per_decode_ms - TRUE.per_decode_ms) < 0.1
+    assert abs(est.per_kv_kpos_ms - TRUE.per_kv_kpos_ms) < 0.005
+    assert model.error_ewma_ms < 0.2
+    assert est.samples == 400
+
+
+def test_less_of_a_prompt_fits_a_tick_deep_into_it():
+    assert TRUE.max_prefill(50.0, 2, 3000, depth=3000) < TRUE.max_prefill(50.0, 2, 3000, 0)
+    flat = CostEstimate(fixed_ms=3.0, per_prefill_ms=0.6, per_decode_ms=1.2)
+    assert flat.max_prefill(50.0, 2, 0, depth=3000) == flat.max_prefill(50.0, 2, 0, 0) == 74
+
+
+@given(budget=st.floats(0, 500), decode=st.integers(0, 32), depth=st.integers(0, 30000),
+       per_kv=st.floats(0, 1))
+def test_max_prefill_is_the_largest_chunk_within_budget(budget, decode, depth, per_kv):
+    est = CostEstimate(fixed_ms=2.0, per_prefill_ms=0.3, per_decode_ms=1.0,
+                       per_kv_kpos_ms=per_kv)
+    kv = decode * 500
+    c = est.max_prefill(budget, decode, kv, depth)
+
+    def cost(n):
+        return est.predict(n, decode, kv + attended(depth, n))
+
+    if c == 0:
+        assert cost(1) > budget - 1e-6 or est.predict(0, decode, kv) >= budget
+    else:
+        assert cost(c) <= budget + 1e-6
+        assert cost(c + 1) > budget - 1e-6
