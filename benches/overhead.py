@@ -19,32 +19,26 @@ the socket side by uma.Client (one msgpack frame per event).
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import platform
-import re
 import resource
-import socket
 import statistics
-import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from llama_tools import ensure_tools  # noqa: E402
-from uma import synth, testing  # noqa: E402
-from uma.client import Client  # noqa: E402
+from servers import llama_server, process_cpu_s, uma_server  # noqa: E402
+from streams import Stream, socket_completion, sse_completion  # noqa: E402
+from uma import synth  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = ("The quick brown fox jumps over the lazy dog while the slow grey cat watches from the "
           "warm windowsill and the morning light moves across the kitchen floor. ") * 4
-_TICK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -62,105 +56,20 @@ class Run:
         return 1e3 * (self.server_cpu_s + self.client_cpu_s) / self.tokens
 
 
-def process_cpu_s(pid: int) -> float:
-    """User + system time of every thread of a process, from /proc/<pid>/stat."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime (fields 14 and 15)
-
-
 def own_cpu_s() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
 
 
-Stream = Callable[[], tuple[float, list[float], int, int]]
-
-
-def measured(side: str, pid: int, stream: Stream) -> Run:
-    """Runs one stream. stream() returns (when the request was sent, when each event with
-    tokens arrived, tokens generated, prompt tokens), the counts as the server reports them."""
+def measured(side: str, pid: int, stream: Callable[[], Stream]) -> Run:
+    """Runs one stream (benches/streams.py), with the server's and this client's CPU time."""
     server0, client0 = process_cpu_s(pid), own_cpu_s()
-    t0, times, n, n_prompt = stream()
+    s = stream()
     client1, server1 = own_cpu_s(), process_cpu_s(pid)
-    gen_s = times[-1] - times[0]
-    return Run(side, 1e3 * (times[0] - t0), (n - 1) / gen_s if gen_s > 0 else float("nan"), n,
-               n_prompt, server1 - server0, client1 - client0)
-
-
-def socket_stream(path: str, max_tokens: int) -> Stream:
-    def stream():
-        with Client(path) as client:
-            times = []
-            t0 = time.perf_counter()
-            events = client.submit(PROMPT, max_tokens=max_tokens, ignore_eos=True)
-            for event in events:
-                if event.token_ids:
-                    times.append(time.perf_counter())
-            usage = events.result().usage
-        return t0, times, usage.completion_tokens, usage.prompt_tokens
-    return stream
-
-
-def sse_stream(host: str, port: int, max_tokens: int, extra: dict | None = None) -> Stream:
-    body = json.dumps({"prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0,
-                       "ignore_eos": True, "stream": True,
-                       "stream_options": {"include_usage": True}, **(extra or {})})
-
-    def stream():
-        conn = http.client.HTTPConnection(host, port, timeout=600)
-        conn.connect()
-        times = []
-        usage = {}
-        t0 = time.perf_counter()
-        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        if resp.status != 200:
-            raise RuntimeError(f"{host}:{port} answered {resp.status}: {resp.read()[:500]!r}")
-        for line in iter(resp.readline, b""):
-            if not line.startswith(b"data: "):
-                continue
-            payload = line[6:].strip()
-            if payload == b"[DONE]":
-                break
-            chunk = json.loads(payload)
-            if chunk.get("choices") and chunk["choices"][0].get("text"):
-                times.append(time.perf_counter())
-            usage = chunk.get("usage") or usage
-        conn.close()
-        if not usage:
-            raise RuntimeError(f"{host}:{port} sent no usage (stream_options.include_usage)")
-        return t0, times, usage["completion_tokens"], usage["prompt_tokens"]
-    return stream
-
-
-@contextmanager
-def llama_server(tool: Path, model: Path, threads: int, ctx: int,
-                 slots: int = 1) -> Iterator[tuple[int, int]]:
-    with socket.socket() as s:  # a free port; llama-server cannot report the one it picked
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [str(tool), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
-           "-t", str(threads), "-tb", str(threads), "-c", str(ctx), "-np", str(slots), "-ngl", "0",
-           "--no-cache-prompt", "-cram", "0", "--log-disable"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 120
-        while True:  # no ready line to wait for: poll /health, bounded
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-                conn.request("GET", "/health")
-                if conn.getresponse().status == 200:
-                    break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"llama-server did not start: {' '.join(cmd)}")
-            time.sleep(0.2)
-        yield proc.pid, port
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    gen_s = s.times[-1] - s.times[0]
+    n = s.completion_tokens
+    return Run(side, 1e3 * s.ttft_s, (n - 1) / gen_s if gen_s > 0 else float("nan"), n,
+               s.prompt_tokens, server1 - server0, client1 - client0)
 
 
 def median_row(runs: list[Run]) -> dict:
@@ -183,22 +92,26 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--repeat", type=int, default=5, help="measured runs per side")
     ap.add_argument("--ctx", type=int, default=2048)
+    ap.add_argument("--backend", default="cpu", help="which llama-server build to compare")
+    ap.add_argument("--gpu-layers", type=int, default=0)
     ap.add_argument("--out", type=Path, default=ROOT / "benches" / "results" / "overhead.json")
     ns = ap.parse_args()
 
-    tools = ensure_tools("cpu")
+    tools = ensure_tools(ns.backend)
     model = Path(ns.model) if Path(ns.model).exists() else synth.cached_model(ns.model)
     load_before = os.getloadavg()
-    uma_args = ("--http", "127.0.0.1:0", "--threads", str(ns.threads), "--parallel", "1",
-                "--ctx", str(ns.ctx), "--max-tokens", str(ns.max_tokens))
-    with testing.run_daemon(model, *uma_args, env={"UMA_THREADS_BATCH": str(ns.threads)}) as d, \
-            llama_server(tools["llama-server"], model, ns.threads, ns.ctx) as (peer_pid, port):
-        http_port = int(re.search(r"http://127\.0\.0\.1:(\d+)", "".join(d.stderr)).group(1))
+    common = {"threads": ns.threads, "ctx": ns.ctx, "parallel": 1, "gpu_layers": ns.gpu_layers}
+    with uma_server(model, args=("--max-tokens", str(ns.max_tokens)), **common) as d, \
+            llama_server(tools["llama-server"], model, **common) as peer:
+        http_port, port, peer_pid = d.port, peer.port, peer.pid
+        body = {"prompt": PROMPT, "max_tokens": ns.max_tokens, "temperature": 0,
+                "ignore_eos": True}
         sides = {
-            "uma socket": (d.pid, socket_stream(d.socket, ns.max_tokens)),
-            "uma http/sse": (d.pid, sse_stream("127.0.0.1", http_port, ns.max_tokens)),
-            "llama-server http/sse": (peer_pid, sse_stream(
-                "127.0.0.1", port, ns.max_tokens, extra={"cache_prompt": False})),
+            "uma socket": (d.pid, lambda: socket_completion(
+                d.socket, PROMPT, max_tokens=ns.max_tokens, ignore_eos=True)),
+            "uma http/sse": (d.pid, lambda: sse_completion(http_port, body)),
+            "llama-server http/sse": (peer_pid, lambda: sse_completion(
+                port, {**body, **peer.extra})),
         }
         for pid, stream in sides.values():  # warm-up, not recorded
             measured("warm-up", pid, stream)

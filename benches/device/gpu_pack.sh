@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The GPU figures in one call: CUDA build of uma._core and llama.cpp's tools from the same
+# tree, then the mixed-load (1), decode-scaling (2) and overhead (4) scenarios with a ~1B and a
+# ~8B llama-shaped synthetic model, UMA Serve and llama-server side by side.
+#
+#   run: bash benches/device/gpu_pack.sh       (on an NVIDIA machine without network access)
+#
+# Carried into the checkout beforehand (git-ignored):
+#   .device/llama-src.tar.xz, .device/llama-scripts.tar.gz   the pinned llama.cpp source
+#   .whl/*.whl   wheels the machine lacks (gguf, starlette, uvicorn)
+# Results: $OUT (default ./out-gpu), one JSON/CSV per scenario and model, plus logs.
+set -uo pipefail
+OUT=${OUT:-out-gpu}
+mkdir -p "$OUT"
+MODELS=${MODELS:-1b 8b}
+
+if [ ! -f third_party/llama.cpp/CMakeLists.txt ]; then
+  mkdir -p third_party/llama.cpp && tar -xJf .device/llama-src.tar.xz -C third_party/llama.cpp
+  tar -xzf .device/llama-scripts.tar.gz -C third_party/llama.cpp
+fi
+python3 -m pip install -q --no-index --no-deps .whl/*.whl
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt"
+
+start=$(date +%s)  # a no-op when a warm machine still has the build
+cmake -S . -B build/llama-tools-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DUMA_BACKEND=cuda \
+  -DUMA_LLAMA_TOOLS=ON -DPython_EXECUTABLE="$(command -v python3)" > "$OUT/build.log" 2>&1
+cmake --build build/llama-tools-cuda --target _core llama-batched-bench llama-server llama-bench \
+  -j "$(nproc)" >> "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+echo "build_seconds $(( $(date +%s) - start ))" | tee -a "$OUT/build.log"
+cp build/llama-tools-cuda/_core*.so src/uma/
+export PYTHONPATH=$PWD/src
+GPU="--backend cuda --gpu-layers 99 --threads 8"
+
+for m in $MODELS; do
+  # 1. mixed load: 8 interactive streams, 2 background prompts of 6000 tokens
+  timeout 240 python3 benches/mixed_load.py --model "$m" $GPU --streams 8 --background 2 \
+    --storm-tokens 6000 --sides "uma slo,uma baseline,llama-server" \
+    --out "$PWD/$OUT/mixed_load_h100_$m" 2>&1 | grep -v "^ggml_cuda_init\|^  Device" \
+    | tee -a "$OUT/log.txt"
+  # 2. decode scaling, 1..32 streams, with the bandwidth roofline (CuPy measures the GPU's)
+  timeout 200 python3 benches/decode_scaling.py --model "$m" $GPU \
+    --out "$PWD/$OUT/decode_scaling_h100_$m" 2>&1 | grep -v "^ggml_cuda_init\|^  Device" \
+    | tee -a "$OUT/log.txt"
+  # 4. overhead of one stream
+  timeout 150 python3 benches/overhead.py --model "$m" $GPU --repeat 5 \
+    --out "$PWD/$OUT/overhead_h100_$m.json" 2>&1 | grep -v "^ggml_cuda_init\|^  Device" \
+    | tee -a "$OUT/log.txt"
+done
+ls -la "$OUT"

@@ -1,0 +1,299 @@
+"""Scenario 1 (and 6 with --model moe-small): mixed load, UMA Serve vs llama-server.
+
+K interactive streams send 128-token requests back to back (an editor assistant, a terminal),
+starting --stagger-s apart (in lockstep, every stream's prompt would be computed in the same
+tick and none would ever wait on another's);
+1 s in, N background requests with ~3000-token prompts arrive (an agent summarising a file).
+Each side is measured twice: the interactive streams alone, then with the storm, which lasts
+until every background request has finished. Optionally (--agent) a third phase: an agent
+chain of short sequential requests while background streams decode.
+
+Both servers run the same model file from the same ggml build (benches/llama_tools.py) with the
+same threads, slots and context, driven by the same HTTP/SSE client (benches/streams.py)
+through their OpenAI-compatible /v1/completions; UMA requests carry `priority`, which
+llama-server ignores (it has no classes). Reported per side and phase: interactive inter-token
+p50/p95/p99, the worst pause, interactive TTFT, background TTFT and decode speed, aggregate
+tokens/s. Writes benches/results/<out>.{json,csv} and the token-timeline plot.
+
+    python benches/mixed_load.py                          # 134m, 2 threads, 3 streams
+    python benches/mixed_load.py --model moe-small --out mixed_load_moe
+    python benches/mixed_load.py --model 1b --backend cuda --gpu-layers 99 --threads 8 \\
+        --streams 8 --background 2 --storm-tokens 6000
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import plots  # noqa: E402
+import report  # noqa: E402
+from llama_tools import ensure_tools  # noqa: E402
+from servers import Server, llama_server, uma_server  # noqa: E402
+from streams import Stream, percentiles, sse_completion  # noqa: E402
+from uma import _core, synth  # noqa: E402
+
+ITL_TARGET = 1.2  # interactive p95 under the storm / alone
+PAUSE_TARGET = 2.0  # worst interactive pause under the storm / p95 alone
+
+
+def long_prompt(model: Path, n_tokens: int, salt: int = 0) -> str:
+    """Text that tokenises to about n_tokens with the model's own tokenizer."""
+    with _core.Model(model, vocab_only=True) as vocab:
+        words = [f"item{i + 7919 * salt} is filed under section {i % 97}."
+                 for i in range(n_tokens)]
+        lo, hi = 1, len(words)
+        while lo < hi:  # the shortest prefix reaching n_tokens
+            mid = (lo + hi) // 2
+            if len(vocab.tokenize(" ".join(words[:mid]))) >= n_tokens:
+                hi = mid
+            else:
+                lo = mid + 1
+    return " ".join(words[:lo])
+
+
+class Phase:
+    """One measured phase on one server: threads that each run a role, all released at once."""
+
+    def __init__(self, server: Server):
+        self.server = server
+        self.streams: list[tuple[str, Stream]] = []  # (class, stream)
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
+        self._roles: list = []
+
+    def request(self, cls: str, label: str, prompt: str, max_tokens: int) -> Stream:
+        s = sse_completion(self.server.port, {
+            "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "priority": cls, **(self.server.extra or {})}, label=label)
+        with self._lock:
+            self.streams.append((cls, s))
+        return s
+
+    def role(self, fn, *args) -> None:
+        self._roles.append((fn, args))
+
+    def run(self) -> float:
+        start = threading.Barrier(len(self._roles) + 1)
+
+        def body(fn, args):
+            start.wait()
+            try:
+                fn(*args)
+            except Exception as e:  # noqa: BLE001 - reported with the results, not lost
+                self.errors.append(f"{fn.__name__}{args[:1]}: {e}")
+
+        threads = [threading.Thread(target=body, args=r) for r in self._roles]
+        for t in threads:
+            t.start()
+        start.wait()
+        self.t0 = time.perf_counter()
+        for t in threads:
+            t.join()
+        self.t1 = time.perf_counter()
+        if self.errors:
+            raise RuntimeError(f"{self.server.name}: " + "; ".join(self.errors))
+        return self.t1 - self.t0
+
+    def summary(self) -> dict:
+        by = {c: [s for k, s in self.streams if k == c] for c in ("interactive", "background")}
+        gaps = [g for s in by["interactive"] for g in s.gaps_ms()]
+        itl = percentiles(gaps)
+        ttft = percentiles([1e3 * s.ttft_s for s in by["interactive"]])
+        row = {
+            "itl_p50_ms": itl["p50"], "itl_p95_ms": itl["p95"], "itl_p99_ms": itl["p99"],
+            "worst_pause_ms": itl["max"],
+            "i_ttft_p50_ms": ttft["p50"], "i_ttft_p95_ms": ttft["p95"],
+            "i_requests": len(by["interactive"]),
+            "i_tokens": sum(len(s.times) for s in by["interactive"]),
+            "tokens_per_s": sum(len(s.times) for _, s in self.streams) / (self.t1 - self.t0),
+            "seconds": self.t1 - self.t0,
+        }
+        if by["background"]:
+            bg = by["background"]
+            row["bg_ttft_ms"] = max(1e3 * s.ttft_s for s in bg)
+            row["bg_prefill_tok_s"] = sum(s.prompt_tokens for s in bg) / max(s.ttft_s for s in bg)
+            row["bg_total_ms"] = max(1e3 * (s.times[-1] - s.sent) for s in bg)
+            row["bg_decode_tok_s"] = float(np.mean([
+                (len(s.times) - 1) / (s.times[-1] - s.times[0]) for s in bg if len(s.times) > 1]))
+        return row
+
+    def timeline(self) -> list[dict]:
+        return [{"class": c, "label": s.label, "sent": s.sent - self.t0,
+                 "times": [round(t - self.t0, 5) for t in s.times]} for c, s in self.streams]
+
+
+def interactive_phase(server: Server, ns, storms: list[str]) -> Phase:
+    """K streams of back-to-back 128-token requests; with storms, they keep going until every
+    background request has finished, else each sends --rounds requests."""
+    phase = Phase(server)
+    storm_done = threading.Event()
+    if not storms:
+        storm_done.set()
+
+    def interactive(i: int) -> None:
+        time.sleep(i * ns.stagger_s)  # apps do not start in lockstep
+        n = 0
+        while n < ns.rounds or not storm_done.is_set():
+            phase.request("interactive", f"i{i}",
+                          f"Session {i}, turn {n}: summarise the design of a scheduler.",
+                          ns.tokens)
+            n += 1
+
+    remaining = [len(storms)]
+
+    def background(j: int) -> None:
+        time.sleep(ns.arrive_s + 0.25 * j)
+        phase.request("background", f"bg{j}", storms[j], ns.bg_tokens)
+        with phase._lock:
+            remaining[0] -= 1
+            if remaining[0] == 0:
+                storm_done.set()
+
+    for i in range(ns.streams):
+        phase.role(interactive, i)
+    for j in range(len(storms)):
+        phase.role(background, j)
+    phase.run()
+    return phase
+
+
+def agent_phase(server: Server, ns, under_load: bool) -> Phase:
+    """An agent chain: --agent-steps short requests one after another (each waits for the
+    previous answer), optionally while K background streams decode long answers."""
+    phase = Phase(server)
+    chain_done = threading.Event()
+
+    def agent() -> None:
+        for n in range(ns.agent_steps):
+            phase.request("interactive", "agent",
+                          f"Step {n}: call the tool with the file list and report back.", 16)
+        chain_done.set()
+
+    def decoder(i: int) -> None:
+        while not chain_done.is_set():
+            phase.request("background", f"d{i}", f"Background job {i}: write a report.", 96)
+
+    phase.role(agent)
+    if under_load:
+        for i in range(ns.streams):
+            phase.role(decoder, i)
+    phase.run()
+    return phase
+
+
+def agent_row(phase: Phase) -> dict:
+    chain = [s for c, s in phase.streams if s.label == "agent"]
+    steps = [1e3 * (s.times[-1] - s.sent) for s in chain]
+    ttft = percentiles([1e3 * s.ttft_s for s in chain])
+    return {"agent_chain_ms": sum(steps), "agent_step_p50_ms": float(np.median(steps)),
+            "i_ttft_p50_ms": ttft["p50"], "i_ttft_p95_ms": ttft["p95"],
+            "tokens_per_s": sum(len(s.times) for _, s in phase.streams) / (phase.t1 - phase.t0),
+            "seconds": phase.t1 - phase.t0}
+
+
+def measure(server: Server, ns, storms: list[str], rows: list, timelines: dict) -> None:
+    sse_completion(server.port, {"prompt": "warm up", "max_tokens": 8, **(server.extra or {})})
+    for name, storm in (("alone", []), ("storm", storms)):
+        phase = interactive_phase(server, ns, storm)
+        rows.append({"side": server.name, "phase": name, **phase.summary()})
+        timelines[f"{server.name} | {name}"] = phase.timeline()
+        shown = {**rows[-1], "side": f"{server.name} | {name}"}
+        print(report.table([shown], COLUMNS).splitlines()[1], flush=True)
+    if ns.agent:
+        for name, loaded in (("agent alone", False), ("agent + decoders", True)):
+            phase = agent_phase(server, ns, loaded)
+            rows.append({"side": server.name, "phase": name, **agent_row(phase)})
+
+
+COLUMNS = [("side", "side / phase", ""), ("itl_p50_ms", "ITL p50", ".1f"),
+           ("itl_p95_ms", "p95", ".1f"), ("itl_p99_ms", "p99", ".1f"),
+           ("worst_pause_ms", "worst", ".1f"), ("i_ttft_p50_ms", "i TTFT p50", ".1f"),
+           ("bg_ttft_ms", "bg TTFT", ".0f"), ("bg_decode_tok_s", "bg tok/s", ".1f"),
+           ("tokens_per_s", "all tok/s", ".1f")]
+
+
+def verdicts(rows: list[dict]) -> list[dict]:
+    out = []
+    for side in dict.fromkeys(r["side"] for r in rows):
+        alone = next(r for r in rows if r["side"] == side and r["phase"] == "alone")
+        storm = next(r for r in rows if r["side"] == side and r["phase"] == "storm")
+        p95_ratio = storm["itl_p95_ms"] / alone["itl_p95_ms"]
+        pause_ratio = storm["worst_pause_ms"] / alone["itl_p95_ms"]
+        out.append({"side": side, "p95_storm_over_alone": p95_ratio,
+                    "worst_pause_over_p95_alone": pause_ratio,
+                    "p95_met": p95_ratio <= ITL_TARGET, "pause_met": pause_ratio <= PAUSE_TARGET,
+                    "bg_completed": bool(np.isfinite(storm.get("bg_ttft_ms", np.nan)))})
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="134m", help="a synth preset or a GGUF path")
+    ap.add_argument("--backend", default="cpu", help="which llama-server build to compare")
+    ap.add_argument("--gpu-layers", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--streams", type=int, default=3, help="interactive streams (K)")
+    ap.add_argument("--tokens", type=int, default=128, help="per interactive request")
+    ap.add_argument("--rounds", type=int, default=3, help="requests per stream when alone")
+    ap.add_argument("--stagger-s", type=float, default=0.3,
+                    help="stream i starts i × this late, so requests do not start in lockstep")
+    ap.add_argument("--background", type=int, default=1, help="background requests (N)")
+    ap.add_argument("--storm-tokens", type=int, default=3000, help="background prompt length")
+    ap.add_argument("--bg-tokens", type=int, default=64, help="background max_tokens")
+    ap.add_argument("--arrive-s", type=float, default=1.0)
+    ap.add_argument("--agent", action="store_true", help="also the agent-chain phase")
+    ap.add_argument("--agent-steps", type=int, default=8)
+    ap.add_argument("--ctx", type=int, default=0, help="KV cells [enough for every slot]")
+    ap.add_argument("--sides", default="uma slo,uma baseline,llama-server")
+    ap.add_argument("--kv-unified", action="store_true",
+                    help="one KV buffer for all sequences, on both sides (default: one per "
+                         "sequence, llama-server's own default with --parallel)")
+    ap.add_argument("--uma-args", default="", help="extra `uma run` flags, e.g. --no-kv-unified")
+    ap.add_argument("--out", default="mixed_load", help="results name under benches/results")
+    ns = ap.parse_args()
+
+    tools = ensure_tools(ns.backend)
+    model = Path(ns.model) if Path(ns.model).exists() else synth.cached_model(ns.model)
+    storms = [long_prompt(model, ns.storm_tokens, salt=j) for j in range(ns.background)]
+    slots = ns.streams + ns.background
+    # llama-server divides its context between slots: give every slot room for a storm.
+    ctx = ns.ctx or slots * (ns.storm_tokens + ns.bg_tokens + 256)
+    common = {"threads": ns.threads, "ctx": ctx, "parallel": slots, "gpu_layers": ns.gpu_layers}
+    info = report.run_info(model, backend=ns.backend, streams=ns.streams, tokens=ns.tokens,
+                           kv_unified=ns.kv_unified, stagger_s=ns.stagger_s,
+                           background=ns.background, storm_tokens=ns.storm_tokens, **common)
+    rows: list[dict] = []
+    timelines: dict[str, list] = {}
+    print(report.table([], COLUMNS))
+    for side in ns.sides.split(","):
+        if side.startswith("uma "):
+            kv = "--kv-unified" if ns.kv_unified else "--no-kv-unified"
+            server = uma_server(model, policy=side.split()[1],
+                                args=(kv, *ns.uma_args.split()), **common)
+        else:
+            server = llama_server(tools["llama-server"], model,
+                                  args=("-kvu",) if ns.kv_unified else (), **common)
+        with server as s:
+            measure(s, ns, storms, rows, timelines)
+    checks = verdicts(rows)
+    for v in checks:
+        print(f"{v['side']:16s} p95 storm/alone {v['p95_storm_over_alone']:.2f}x "
+              f"({'met' if v['p95_met'] else 'NOT met'} <= {ITL_TARGET}), worst pause/p95 alone "
+              f"{v['worst_pause_over_p95_alone']:.2f}x "
+              f"({'met' if v['pause_met'] else 'NOT met'} <= {PAUSE_TARGET})")
+    path = report.write(ns.out, info, rows, {"verdicts": checks, "timelines": timelines})
+    png = plots.timelines(path, [k for k in timelines if k.endswith("| storm")])
+    print(f"wrote {path} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,74 @@
+"""PNG plots from the JSON the scenarios write (matplotlib, headless). Each function takes the
+JSON path and writes PNGs beside it, so a plot can be redrawn from a result without re-running
+it: python benches/plots.py benches/results/mixed_load.json"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+COLOURS = {"interactive": "tab:blue", "background": "tab:red"}
+
+
+def timelines(path: Path, keys: list[str]) -> Path:
+    """Per-stream token timelines, one panel per side: time on x, stream on y, one dot per
+    token. A freeze shows as a gap in every interactive row at once."""
+    data = json.loads(Path(path).read_text())
+    # Each panel keeps its own time axis: a server that finishes the storm in 4 s and one that
+    # takes 80 s would otherwise hide each other's detail.
+    fig, axes = plt.subplots(len(keys), 1, figsize=(11, 1.2 + 1.4 * len(keys)), squeeze=False)
+    for ax, key in zip(axes[:, 0], keys, strict=True):
+        streams = data["timelines"][key]
+        labels = sorted({s["label"] for s in streams}, key=lambda x: (x.startswith("bg"), x))
+        for s in streams:
+            y = labels.index(s["label"])
+            ax.plot(s["times"], [y] * len(s["times"]), "|", ms=7,
+                    color=COLOURS.get(s["class"], "k"))
+            if s["class"] == "background" and s["times"]:  # the prompt being computed
+                ax.axvspan(s["sent"], s["times"][0], color="tab:red", alpha=0.08)
+        ax.set_yticks(range(len(labels)), labels)
+        ax.set_ylim(-0.7, len(labels) - 0.3)
+        ax.set_title(key.replace(" | ", ": "), fontsize=10, loc="left")
+        ax.set_xlabel("seconds since the phase began (one mark per token; shaded: the "
+                      "background prompt being computed)", fontsize=8)
+    fig.tight_layout()
+    out = Path(path).with_name(Path(path).stem + "_timeline.png")
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def lines(path: Path, x: str, ys: list[tuple[str, str]], by: str, suffix: str,
+          xlabel: str, log_x: bool = False) -> Path:
+    """One panel per (y key, y label), one line per value of `by` across the rows."""
+    data = json.loads(Path(path).read_text())
+    rows = data["rows"]
+    fig, axes = plt.subplots(1, len(ys), figsize=(5.2 * len(ys), 3.8), squeeze=False)
+    for ax, (key, label) in zip(axes[0], ys, strict=True):
+        for side in dict.fromkeys(r[by] for r in rows):
+            pts = sorted((r[x], r[key]) for r in rows if r[by] == side and key in r)
+            if pts:
+                ax.plot(*zip(*pts, strict=True), "o-", label=side)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(label)
+        if log_x:
+            ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = Path(path).with_name(Path(path).stem + f"_{suffix}.png")
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+if __name__ == "__main__":
+    result = Path(sys.argv[1])
+    keys = [k for k in json.loads(result.read_text()).get("timelines", {}) if "storm" in k]
+    print(timelines(result, keys))

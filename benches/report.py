@@ -1,0 +1,89 @@
+"""Where every scenario's results go: benches/results/<name>.json (everything, including raw
+samples), <name>.csv (the table, one row per side and phase) and, from benches/plots.py,
+<name>*.png. Each file records the machine, model, commit and exact command line."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benches" / "results"
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _gpu_name() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return None
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
+                             capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def run_info(model: Path, **settings) -> dict:
+    """What a reader needs to reproduce a result."""
+    return {
+        "command": "python " + " ".join([os.path.relpath(sys.argv[0], ROOT), *sys.argv[1:]]),
+        "commit": _commit(), "when": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "cpu": _cpu_name(), "cpus": os.cpu_count(), "gpu": _gpu_name(),
+        "model": model.name, "model_bytes": model.stat().st_size,
+        "loadavg_before": os.getloadavg(), **settings,
+    }
+
+
+def write(name: str, info: dict, rows: list[dict], extra: dict | None = None,
+          out_dir: Path = RESULTS) -> Path:
+    """Writes <name>.json (info, rows, extra) and <name>.csv (rows); returns the JSON path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.json"
+    info = {**info, "loadavg_after": os.getloadavg()}
+    path.write_text(json.dumps({"info": info, "rows": rows, **(extra or {})}, indent=1) + "\n")
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    with open(out_dir / f"{name}.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, columns)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v)
+                             for k, v in row.items()})
+    return path
+
+
+def table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
+    """A fixed-width text table; columns are (key, header, format)."""
+    widths = [max(len(h), 10) for _, h, _ in columns]
+    lines = ["  ".join(h.rjust(w) if i else h.ljust(w + 14)
+                       for i, ((_, h, _), w) in enumerate(zip(columns, widths, strict=True)))]
+    for row in rows:
+        cells = []
+        for i, ((key, _, fmt), w) in enumerate(zip(columns, widths, strict=True)):
+            value = row.get(key, "")
+            text = format(value, fmt) if isinstance(value, (int, float)) else str(value)
+            cells.append(text.rjust(w) if i else text.ljust(w + 14))
+        lines.append("  ".join(cells))
+    return "\n".join(lines)

@@ -1,0 +1,94 @@
+"""The two servers every scenario compares, started the same way: UMA Serve (`uma run`, its
+Unix socket plus the OpenAI-compatible HTTP gateway) and llama.cpp's own llama-server built from
+the same third_party/llama.cpp (benches/llama_tools.py). Same model file, threads, context,
+slots and GPU offload on both sides."""
+
+from __future__ import annotations
+
+import http.client
+import os
+import re
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from uma import testing
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Server:
+    name: str
+    pid: int
+    port: int  # HTTP (OpenAI-compatible)
+    socket: str | None = None  # UMA's Unix socket; None for llama-server
+    extra: dict | None = None  # request fields this server needs (llama-server: no prompt cache)
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system time of every thread of a process, from /proc/<pid>/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime (fields 14 and 15)
+
+
+def memory_kb(pid: int) -> dict[str, int]:
+    """RSS and PSS of a process (kB), from /proc/<pid>/smaps_rollup. PSS splits each shared
+    page (the mmapped weights) between the processes mapping it."""
+    out = {}
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("Rss", "Pss"):
+                out[key.lower()] = int(rest.split()[0])
+    return out
+
+
+@contextmanager
+def uma_server(model: Path, *, threads: int, ctx: int, parallel: int, policy: str = "slo",
+               gpu_layers: int = 0, args: tuple[str, ...] = ()) -> Iterator[Server]:
+    cmd = ("--http", "127.0.0.1:0", "--threads", str(threads), "--parallel", str(parallel),
+           "--ctx", str(ctx), "--policy", policy, "--gpu-layers", str(gpu_layers), *args)
+    with testing.run_daemon(model, *cmd, env={"UMA_THREADS_BATCH": str(threads)}) as d:
+        port = int(re.search(r"http://127\.0\.0\.1:(\d+)", "".join(d.stderr)).group(1))
+        yield Server(f"uma {policy}", d.pid, port, socket=d.socket)
+
+
+@contextmanager
+def llama_server(tool: Path, model: Path, *, threads: int, ctx: int, parallel: int = 1,
+                 gpu_layers: int = 0, args: tuple[str, ...] = ()) -> Iterator[Server]:
+    """llama-server splits ctx between its `parallel` slots; prompt caching is off so both
+    sides compute every prompt."""
+    with socket.socket() as s:  # a free port; llama-server cannot report the one it picked
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [str(tool), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
+           "-t", str(threads), "-tb", str(threads), "-c", str(ctx), "-np", str(parallel),
+           "-ngl", str(gpu_layers), "--no-cache-prompt", "-cram", "0", "--log-disable", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while True:  # no ready line to wait for: poll /health, bounded
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                conn.request("GET", "/health")
+                if conn.getresponse().status == 200:
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"llama-server did not start: {' '.join(cmd)}")
+            time.sleep(0.2)
+        yield Server("llama-server", proc.pid, port, extra={"cache_prompt": False})
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,80 @@
+"""Client side of every scenario: one streamed completion, timed token by token. Both servers
+are read by the same stdlib HTTP/SSE client (http.client, one JSON parse per event); the UMA
+socket by uma.Client (one msgpack frame per event)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from uma.client import Client
+
+
+@dataclass
+class Stream:
+    """One request as the client saw it: when it was sent and when each token arrived
+    (time.perf_counter seconds), and the server's own counts."""
+    sent: float
+    times: list[float] = field(default_factory=list)
+    completion_tokens: int = 0
+    prompt_tokens: int = 0
+    label: str = ""
+
+    @property
+    def ttft_s(self) -> float:
+        return self.times[0] - self.sent if self.times else float("nan")
+
+    def gaps_ms(self) -> list[float]:
+        return list(np.diff(self.times) * 1e3)
+
+
+def sse_completion(port: int, body: dict, *, timeout: float = 300.0, label: str = "") -> Stream:
+    """POST /v1/completions with stream=True and usage; each event carrying text is a token
+    (both servers send one event per token)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    conn.connect()
+    payload = json.dumps({**body, "stream": True, "stream_options": {"include_usage": True}})
+    s = Stream(time.perf_counter(), label=label)
+    conn.request("POST", "/v1/completions", payload, {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        raise RuntimeError(f"port {port} answered {resp.status}: {resp.read()[:500]!r}")
+    usage = {}
+    for line in iter(resp.readline, b""):
+        if not line.startswith(b"data: "):
+            continue
+        data = line[6:].strip()
+        if data == b"[DONE]":
+            break
+        chunk = json.loads(data)
+        if chunk.get("choices") and chunk["choices"][0].get("text"):
+            s.times.append(time.perf_counter())
+        usage = chunk.get("usage") or usage
+    conn.close()
+    s.completion_tokens = usage.get("completion_tokens", len(s.times))
+    s.prompt_tokens = usage.get("prompt_tokens", 0)
+    return s
+
+
+def socket_completion(path: str, prompt: str, *, label: str = "", **params) -> Stream:
+    with Client(path) as client:
+        s = Stream(time.perf_counter(), label=label)
+        events = client.submit(prompt, **params)
+        for event in events:
+            if event.token_ids:
+                s.times.append(time.perf_counter())
+        usage = events.result().usage
+    s.completion_tokens, s.prompt_tokens = usage.completion_tokens, usage.prompt_tokens
+    return s
+
+
+def percentiles(values_ms: list[float]) -> dict[str, float]:
+    if not values_ms:
+        return {"p50": float("nan"), "p95": float("nan"), "p99": float("nan"),
+                "max": float("nan")}
+    p50, p95, p99 = np.percentile(values_ms, [50, 95, 99])
+    return {"p50": float(p50), "p95": float(p95), "p99": float(p99), "max": float(max(values_ms))}
