@@ -75,6 +75,9 @@ def run_streams(server: Server, n: int, tokens: int) -> list[Stream]:
 
 
 def summarise(streams: list[Stream]) -> dict:
+    if not all(s.times for s in streams):
+        empty = sum(1 for s in streams if not s.times)
+        raise RuntimeError(f"{empty} of {len(streams)} streams got no tokens")
     lo = max(s.times[0] for s in streams)  # every stream is decoding from here ...
     hi = min(s.times[-1] for s in streams)  # ... to here
     in_window = sum(sum(1 for t in s.times if lo < t <= hi) for s in streams)
@@ -92,6 +95,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--streams", default="1,2,4,8,16,32")
     ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--kv-unified", action="store_true",
+                    help="one KV buffer for all sequences on both sides (default: one per "
+                         "sequence, llama-server's own default with --parallel)")
     ap.add_argument("--out", default="decode_scaling")
     ns = ap.parse_args()
 
@@ -106,19 +112,29 @@ def main() -> int:
     gbps = device_bandwidth_gbps(ns.gpu_layers != 0)
     top = max(counts)
     common = {"threads": ns.threads, "parallel": top, "gpu_layers": ns.gpu_layers,
-              "ctx": top * (prompt_tokens + ns.tokens + 64)}
+              "ctx": top * (prompt_tokens + ns.tokens + 256)}
     meta = report.run_info(model, backend=ns.backend, tokens=ns.tokens, bandwidth_gbps=gbps,
+                           kv_unified=ns.kv_unified,
                            **common)
     rows: list[dict] = []
-    with uma_server(model, **common) as uma, \
-            llama_server(tools["llama-server"], model, **common) as peer:
+    kv_uma = ("--kv-unified",) if ns.kv_unified else ("--no-kv-unified",)
+    with uma_server(model, args=kv_uma, **common) as uma, \
+            llama_server(tools["llama-server"], model, args=("-kvu",) if ns.kv_unified else (),
+                         **common) as peer:
         sides = [uma, peer]
         for server in sides:  # warm-up
             run_streams(server, 2, 8)
         for k, n in enumerate(counts):
             for server in sides[k % 2:] + sides[:k % 2]:
                 row = {"side": server.name.split()[0] if server.socket else server.name,
-                       "streams": n, **summarise(run_streams(server, n, ns.tokens))}
+                       "streams": n}
+                try:
+                    row.update(summarise(run_streams(server, n, ns.tokens)))
+                except RuntimeError as exc:  # reported in the table, not hidden
+                    row["failed"] = str(exc)
+                    rows.append(row)
+                    print(f"{row['side']} {n} streams failed: {exc}", flush=True)
+                    continue
                 # decode tick: n tokens, each stream's KV at about half the generation
                 tick_s = n / row["tokens_per_s"]
                 kv = n * (prompt_tokens + ns.tokens // 2)
@@ -131,7 +147,8 @@ def main() -> int:
     for n in counts:
         u = next(r for r in rows if r["streams"] == n and r["side"] == "uma")
         p = next(r for r in rows if r["streams"] == n and r["side"] == "llama-server")
-        u["vs_llama_server"] = u["tokens_per_s"] / p["tokens_per_s"]
+        if "tokens_per_s" in u and "tokens_per_s" in p:
+            u["vs_llama_server"] = u["tokens_per_s"] / p["tokens_per_s"]
     print(report.table(rows, COLUMNS))
     path = report.write(ns.out, meta, rows)
     png = plots.lines(path, "streams", [("tokens_per_s", "aggregate tokens/s"),

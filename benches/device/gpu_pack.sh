@@ -10,9 +10,14 @@
 #   .whl/*.whl   wheels the machine lacks (gguf, starlette, uvicorn)
 # Results: $OUT (default ./out-gpu), one JSON/CSV per scenario and model, plus logs.
 set -uo pipefail
-OUT=${OUT:-out-gpu}
+OUT=$(realpath -m "${OUT:-out-gpu}")
 mkdir -p "$OUT"
 MODELS=${MODELS:-1b 8b}
+SCENARIOS=${SCENARIOS:-mixed scaling overhead}
+# One KV buffer on both sides: with one buffer per sequence llama.cpp must split a batch that
+# mixes prompt chunks and decode rows into several micro-batches (equal tokens per sequence),
+# each reading all the weights again.
+MIXED_ARGS=${MIXED_ARGS:---kv-unified}
 
 if [ ! -f third_party/llama.cpp/CMakeLists.txt ]; then
   mkdir -p third_party/llama.cpp && tar -xJf .device/llama-src.tar.xz -C third_party/llama.cpp
@@ -33,17 +38,17 @@ GPU="--backend cuda --gpu-layers 99 --threads 8"
 
 for m in $MODELS; do
   # 1. mixed load: 8 interactive streams, 2 background prompts of 6000 tokens
-  timeout 240 python3 benches/mixed_load.py --model "$m" $GPU --streams 8 --background 2 \
-    --storm-tokens 6000 --sides "uma slo,uma baseline,llama-server" \
-    --out "$PWD/$OUT/mixed_load_h100_$m" 2>&1 | grep -v "^ggml_cuda_init\|^  Device" \
+  [[ $SCENARIOS == *mixed* ]] && timeout 240 python3 benches/mixed_load.py --model "$m" $GPU --streams 8 --background 2 \
+    --storm-tokens 6000 --sides "uma slo,uma baseline,llama-server" $MIXED_ARGS \
+    --out "$OUT/mixed_load_h100_$m" 2>&1 | grep -v "^ggml_cuda_init\|^  Device" \
     | tee -a "$OUT/log.txt"
   # 2. decode scaling, 1..32 streams, with the bandwidth roofline (CuPy measures the GPU's)
-  timeout 200 python3 benches/decode_scaling.py --model "$m" $GPU \
-    --out "$PWD/$OUT/decode_scaling_h100_$m" 2>&1 | grep -v "^ggml_cuda_init\|^  Device" \
+  [[ $SCENARIOS == *scaling* ]] && timeout 200 python3 benches/decode_scaling.py --model "$m" $GPU \
+    --out "$OUT/decode_scaling_h100_$m" 2>&1 | grep -v "^ggml_cuda_init\|^  Device" \
     | tee -a "$OUT/log.txt"
   # 4. overhead of one stream
-  timeout 150 python3 benches/overhead.py --model "$m" $GPU --repeat 5 \
-    --out "$PWD/$OUT/overhead_h100_$m.json" 2>&1 | grep -v "^ggml_cuda_init\|^  Device" \
+  [[ $SCENARIOS == *overhead* ]] && timeout 150 python3 benches/overhead.py --model "$m" $GPU --repeat 5 \
+    --out "$OUT/overhead_h100_$m.json" 2>&1 | grep -v "^ggml_cuda_init\|^  Device" \
     | tee -a "$OUT/log.txt"
 done
 ls -la "$OUT"

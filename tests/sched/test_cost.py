@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from uma.sched.cost import CostEstimate, CostModel, attended
 
-TRUE = CostEstimate(fixed_ms=3.0, per_prefill_ms=0.6, per_decode_ms=1.2, per_kv_kpos_ms=0.05)
+TRUE = CostEstimate(fixed_ms=3.0, per_prefill_ms=0.6, per_decode_ms=1.2, per_kv_kpos_ms=0.05,
+                    prefill_step_ms=1.5)
 
 
 def test_attended_counts_the_cache_and_the_causal_chunk():
@@ -22,7 +24,8 @@ def test_the_model_learns_a_known_cost_with_attention_from_varied_ticks():
     rng = np.random.default_rng(0)
     model = CostModel()
     for _ in range(400):
-        decode, prefill, depth = rng.integers(0, 9), rng.integers(0, 300), rng.integers(0, 4000)
+        decode, depth = rng.integers(0, 9), rng.integers(0, 4000)
+        prefill = rng.integers(1, 300) if rng.random() < 0.5 else 0  # half the ticks decode only
         kv = decode * 1500 + attended(int(depth), int(prefill))
         model.observe(int(prefill), int(decode), kv,
                       TRUE.predict(int(prefill), int(decode), kv) + rng.normal(0, 0.05))
@@ -30,8 +33,16 @@ def test_the_model_learns_a_known_cost_with_attention_from_varied_ticks():
     assert abs(est.per_prefill_ms - TRUE.per_prefill_ms) < 0.02
     assert abs(est.per_decode_ms - TRUE.per_decode_ms) < 0.1
     assert abs(est.per_kv_kpos_ms - TRUE.per_kv_kpos_ms) < 0.005
+    assert abs(est.prefill_step_ms - TRUE.prefill_step_ms) < 0.2
     assert model.error_ewma_ms < 0.2
     assert est.samples == 400
+
+
+def test_the_first_chunk_of_a_tick_pays_the_step():
+    assert TRUE.prefill_ms(10, 0) == TRUE.prefill_ms(10, 0, first=False) + 1.5
+    assert TRUE.chunk_tokens(1.0, 0) == 0  # saved-up time below the step buys nothing
+    assert TRUE.chunk_tokens(1.0, 0, first=False) == 1
+    assert TRUE.predict(1, 0) - TRUE.predict(0, 0) == pytest.approx(0.6 + 1.5)
 
 
 def test_less_of_a_prompt_fits_a_tick_deep_into_it():

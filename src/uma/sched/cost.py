@@ -2,6 +2,12 @@
 
     tick_ms ≈ fixed + per_prefill · prefill_tokens + per_decode · decode_tokens
               + per_kv · (KV positions attended, over all tokens of the tick) / 1000
+              + prefill_step · (1 if the tick has prompt tokens)
+
+The step is what a GPU charges for leaving the matrix-vector kernels of a small decode batch:
+adding the first prompt tokens to eight decoders costs far more than adding the next hundred.
+With it in the model, a policy saving up spare time spends it on one worthwhile chunk instead
+of paying the step for a handful of tokens every tick. On a CPU it fits to about zero.
 
 Attention is the term that grows: a decode token attends to its sequence's whole cache, and a
 prompt chunk of c tokens starting at position p attends to c·p + c(c+1)/2 positions, so the
@@ -37,6 +43,7 @@ class CostEstimate:
     per_prefill_ms: float = 0.5
     per_decode_ms: float = 1.0
     per_kv_kpos_ms: float = 0.0  # per 1000 KV positions attended (see attended())
+    prefill_step_ms: float = 0.0  # once per tick that has any prompt tokens
     samples: int = 0  # ticks the estimate has learned from
 
     def predict(self, prefill_tokens: int, decode_tokens: int, kv_positions: int = 0) -> float:
@@ -45,16 +52,24 @@ class CostEstimate:
             + self.per_prefill_ms * prefill_tokens
             + self.per_decode_ms * decode_tokens
             + self.per_kv_kpos_ms * kv_positions / 1000.0
+            + (self.prefill_step_ms if prefill_tokens > 0 else 0.0)
         )
 
-    def prefill_ms(self, n_tokens: int, depth: int) -> float:
-        """What a prompt chunk of n_tokens starting at KV position `depth` adds to a tick."""
+    def prefill_ms(self, n_tokens: int, depth: int, first: bool = True) -> float:
+        """What a prompt chunk of n_tokens starting at KV position `depth` adds to a tick
+        (with the step when it is the tick's first prompt chunk)."""
+        if n_tokens <= 0:
+            return 0.0
         return (self.per_prefill_ms * n_tokens
-                + self.per_kv_kpos_ms * attended(depth, n_tokens) / 1000.0)
+                + self.per_kv_kpos_ms * attended(depth, n_tokens) / 1000.0
+                + (self.prefill_step_ms if first else 0.0))
 
-    def chunk_tokens(self, spare_ms: float, depth: int = 0) -> int:
+    def chunk_tokens(self, spare_ms: float, depth: int = 0, first: bool = True) -> int:
         """The most prompt tokens, in a chunk starting at KV position `depth`, that add at most
-        spare_ms: the root of per_prefill·c + per_kv·attended(depth, c)/1000 = spare_ms."""
+        spare_ms: the root of per_prefill·c + per_kv·attended(depth, c)/1000 = spare_ms, after
+        the step if this is the tick's first prompt chunk."""
+        if first and not math.isinf(spare_ms):
+            spare_ms -= self.prefill_step_ms
         if spare_ms <= 0:
             return 0
         if math.isinf(spare_ms):
@@ -79,19 +94,19 @@ def attended(n_past: int, n_tokens: int) -> int:
 
 class CostModel:
     """Ridge-anchored, exponentially weighted, non-negative least squares over
-    (1, prefill, decode, attended/1000)."""
+    (1, prefill, decode, attended/1000, has prefill)."""
 
     # Features are scaled to similar magnitudes before the ridge sees them: a tick has
     # ~1 fixed cost, tens of prompt tokens, a few decoders, a few thousand attended positions.
-    _SCALE = np.array([1.0, 1 / 32, 1.0, 1.0])
+    _SCALE = np.array([1.0, 1 / 32, 1.0, 1.0, 1.0])
     _RIDGE = 0.5  # prior weight, in ticks' worth of evidence per (scaled) coefficient
 
     def __init__(self, prior: CostEstimate | None = None, forgetting: float = 0.98) -> None:
         prior = prior or CostEstimate()
         self._prior = np.array([prior.fixed_ms, prior.per_prefill_ms, prior.per_decode_ms,
-                                prior.per_kv_kpos_ms]) / self._SCALE
-        self._a = np.zeros((4, 4))  # Σ w x xᵀ (scaled features)
-        self._b = np.zeros(4)  # Σ w x y
+                                prior.per_kv_kpos_ms, prior.prefill_step_ms]) / self._SCALE
+        self._a = np.zeros((5, 5))  # Σ w x xᵀ (scaled features)
+        self._b = np.zeros(5)  # Σ w x y
         self._lambda = forgetting
         self._samples = 0
         self.error_ewma_ms = 0.0  # mean absolute prediction error, smoothed
@@ -100,10 +115,10 @@ class CostModel:
 
     def _solve(self) -> np.ndarray:
         """argmin Σ w (y - xθ)² + ridge·|θ - prior|² subject to θ ≥ 0: a small active set
-        (4 unknowns) that pins negative coefficients at zero and solves the rest again."""
-        free = np.ones(4, bool)
-        theta = np.zeros(4)
-        for _ in range(4):
+        (5 unknowns) that pins negative coefficients at zero and solves the rest again."""
+        free = np.ones(5, bool)
+        theta = np.zeros(5)
+        for _ in range(5):
             a = self._a[np.ix_(free, free)] + self._RIDGE * np.eye(int(free.sum()))
             rhs = self._b[free] + self._RIDGE * self._prior[free] \
                 - self._a[np.ix_(free, ~free)] @ theta[~free]
@@ -121,7 +136,7 @@ class CostModel:
     def _freeze(self) -> CostEstimate:
         t = self._theta * self._SCALE
         return CostEstimate(float(t[0]), max(float(t[1]), 1e-4), float(t[2]), float(t[3]),
-                            self._samples)
+                            float(t[4]), self._samples)
 
     @property
     def estimate(self) -> CostEstimate:
@@ -139,7 +154,8 @@ class CostModel:
         bound = max(4.0 * self.error_ewma_ms, 0.5 * predicted, 1.0)
         upper = math.inf if prefill_tokens else bound
         y = predicted + min(max(error, -bound), upper)
-        x = np.array([1.0, prefill_tokens, decode_tokens, kv_positions / 1000.0]) * self._SCALE
+        x = np.array([1.0, prefill_tokens, decode_tokens, kv_positions / 1000.0,
+                      1.0 if prefill_tokens else 0.0]) * self._SCALE
         self._a = self._lambda * self._a + np.outer(x, x)
         self._b = self._lambda * self._b + x * y
         self._samples += 1

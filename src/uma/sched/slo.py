@@ -59,8 +59,7 @@ class SloPolicy:
     latency_cap: float = 1.20  # interactive tick time allowed, relative to their own decode time
     tick_budget_ms: float | None = None  # an explicit budget instead of the cap
     idle_budget_ms: float = 50.0  # budget when no interactive stream decodes (bounds TTFT)
-    credit_factor: float = 1.3  # a tick spending saved prompt time may reach this × budget
-    pause_factor: float = 1.8  # an interactive prompt may stretch a tick to this × solo time
+    pause_factor: float = 1.8  # no tick with interactive decoders goes past this × solo time
     hold_ticks: int = 4  # H: ticks without prompt tokens after an overrun
     ramp_steps: int = 4  # ticks to let the prompt allowance back in after a hold
     overrun_slack: float = 1.10  # a tick is over budget when it took this much more,
@@ -117,8 +116,8 @@ class SloPolicy:
         decode_ms = cost.predict(0, len(served), kv)
         spare_ms = max(0.0, budget - decode_ms)
         if inter_dec:  # the hold protects interactive streams; with none decoding, no need
-            spare_ms = 0.0 if mem.hold else min(spare_ms * mem.ramp + mem.credit_ms,
-                                                self.credit_factor * budget - decode_ms)
+            ceiling_ms = max(budget, self.pause_factor * solo_ms) - decode_ms
+            spare_ms = 0.0 if mem.hold else min(spare_ms * mem.ramp + mem.credit_ms, ceiling_ms)
         cap = min(room, mem.chunk_cap, self._bmt_room(state, budget, served, room))
         rescue_ms = None  # not starving
         if self._starving(mem):
@@ -133,8 +132,8 @@ class SloPolicy:
             floor_ms = spare_ms if served else math.inf
         prefill = self._prefill(waiting, cost, spare_ms, floor_ms, cap, room, rescue_ms)
         items = [BatchItem(s.seq_id, Phase.DECODE, 1, logits=True) for s in served] + prefill
-        prefill_ms = sum(cost.prefill_ms(i.n_tokens, sessions_by_seq[i.seq_id].n_past)
-                         for i in prefill) if prefill else 0.0
+        prefill_ms = sum(cost.prefill_ms(i.n_tokens, sessions_by_seq[i.seq_id].n_past, k == 0)
+                         for k, i in enumerate(prefill))
 
         # Unused prompt time carries over while a background prompt waits: one token deep into
         # a long prompt can cost more than a tick's whole spare (2.75 ms against 1.8 ms on CPU).
@@ -179,12 +178,13 @@ class SloPolicy:
         back = [s for s in waiting if s.priority is Priority.BACKGROUND]
         for s in inter:
             n = min(s.prefill_left, room - used,
-                    max(cost.chunk_tokens(max(spare_ms, floor_ms), s.n_past), 0 if items else 1))
+                    max(cost.chunk_tokens(max(spare_ms, floor_ms), s.n_past, not items),
+                        0 if items else 1))
             if n <= 0:
                 break
             items.append(BatchItem(s.seq_id, Phase.PREFILL, n, logits=n == s.prefill_left))
             used += n
-            ms = cost.prefill_ms(n, s.n_past)
+            ms = cost.prefill_ms(n, s.n_past, len(items) == 1)
             spare_ms, floor_ms = spare_ms - ms, floor_ms - ms
             if rescue_ms is not None:
                 rescue_ms -= ms
@@ -192,15 +192,16 @@ class SloPolicy:
             spare_ms = min(spare_ms, (1 - self.interactive_reserve) * total_ms)
         start = len(items)
         for s in back:
-            n = min(s.prefill_left, cap - used, cost.chunk_tokens(spare_ms, s.n_past))
+            first = not items
+            n = min(s.prefill_left, cap - used, cost.chunk_tokens(spare_ms, s.n_past, first))
             if n <= 0 and len(items) == start and rescue_ms is not None:
                 n = min(s.prefill_left, room - used,
-                        max(1, cost.chunk_tokens(rescue_ms, s.n_past)))
+                        max(1, cost.chunk_tokens(rescue_ms, s.n_past, first)))
             if n <= 0:
                 break
             items.append(BatchItem(s.seq_id, Phase.PREFILL, n, logits=n == s.prefill_left))
             used += n
-            spare_ms -= cost.prefill_ms(n, s.n_past)
+            spare_ms -= cost.prefill_ms(n, s.n_past, first)
         return items
 
     def _bmt_room(self, state: SchedulerState, budget_ms: float, served: list[SessionView],
@@ -238,7 +239,7 @@ class SloPolicy:
         if over:
             # Twice what was allowed is no longer noise: the cost model is wrong about this
             # kind of chunk (a prompt's deep end), so the slow start begins again.
-            far = state.last_tick_ms > 2 * mem.budget_ms
+            far = state.last_tick_ms > 2 * mem.budget_ms + 2 * self.overrun_slack_ms
             cap = self.min_prefill if far else max(self.min_prefill, mem.chunk_cap // 2)
             mem = dataclasses.replace(mem, hold=self.hold_ticks, ramp=0.0, credit_ms=0.0,
                                       overruns=mem.overruns + 1, chunk_cap=cap)
