@@ -310,6 +310,8 @@ class Executor:
                 req.n_past += item.n_tokens
                 if item.phase is Phase.PREFILL:
                     req.n_prefilled += item.n_tokens
+        # Before any token is handed on: a client that has seen one sees its KV counted.
+        self.m.kv_cells.set(sum(r.n_past for r in self.running.values()))
         now = time.monotonic_ns()
         for k, seq in enumerate(ran.seqs.tolist()):
             req = self.running.get(seq)
@@ -368,7 +370,6 @@ class Executor:
         m.batch_tokens.observe(plan.n_tokens)
         m.queue_depth.set(sum(len(q) for q in self.waiting.values()))
         m.running.set(len(self.running))
-        m.kv_cells.set(sum(r.n_past for r in self.running.values()))
         m.cost_error.set(self.cost.error_ewma_ms)
         self._last_tick_ms = tick_s * 1e3
         self._last_tick_tokens = len(ran.tokens)
