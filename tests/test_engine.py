@@ -178,11 +178,11 @@ def test_full_kv_cache_preempts_and_everything_still_matches(tiny_path, alone):
 
 
 def test_long_prompts_prefill_in_chunks_between_decode_steps(tiny_path, alone):
-    # A tiny tick budget leaves prompts only the minimum chunk (16 tokens) per tick, so a long
-    # prompt takes many ticks while the short ones decode.
+    # A 16-token batch leaves a long prompt at most 16 tokens a tick, so it takes many ticks
+    # while the short ones decode.
     long_prompt = " ".join(f"word{i}" for i in range(120))
     opts = {"ignore_eos": True, "logprobs": True}
-    with uma.Engine(tiny_path, n_ctx=2048, n_seq_max=4, tick_target_ms=0.001) as e:
+    with uma.Engine(tiny_path, n_ctx=2048, n_seq_max=4, n_batch=16) as e:
         short = [e.submit(p, max_tokens=16, **opts) for p in PROMPTS[:3]]
         long = e.submit(long_prompt, max_tokens=8, **opts)
         assert_matches_alone([h.result(timeout=60) for h in short], PROMPTS[:3], alone)

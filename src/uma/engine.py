@@ -87,20 +87,12 @@ class Engine:
         self._output = OutputStage(self.model, on_stop=self._poke)
         policy = create_policy(config.policy, config)
         self._executor = Executor(self.ctx, policy, self._output, self.metrics,
-                                  bmt=BmtModel.from_model(self._model_info(), config.type_k),
+                                  bmt=BmtModel.of(self.model, config.type_k),
                                   bmt_budget_gbps=self._bandwidth(config))
+        self._executor.calibrate()
         self._submitted = self.metrics.counter("requests_submitted_total", "requests accepted")
         self._thread = threading.Thread(target=self._compute, name="uma-compute", daemon=True)
         self._thread.start()
-
-    def _model_info(self) -> dict:
-        info = self.model.info()
-        arch = info["architecture"]
-        for key in (f"{arch}.expert_feed_forward_length", f"{arch}.feed_forward_length"):
-            value = self.model.meta(key)
-            if value and value.isdigit():
-                info["n_ff_expert" if "expert" in key else "n_ff"] = int(value)
-        return info
 
     @staticmethod
     def _bandwidth(config: EngineConfig) -> float:

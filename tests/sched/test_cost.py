@@ -67,3 +67,25 @@ def test_max_prefill_is_the_largest_chunk_within_budget(budget, decode, depth, p
     else:
         assert cost(c) <= budget + 1e-6
         assert cost(c + 1) > budget - 1e-6
+
+
+def test_a_calibrated_model_keeps_the_prompt_cost_ticks_alike_do_not_show():
+    # A GPU-like device: a prompt token costs 0.04 ms, leaving the decode graph 1.4 ms. In a
+    # storm every tick is 8 decoders and 1 prompt token, which cannot tell the two apart.
+    gpu = CostEstimate(fixed_ms=2.5, per_prefill_ms=0.04, per_decode_ms=0.05,
+                       prefill_step_ms=1.4)
+    calibrated, generic = CostModel(), CostModel()
+    calibrated.calibrate([(p, d, gpu.predict(p, d)) for p, d in [(0, 1), (0, 4), (8, 0),
+                                                                 (64, 0)]])
+    assert calibrated.estimate.prefill_ms(64, 0) == pytest.approx(gpu.prefill_ms(64, 0), rel=0.01)
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        ms = gpu.predict(1, 8) + rng.normal(0, 0.1)
+        for model in (calibrated, generic):
+            model.observe(1, 8, 0, ms)
+    # Both fit the storm's ticks; only the calibrated one still prices a real chunk.
+    for model in (calibrated, generic):
+        assert model.estimate.predict(1, 8) == pytest.approx(gpu.predict(1, 8), abs=0.1)
+    assert calibrated.estimate.prefill_ms(64, 0) == pytest.approx(gpu.prefill_ms(64, 0),
+                                                                  rel=0.15)
+    assert generic.estimate.prefill_ms(64, 0) > 5 * gpu.prefill_ms(64, 0)

@@ -193,3 +193,58 @@ def test_nothing_starves_and_interactive_decoders_are_always_served(spec):
     if background:
         moved = [any(i.seq_id in background for i in p.items) for p in plans]
         assert all(any(moved[t:t + 9]) for t in range(len(moved) - 8))
+
+
+# A GPU-like device: leaving the decode graph for any prompt token costs more than a tick's
+# spare time, so background prompts can only go in on saved time, in ticks past the budget.
+GPU = CostEstimate(fixed_ms=2.5, per_prefill_ms=0.04, per_decode_ms=0.05, prefill_step_ms=1.4)
+
+
+def test_ticks_past_the_budget_stay_rare_and_the_background_prompt_still_moves():
+    policy = SloPolicy()
+    sessions = [session(i, INT, Phase.DECODE) for i in range(8)]
+    sessions.append(session(10, BG, Phase.PREFILL, prompt=100000))
+    memory, last_ms, over, moved = None, 0.0, [], 0
+    for t in range(1000):
+        plan = policy.schedule_tick(dataclasses.replace(
+            state(sessions, tick=t, memory=memory, last_ms=last_ms), cost=GPU))
+        memory = plan.memory
+        n = sum(i.n_tokens for i in plan.items if i.seq_id == 10)
+        last_ms = GPU.predict(n, 8)
+        over.append(last_ms > plan.notes["budget_ms"] + 1e-9)
+        assert last_ms <= policy.pause_factor * GPU.predict(0, 8) + 1e-9
+        moved += n
+        done = sessions[-1].n_prefilled + n
+        sessions[-1] = dataclasses.replace(sessions[-1], n_prefilled=done, n_past=done)
+    # 4 in 100 on saved time, and at most one starvation rescue
+    assert all(sum(over[t:t + 100]) <= 5 for t in range(900))
+    assert moved > 500
+
+
+def test_measured_decode_jitter_widens_the_pause():
+    sessions = [session(i, INT, Phase.DECODE) for i in range(8)]
+    sessions.append(session(10, BG, Phase.PREFILL, prompt=100000))
+    saved = SloMemory(s=8, credit_ms=100.0, chunk_cap=512)
+    chunks = []
+    for noise in (1.0, 1.5):
+        plan = SloPolicy().schedule_tick(dataclasses.replace(
+            state(sessions, memory=saved), cost=GPU, decode_noise=noise))
+        chunks.append(sum(i.n_tokens for i in plan.items if i.seq_id == 10))
+    solo = GPU.predict(0, 8)
+    assert chunks == [GPU.chunk_tokens(1.8 * solo - solo),
+                      GPU.chunk_tokens(1.8 * 1.5 * solo - solo)]
+
+
+def test_background_rides_along_in_a_tick_a_new_interactive_prompt_stretches():
+    decoding = [session(i, INT, Phase.DECODE) for i in range(8)]
+    storm = session(10, BG, Phase.PREFILL, prompt=100000)
+    newcomer = session(11, INT, Phase.PREFILL, prompt=12)
+    busy = SloMemory(s=8, credit_ms=100.0, chunk_cap=512, over_mask=(1 << 100) - 1)
+
+    def storm_tokens(sessions):
+        plan = SloPolicy().schedule_tick(dataclasses.replace(
+            state(sessions, memory=busy), cost=GPU))
+        return sum(i.n_tokens for i in plan.items if i.seq_id == 10)
+
+    assert storm_tokens(decoding + [storm]) == 0  # too many recent ticks went past budget
+    assert storm_tokens(decoding + [storm, newcomer]) > 0

@@ -37,6 +37,18 @@ class BmtModel:
                 + self.kv_bytes_per_pos * kv_positions + self.act_bytes_per_token * n_tokens)
 
     @classmethod
+    def of(cls, model, kv_type: str = "f16") -> BmtModel:
+        """From a loaded uma._core.Model: its info() plus the FFN widths its GGUF records (an
+        MoE's expert width is not in info(); guessing it made experts 3x too large)."""
+        info = dict(model.info())
+        arch = info["architecture"]
+        for key in (f"{arch}.expert_feed_forward_length", f"{arch}.feed_forward_length"):
+            value = model.meta(key)
+            if value and value.isdigit():
+                info["n_ff_expert" if "expert" in key else "n_ff"] = int(value)
+        return cls.from_model(info, kv_type)
+
+    @classmethod
     def from_model(cls, info: dict, kv_type: str = "f16") -> BmtModel:
         """From uma._core.Model.info() (plus the expert FFN width where the GGUF has one)."""
         n_layer, n_embd = info["n_layer"], info["n_embd"]

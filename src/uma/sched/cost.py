@@ -17,12 +17,13 @@ interactive streams.
 
 The coefficients are a least-squares fit over recent ticks (exponentially weighted, so the
 model follows the machine as it warms up, throttles or shares the GPU), anchored to a prior by
-a ridge term that never fades and held non-negative. The anchor matters: a server mostly runs
-ticks that look alike (three decoders, no prompt), which say nothing about how cost splits
-between the terms. Recursive least squares with forgetting lets its covariance blow up along
-those unexcited directions; on the mixed-load benchmark it drifted to 283 ms per prompt token
-and held every prompt back. Residuals are clipped (Huber-like) so one stalled tick, a page
-fault or a preempted thread, does not drag the fit.
+a ridge term that never fades and held non-negative. The prior is the device's own: before
+serving, the executor times a few scratch batches and `calibrate` fits them. The anchor
+matters: a server mostly runs ticks that look alike (three decoders, no prompt), which say
+nothing about how cost splits between the terms. Recursive least squares with forgetting lets
+its covariance blow up along those unexcited directions; on the mixed-load benchmark it
+drifted to 283 ms per prompt token and held every prompt back. Residuals are clipped
+(Huber-like) so one stalled tick, a page fault or a preempted thread, does not drag the fit.
 Policies get a frozen `CostEstimate` to predict a plan's time before running it; the executor
 feeds back what each tick really took.
 """
@@ -113,15 +114,18 @@ class CostModel:
         self._estimate = prior
         self._theta = self._prior.copy()
 
-    def _solve(self) -> np.ndarray:
+    def _solve(self, a_data: np.ndarray | None = None, b_data: np.ndarray | None = None,
+               ridge: float = _RIDGE) -> np.ndarray:
         """argmin Σ w (y - xθ)² + ridge·|θ - prior|² subject to θ ≥ 0: a small active set
         (5 unknowns) that pins negative coefficients at zero and solves the rest again."""
+        a_data = self._a if a_data is None else a_data
+        b_data = self._b if b_data is None else b_data
         free = np.ones(5, bool)
         theta = np.zeros(5)
         for _ in range(5):
-            a = self._a[np.ix_(free, free)] + self._RIDGE * np.eye(int(free.sum()))
-            rhs = self._b[free] + self._RIDGE * self._prior[free] \
-                - self._a[np.ix_(free, ~free)] @ theta[~free]
+            a = a_data[np.ix_(free, free)] + ridge * np.eye(int(free.sum()))
+            rhs = b_data[free] + ridge * self._prior[free] \
+                - a_data[np.ix_(free, ~free)] @ theta[~free]
             sol = np.linalg.solve(a, rhs)
             if (sol >= 0).all():
                 theta[free] = sol
@@ -142,6 +146,19 @@ class CostModel:
     def estimate(self) -> CostEstimate:
         return self._estimate
 
+    def calibrate(self, ticks: list[tuple[int, int, float]]) -> None:
+        """Makes scratch ticks timed on the device, (prompt tokens, decode rows, ms), the
+        prior: the fit of them alone (the generic prior only breaks ties) is where the model
+        starts and what its ridge pulls towards from then on. Along directions later ticks do
+        not vary (every tick of a prompt storm carrying one or two prompt tokens) the
+        device's measured costs hold, not the generic prior's. Attention is not calibrated:
+        the scratch chunks start at position 0, where it costs little."""
+        x = np.array([[1.0, p, d, 0.0, 1.0 if p else 0.0] for p, d, _ in ticks]) * self._SCALE
+        y = np.array([ms for *_, ms in ticks])
+        self._prior = self._solve(x.T @ x, x.T @ y, ridge=1e-3)
+        self._theta = self._prior.copy()
+        self._estimate = self._freeze()
+
     def observe(self, prefill_tokens: int, decode_tokens: int, kv_positions: int,
                 measured_ms: float) -> float:
         """Learns from one tick; returns the prediction error (measured - predicted) in ms."""
@@ -149,10 +166,12 @@ class CostModel:
         error = measured_ms - predicted
         self.error_ewma_ms += 0.1 * (abs(error) - self.error_ewma_ms)
         # Huber-like: a residual far beyond the usual error moves the fit only so far (a page
-        # fault, a preempted thread) -- except a tick with prompt tokens that ran long: that
-        # is the model being wrong about prompt cost, the one thing it must learn at once.
+        # fault, a preempted thread). A tick with prompt tokens that ran long may say the
+        # model is wrong about prompt cost, so it counts up to twice its prediction, not
+        # without limit: unclipped stalls of prompt ticks alone had put a 5 ms step into a CPU
+        # fit whose prompt tokens cost 1 ms and whose real step is near zero.
         bound = max(4.0 * self.error_ewma_ms, 0.5 * predicted, 1.0)
-        upper = math.inf if prefill_tokens else bound
+        upper = max(bound, predicted) if prefill_tokens else bound
         y = predicted + min(max(error, -bound), upper)
         x = np.array([1.0, prefill_tokens, decode_tokens, kv_positions / 1000.0,
                       1.0 if prefill_tokens else 0.0]) * self._SCALE

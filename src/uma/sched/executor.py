@@ -72,6 +72,36 @@ class TickMetrics:
                     for p in Priority}
 
 
+class TickSpread:
+    """How far measured ticks stray above the cost model's mean, as p95 ratios over recent
+    ticks. `decode`: ticks of decode rows only, against their prediction (jitter: thread
+    wake-ups, a GPU's graph re-captures). `alone`: ticks while no background request exists,
+    against the model's time for their decode rows alone: what interactive streams see without
+    background work (jitter and their own new prompts), the reference the latency cap is
+    relative to."""
+
+    def __init__(self, size: int = 256) -> None:
+        self._decode: collections.deque[float] = collections.deque(maxlen=size)
+        self._alone: collections.deque[float] = collections.deque(maxlen=size)
+        self.decode = 1.0
+        self.alone = 0.0  # 0: not seen yet
+
+    def add(self, measured_ms: float, predicted_ms: float, solo_ms: float | None,
+            decode_only: bool) -> None:
+        if decode_only:
+            self.decode = self._push(self._decode, measured_ms / max(predicted_ms, 1e-3),
+                                     self.decode)
+        if solo_ms is not None:
+            self.alone = self._push(self._alone, measured_ms / max(solo_ms, 1e-3), self.alone)
+
+    @staticmethod
+    def _push(ratios: collections.deque[float], ratio: float, current: float) -> float:
+        ratios.append(ratio)
+        if (len(ratios) >= 32 and len(ratios) % 16 == 0) or len(ratios) == ratios.maxlen:
+            return max(1.0, float(np.percentile(ratios, 95)))
+        return current
+
+
 @dataclass(frozen=True, slots=True)
 class Ran:
     """What one decode did: the plan as executed (after any shedding) and its samples."""
@@ -116,10 +146,55 @@ class Executor:
         self._last_tick_ms = 0.0
         self._last_tick_tokens = 0
         self._attended = 0
+        self.spread = TickSpread()
+        self._solo = (0, 0)  # decode rows of this batch and their attention
         self._memory: object = None  # the policy's, from its last executed plan
         # Set to a list to record (prefill tokens, decode tokens, decode s, sample s, tick s,
         # llama_decode s, plan) of every tick, for profiling and tests; None costs nothing.
         self.trace: list[tuple] | None = None
+
+    def calibrate(self, passes: int = 2) -> None:
+        """Times scratch batches of a few shapes (decode rows; short and long prompt chunks)
+        before serving and anchors the cost model there. From the generic prior alone, a GPU
+        never learns what a prompt token costs it (a fiftieth of that prior): when every tick
+        of a storm carries one or two prompt tokens, the fit cannot tell them from the
+        decoders, blames the decoders, inflates their budget and spends it on two prompt tokens
+        a tick (a background prompt took 59 s on an H100, every interactive tick ran at 1.5x).
+        Calibration sets the fixed, per-token and step costs; attention, which only deep
+        prompts show, is left to the ticks that run them."""
+        n_rows = min(4, self.ctx.n_seq_max)
+        chunk = max(1, min(64, self.batch.capacity, self.n_ctx_seq - 1))
+        shapes = [(0, 1), (0, n_rows), (min(8, chunk), 0), (chunk, 0)]
+        tokens = (np.arange(chunk, dtype=np.int32) * 7919 + 1) % self.model.n_vocab
+        ticks = []
+        try:
+            for _ in range(passes):
+                for n_prompt, rows in shapes:
+                    # A shape's first runs pay for what a new shape costs once (allocation,
+                    # a GPU's graph capture); its third is what steady ticks of it take.
+                    for _ in range(3):
+                        ms = self._scratch(tokens[:n_prompt], rows)
+                    ticks.append((n_prompt, rows, ms))
+        except UmaError:
+            return  # a context too small to try: the generic prior stays
+        self.cost.calibrate(ticks)
+
+    def _scratch(self, prompt: np.ndarray, rows: int) -> float:
+        """One scratch decode: `rows` decode rows at position 0 and a prompt chunk on the next
+        sequence; returns its milliseconds, leaving the cache empty."""
+        batch = self.batch
+        batch.clear()
+        for seq in range(rows):
+            batch.add(int(prompt[0]) if len(prompt) else 1, 0, seq, True)
+        if len(prompt):
+            batch.add_sequence(prompt, 0, rows, logits_last=True)
+        t0 = time.perf_counter()
+        try:
+            self.ctx.decode(batch)
+        finally:
+            for seq in range(min(rows + 1, self.ctx.n_seq_max)):
+                self.ctx.seq_rm(seq)
+        return (time.perf_counter() - t0) * 1e3
 
     # --- requests in and out -----------------------------------------------------------------
 
@@ -222,6 +297,8 @@ class Executor:
             last_tick_ms=self._last_tick_ms,
             last_tick_tokens=self._last_tick_tokens,
             memory=self._memory,
+            decode_noise=self.spread.decode,
+            alone_p95_ratio=self.spread.alone,
             bmt=self.bmt,
             bmt_budget_gbps=self.bmt_budget_gbps,
         )
@@ -235,15 +312,19 @@ class Executor:
         # made a decode step a third slower (134M model, 8 streams, 2 CPU threads).
         items = sorted(plan.items, key=lambda i: (i.phase is not Phase.DECODE, i.seq_id))
         self._attended = 0  # the cost model's attention feature for this batch
+        solo_rows = solo_kv = 0
         for item in items:
             req = self.running[item.seq_id]
             self._attended += attended(req.n_past, item.n_tokens)
             if item.phase is Phase.DECODE:
+                solo_rows += 1
+                solo_kv += attended(req.n_past, 1)
                 batch.add(req.last_token, req.n_past, item.seq_id, True)
             else:
                 start = req.n_prefilled
                 batch.add_sequence(req.tokens[start:start + item.n_tokens], start, item.seq_id,
                                    logits_last=item.logits)
+        self._solo = (solo_rows, solo_kv)
 
     def run(self, plan: Plan) -> Ran:
         """Decodes the batch and samples its logits rows. On a full KV cache it sheds load
@@ -351,6 +432,16 @@ class Executor:
         if plan.items:
             # The whole tick, Python included: that is what streams wait for, and what the
             # policy's budgets compare against.
+            est = self.cost.estimate
+            rows, kv = self._solo
+            # Only while no background request exists at all: ticks of a storm that happen to
+            # carry no background work are the ones new interactive prompts crowded it out of.
+            alone = rows and not any(r.priority is Priority.BACKGROUND
+                                     for r in self.running.values()) \
+                and not self.waiting[Priority.BACKGROUND]
+            solo = est.predict(0, rows, kv) if alone else None
+            self.spread.add(tick_s * 1e3, est.predict(n_prefill, n_decode, self._attended),
+                            solo, decode_only=n_prefill == 0)
             self.cost.observe(n_prefill, n_decode, self._attended, tick_s * 1e3)
         self._decode_ewma = decode_ms if self._decode_ewma == 0 else \
             0.9 * self._decode_ewma + 0.1 * decode_ms

@@ -42,6 +42,7 @@ class SloMemory:
     ramp: float = 1.0  # share of the prompt allowance let in again after a hold (0..1)
     s: int = 0  # background decoders served per tick (0: not yet set)
     starve: int = 0  # ticks since background work last progressed
+    over_mask: int = 0  # bit i: the tick i ticks ago was planned past its budget
     chunk_cap: int = 0  # slow start: the most prompt tokens the next tick may take (0: unset)
     last_prefill: int = 0  # prompt tokens the last plan took
     overruns: int = 0  # ticks that took longer than their budget, in all
@@ -60,6 +61,8 @@ class SloPolicy:
     tick_budget_ms: float | None = None  # an explicit budget instead of the cap
     idle_budget_ms: float = 50.0  # budget when no interactive stream decodes (bounds TTFT)
     pause_factor: float = 1.8  # no tick with interactive decoders goes past this × solo time
+    pause_share: float = 0.04  # most ticks past the budget, of the last pause_window
+    pause_window: int = 100
     hold_ticks: int = 4  # H: ticks without prompt tokens after an overrun
     ramp_steps: int = 4  # ticks to let the prompt allowance back in after a hold
     overrun_slack: float = 1.10  # a tick is over budget when it took this much more,
@@ -68,7 +71,7 @@ class SloPolicy:
     initial_s: int = 8  # S for a dense model; an MoE starts at moe_initial_s
     moe_initial_s: int = 2
     burst: int = 2  # k when no interactive stream decodes
-    max_starve_ticks: int = 8
+    max_starve_ticks: int = 50  # a rescue is the backstop, not the path
     rescue_slack: float = 1.5  # a starvation rescue may stretch a tick this far over budget
     min_prefill: int = 16  # interactive prompts' floor, and the slow start's first chunk
     climb_window: int = 16  # ticks per hill-climb step of S
@@ -88,10 +91,16 @@ class SloPolicy:
         cost = state.cost
 
         solo_ms = cost.predict(0, len(inter_dec), decode_kv(inter_dec))
+        # What the streams see alone, at the 95th percentile, relative to solo_ms: jitter and
+        # their own new prompts. A tick planned at t runs up to t × jitter (95th percentile),
+        # so ticks planned at latency_cap × solo × alone / jitter keep the streams' p95 within
+        # latency_cap of their p95 alone, however many of them there are.
+        jitter = state.decode_noise
+        alone = max(state.alone_p95_ratio, jitter)
         if self.tick_budget_ms is not None:
             budget = max(self.tick_budget_ms, solo_ms)
         elif inter_dec:
-            budget = self.latency_cap * solo_ms
+            budget = self.latency_cap * solo_ms * alone / jitter
         else:
             budget = self.idle_budget_ms
 
@@ -115,39 +124,53 @@ class SloPolicy:
         kv = decode_kv(served)
         decode_ms = cost.predict(0, len(served), kv)
         spare_ms = max(0.0, budget - decode_ms)
+        # The longest tick background work may cause: pause_factor × the streams' p95 alone
+        # (rare: see pause_share). New interactive prompts get pause_factor × their jittered
+        # solo time; basing theirs on the p95 alone, which they raise, would feed back.
+        pause_ms = max(budget, self.pause_factor * solo_ms * alone) - decode_ms
+        floor_ms = max(budget, self.pause_factor * solo_ms * jitter) - decode_ms
+        bank_ms = 0.0  # what this tick may spend beyond its own spare time
         if inter_dec:  # the hold protects interactive streams; with none decoding, no need
-            ceiling_ms = max(budget, self.pause_factor * solo_ms) - decode_ms
-            spare_ms = 0.0 if mem.hold else min(spare_ms * mem.ramp + mem.credit_ms, ceiling_ms)
+            spare_ms = 0.0 if mem.hold else spare_ms * mem.ramp
+            # Saved time is spent in one tick past the budget while such ticks stay under
+            # pause_share of the recent ones (out of the p95), or in a tick a new interactive
+            # prompt stretches anyway.
+            rare = mem.over_mask.bit_count() + 1 <= self.pause_share * self.pause_window
+            riding = any(s.phase is Phase.PREFILL for s in inter)
+            if not mem.hold and (rare or riding):
+                bank_ms = max(0.0, min(mem.credit_ms, pause_ms - spare_ms))
         cap = min(room, mem.chunk_cap, self._bmt_room(state, budget, served, room))
         rescue_ms = None  # not starving
         if self._starving(mem):
             rescue_ms = budget * self.rescue_slack - cost.predict(0, len(served), kv)
         waiting = prefill_order([s for s in state.sessions if s.phase is Phase.PREFILL])
         # A new interactive prompt is someone waiting for a first token: it may stretch the
-        # decoders' tick to pause_factor × their solo time, whatever the hold says; with no
-        # decoder to protect, it goes in whole (chunking it would only delay its first token).
-        if inter_dec:
-            floor_ms = max(budget, self.pause_factor * solo_ms) - decode_ms
-        else:
+        # decoders' tick to the pause bound, whatever the hold says; with no decoder to
+        # protect, it goes in whole (chunking it would only delay its first token).
+        if not inter_dec:
             floor_ms = spare_ms if served else math.inf
-        prefill = self._prefill(waiting, cost, spare_ms, floor_ms, cap, room, rescue_ms)
+        prefill = self._prefill(waiting, cost, spare_ms + bank_ms, floor_ms, cap, room,
+                                rescue_ms)
         items = [BatchItem(s.seq_id, Phase.DECODE, 1, logits=True) for s in served] + prefill
         prefill_ms = sum(cost.prefill_ms(i.n_tokens, sessions_by_seq[i.seq_id].n_past, k == 0)
                          for k, i in enumerate(prefill))
 
         # Unused prompt time carries over while a background prompt waits: one token deep into
-        # a long prompt can cost more than a tick's whole spare (2.75 ms against 1.8 ms on CPU).
-        credit = spare_ms - prefill_ms if inter_dec and any(
+        # a long prompt can cost more than a tick's whole spare (2.75 ms against 1.8 ms on CPU),
+        # and on a GPU the step into prompt work costs more than a tick's spare.
+        credit = min(mem.credit_ms + spare_ms - prefill_ms, pause_ms) if inter_dec and any(
             s.priority is Priority.BACKGROUND for s in waiting) else 0.0
+        over = decode_ms + prefill_ms > budget + 1e-9
         served_back = sum(1 for s in served if s.priority is Priority.BACKGROUND)
         back_progress = served_back or any(
             i.seq_id in {s.seq_id for s in back} for i in prefill)
         n_prefill = sum(i.n_tokens for i in prefill)
         mem = dataclasses.replace(
             mem, budget_ms=max(budget, decode_ms + prefill_ms), credit_ms=max(0.0, credit),
+            over_mask=((mem.over_mask << 1) | over) & ((1 << self.pause_window) - 1),
             starve=0 if back_progress or not back else mem.starve + 1, last_prefill=n_prefill)
         notes = {
-            "budget_ms": budget, "credit_ms": credit,
+            "budget_ms": budget, "credit_ms": credit, "pause_ms": pause_ms,
             "predicted_ms": decode_ms + prefill_ms,
             "served_decoders": len(served), "parked": len(inter_dec) + len(back_dec)
             - len(served), "guard_active": bool(mem.hold or mem.ramp < 1.0), "s": mem.s,
@@ -235,7 +258,10 @@ class SloPolicy:
             mem = dataclasses.replace(mem, chunk_cap=self.min_prefill)
         if state.last_tick_ms <= 0 or mem.budget_ms <= 0:
             return mem
-        over = state.last_tick_ms > mem.budget_ms * self.overrun_slack + self.overrun_slack_ms
+        # Over budget is past what plain decode ticks themselves stray (their p95 over the
+        # model's mean): a GPU's jitter alone would otherwise halve the prompt chunks for good.
+        slack = max(self.overrun_slack, state.decode_noise)
+        over = state.last_tick_ms > mem.budget_ms * slack + self.overrun_slack_ms
         if over:
             # Twice what was allowed is no longer noise: the cost model is wrong about this
             # kind of chunk (a prompt's deep end), so the slow start begins again.

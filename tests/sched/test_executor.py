@@ -1,0 +1,19 @@
+"""The executor on the real core: calibration before serving."""
+
+import uma
+from uma.sched.cost import CostEstimate
+
+
+def test_calibration_prices_ticks_at_what_the_device_charges_and_leaves_the_cache_empty(
+        tiny_path):
+    with uma.Engine(tiny_path, n_ctx=512, n_seq_max=4) as e:
+        est = e._executor.cost.estimate
+        generic = CostEstimate()
+        # A 2-layer model costs microseconds a prompt token, not the generic prior's 0.5 ms.
+        assert 0 < est.per_prefill_ms < generic.per_prefill_ms / 10
+        assert est.predict(0, 1) < generic.predict(0, 1)
+        assert all(e.ctx.seq_pos_max(seq) == -1 for seq in range(4))
+        snap = e.snapshot()
+        assert snap["ticks_total"] == 0 and snap["kv_cells_used"] == 0
+        assert e.generate("Hello", max_tokens=4, ignore_eos=True).usage.completion_tokens == 4
+
