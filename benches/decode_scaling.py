@@ -53,12 +53,14 @@ def device_bandwidth_gbps(gpu: bool) -> float | None:
     return 2 * src.nbytes / best / 1e9
 
 
-def run_streams(server: Server, n: int, tokens: int) -> list[Stream]:
+def run_streams(servers: list[Server], n: int, tokens: int) -> list[Stream]:
+    """n concurrent streams released together, stream i sent to servers[i % len(servers)]."""
     out: list[Stream] = []
     lock = threading.Lock()
     go = threading.Barrier(n)
 
     def one(i: int) -> None:
+        server = servers[i % len(servers)]
         go.wait()
         s = sse_completion(server.port, {
             "prompt": f"Stream {i}: list the planets of the solar system.", "max_tokens": tokens,
@@ -107,8 +109,7 @@ def main() -> int:
     with _core.Model(model, vocab_only=True) as vocab:
         prompt_tokens = len(vocab.tokenize("Stream 10: list the planets of the solar system."))
     with _core.Model(model, n_gpu_layers=0) as m:
-        info = m.info()
-    bmt = BmtModel.from_model(info)
+        bmt = BmtModel.of(m)
     gbps = device_bandwidth_gbps(ns.gpu_layers != 0)
     top = max(counts)
     common = {"threads": ns.threads, "parallel": top, "gpu_layers": ns.gpu_layers,
@@ -123,13 +124,13 @@ def main() -> int:
                          **common) as peer:
         sides = [uma, peer]
         for server in sides:  # warm-up
-            run_streams(server, 2, 8)
+            run_streams([server], 2, 8)
         for k, n in enumerate(counts):
             for server in sides[k % 2:] + sides[:k % 2]:
                 row = {"side": server.name.split()[0] if server.socket else server.name,
                        "streams": n}
                 try:
-                    row.update(summarise(run_streams(server, n, ns.tokens)))
+                    row.update(summarise(run_streams([server], n, ns.tokens)))
                 except RuntimeError as exc:  # reported in the table, not hidden
                     row["failed"] = str(exc)
                     rows.append(row)
@@ -144,13 +145,8 @@ def main() -> int:
                     row["roofline_fraction"] = row["achieved_gbps"] / gbps
                 rows.append(row)
                 print(report.table(rows[-1:], COLUMNS).splitlines()[1], flush=True)
-    for n in counts:
-        u = next(r for r in rows if r["streams"] == n and r["side"] == "uma")
-        p = next(r for r in rows if r["streams"] == n and r["side"] == "llama-server")
-        if "tokens_per_s" in u and "tokens_per_s" in p:
-            u["vs_llama_server"] = u["tokens_per_s"] / p["tokens_per_s"]
-    print(report.table(rows, COLUMNS))
-    path = report.write(ns.out, meta, rows)
+    report.add_ratios(rows, ("streams",))
+    path = report.publish(ns.out, meta, rows, COLUMNS)
     png = plots.lines(path, "streams", [("tokens_per_s", "aggregate tokens/s"),
                                         ("itl_p95_ms", "inter-token p95 (ms)"),
                                         ("achieved_gbps", "bytes moved (GB/s)")],

@@ -37,26 +37,11 @@ import plots  # noqa: E402
 import report  # noqa: E402
 from llama_tools import ensure_tools  # noqa: E402
 from servers import Server, llama_server, uma_server  # noqa: E402
-from streams import Stream, percentiles, sse_completion  # noqa: E402
-from uma import _core, synth  # noqa: E402
+from streams import Stream, long_prompt, percentiles, sse_completion  # noqa: E402
+from uma import synth  # noqa: E402
 
 ITL_TARGET = 1.2  # interactive p95 under the storm / alone
 PAUSE_TARGET = 2.0  # worst interactive pause under the storm / p95 alone
-
-
-def long_prompt(model: Path, n_tokens: int, salt: int = 0) -> str:
-    """Text that tokenises to about n_tokens with the model's own tokenizer."""
-    with _core.Model(model, vocab_only=True) as vocab:
-        words = [f"item{i + 7919 * salt} is filed under section {i % 97}."
-                 for i in range(n_tokens)]
-        lo, hi = 1, len(words)
-        while lo < hi:  # the shortest prefix reaching n_tokens
-            mid = (lo + hi) // 2
-            if len(vocab.tokenize(" ".join(words[:mid]))) >= n_tokens:
-                hi = mid
-            else:
-                lo = mid + 1
-    return " ".join(words[:lo])
 
 
 class Phase:

@@ -2,9 +2,10 @@
 
 Wall-clock times on a shared 2-core CI machine swing by tens of percent between runs and by
 more between machines, so raw times are never compared. Each benchmark's fastest round (the
-least disturbed by other work on the machine) is divided by that of test_reference_calibration, a fixed Python + numpy workload timed in the same
-run; the machine's speed cancels, and the ratio is compared against benches/baseline.json with
-a factor-of-2 margin, wide enough for noise and narrow enough for a real regression.
+least disturbed by other work on the machine) is divided by that of
+test_reference_calibration, a fixed Python + numpy workload timed in the same run; the
+machine's speed cancels, and the ratio is compared against benches/baseline.json with a
+factor-of-2 margin, wide enough for noise and narrow enough for a real regression.
 
     pytest benches --benchmark-only --benchmark-json=bench.json
     python benches/regress.py bench.json              # exit 1 on a 2x regression

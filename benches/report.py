@@ -74,6 +74,27 @@ def write(name: str, info: dict, rows: list[dict], extra: dict | None = None,
     return path
 
 
+def publish(name: str, info: dict, rows: list[dict], columns: list[tuple[str, str, str]],
+            extra: dict | None = None) -> Path:
+    """Prints the whole table and writes the result files; returns the JSON path."""
+    print(table(rows, columns))
+    return write(name, info, rows, extra)
+
+
+def add_ratios(rows: list[dict], match: tuple[str, ...], value: str = "tokens_per_s",
+               ours: str = "uma", peer: str = "llama-server",
+               out: str = "vs_llama_server") -> None:
+    """Sets rows[out] = our value / the peer's, on each of our rows, against the peer's row
+    with the same `match` fields (where both have the value)."""
+    for r in rows:
+        if r.get("side") != ours or value not in r:
+            continue
+        p = next((p for p in rows if p.get("side") == peer
+                  and all(p.get(k) == r.get(k) for k in match)), None)
+        if p is not None and value in p:
+            r[out] = r[value] / p[value]
+
+
 def table(rows: list[dict], columns: list[tuple[str, str, str]]) -> str:
     """A fixed-width text table; columns are (key, header, format)."""
     widths = [max(len(h), 10) for _, h, _ in columns]

@@ -1,6 +1,6 @@
-"""Client side of every scenario: one streamed completion, timed token by token. Both servers
-are read by the same stdlib HTTP/SSE client (http.client, one JSON parse per event); the UMA
-socket by uma.Client (one msgpack frame per event)."""
+"""Client side of every scenario: the prompts it sends and one streamed completion, timed
+token by token. Both servers are read by the same stdlib HTTP/SSE client (http.client, one JSON
+parse per event); the UMA socket by uma.Client (one msgpack frame per event)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,27 @@ import http.client
 import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
+from uma import _core
 from uma.client import Client
+
+
+def long_prompt(model: Path, n_tokens: int, salt: int = 0) -> str:
+    """Text that tokenises to about n_tokens with the model's own tokenizer."""
+    with _core.Model(model, vocab_only=True) as vocab:
+        words = [f"item{i + 7919 * salt} is filed under section {i % 97}."
+                 for i in range(n_tokens)]
+        lo, hi = 1, len(words)
+        while lo < hi:  # the shortest prefix reaching n_tokens
+            mid = (lo + hi) // 2
+            if len(vocab.tokenize(" ".join(words[:mid]))) >= n_tokens:
+                hi = mid
+            else:
+                lo = mid + 1
+    return " ".join(words[:lo])
 
 
 @dataclass
