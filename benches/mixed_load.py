@@ -54,10 +54,11 @@ class Phase:
         self._lock = threading.Lock()
         self._roles: list = []
 
-    def request(self, cls: str, label: str, prompt: str, max_tokens: int) -> Stream:
+    def request(self, cls: str, label: str, prompt: str, max_tokens: int,
+                timeout: float = 300.0) -> Stream:
         s = sse_completion(self.server.port, {
             "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "priority": cls, **(self.server.extra or {})}, label=label)
+            "priority": cls, **(self.server.extra or {})}, label=label, timeout=timeout)
         with self._lock:
             self.streams.append((cls, s))
         return s
@@ -136,11 +137,13 @@ def interactive_phase(server: Server, ns, storms: list[str]) -> Phase:
 
     def background(j: int) -> None:
         time.sleep(ns.arrive_s + 0.25 * j)
-        phase.request("background", f"bg{j}", storms[j], ns.bg_tokens)
-        with phase._lock:
-            remaining[0] -= 1
-            if remaining[0] == 0:
-                storm_done.set()
+        try:  # a scheduler may take minutes to a background first token: wait an hour
+            phase.request("background", f"bg{j}", storms[j], ns.bg_tokens, timeout=3600)
+        finally:  # failed or not, the storm is over for this request
+            with phase._lock:
+                remaining[0] -= 1
+                if remaining[0] == 0:
+                    storm_done.set()
 
     for i in range(ns.streams):
         phase.role(interactive, i)
