@@ -89,7 +89,6 @@ class Engine:
         self._executor = Executor(self.ctx, policy, self._output, self.metrics,
                                   bmt=BmtModel.of(self.model, config.type_k),
                                   bmt_budget_gbps=self._bandwidth(config))
-        self._executor.calibrate()
         self._submitted = self.metrics.counter("requests_submitted_total", "requests accepted")
         self._thread = threading.Thread(target=self._compute, name="uma-compute", daemon=True)
         self._thread.start()
@@ -201,6 +200,10 @@ class Engine:
 
     def _compute(self) -> None:
         ex = self._executor
+        # On this thread, like every tick: ggml's OpenMP pool belongs to the thread that first
+        # decodes, and calibrating from the constructor's thread left a second pool behind
+        # that made every later decode ~25 % slower (134M, 2 threads).
+        ex.calibrate()
         while True:
             with self._cond:
                 while not (self._inbox or self._poked or self._closing or self._reprioritize
