@@ -1,7 +1,8 @@
-"""The executor on the real core: calibration before serving."""
+"""The executor: calibration before serving (on the real core) and its tick spread."""
 
 import uma
 from uma.sched.cost import CostEstimate
+from uma.sched.executor import TickSpread
 
 
 def test_calibration_prices_ticks_at_what_the_device_charges_and_leaves_the_cache_empty(
@@ -19,3 +20,18 @@ def test_calibration_prices_ticks_at_what_the_device_charges_and_leaves_the_cach
         snap = e.snapshot()
         # scratch batches are not ticks: the prompt in one, then three decode steps
         assert snap["ticks_total"] == 4 and snap["kv_cells_used"] == 0
+
+
+def test_tick_spread_reports_the_p95_of_recent_ratios_every_16_samples():
+    spread = TickSpread(size=64)
+    for _ in range(31):
+        spread.add(2.0, 1.0, None, decode_only=True)
+    assert spread.decode == 1.0  # not enough samples yet
+    spread.add(2.0, 1.0, None, decode_only=True)
+    assert spread.decode == 2.0
+    for _ in range(15):  # the window now says 1.0, but only every 16th sample recomputes
+        spread.add(1.0, 1.0, 1.0, decode_only=True)
+    assert spread.decode == 2.0 and spread.alone == 0.0
+    for _ in range(200):
+        spread.add(1.0, 1.0, 1.0, decode_only=True)
+    assert spread.decode == 1.0 and spread.alone == 1.0

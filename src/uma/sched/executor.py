@@ -80,26 +80,27 @@ class TickSpread:
     background work (jitter and their own new prompts), the reference the latency cap is
     relative to."""
 
+    EVERY = 16  # samples between recomputations: a percentile per tick is hot-path waste
+
     def __init__(self, size: int = 256) -> None:
         self._decode: collections.deque[float] = collections.deque(maxlen=size)
         self._alone: collections.deque[float] = collections.deque(maxlen=size)
+        self._added = {"decode": 0, "alone": 0}
         self.decode = 1.0
         self.alone = 0.0  # 0: not seen yet
 
     def add(self, measured_ms: float, predicted_ms: float, solo_ms: float | None,
             decode_only: bool) -> None:
         if decode_only:
-            self.decode = self._push(self._decode, measured_ms / max(predicted_ms, 1e-3),
-                                     self.decode)
+            self._push("decode", self._decode, measured_ms / max(predicted_ms, 1e-3))
         if solo_ms is not None:
-            self.alone = self._push(self._alone, measured_ms / max(solo_ms, 1e-3), self.alone)
+            self._push("alone", self._alone, measured_ms / max(solo_ms, 1e-3))
 
-    @staticmethod
-    def _push(ratios: collections.deque[float], ratio: float, current: float) -> float:
+    def _push(self, name: str, ratios: collections.deque[float], ratio: float) -> None:
         ratios.append(ratio)
-        if (len(ratios) >= 32 and len(ratios) % 16 == 0) or len(ratios) == ratios.maxlen:
-            return max(1.0, float(np.percentile(ratios, 95)))
-        return current
+        self._added[name] += 1
+        if len(ratios) >= 2 * self.EVERY and self._added[name] % self.EVERY == 0:
+            setattr(self, name, max(1.0, float(np.percentile(ratios, 95))))
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,19 +181,19 @@ class Executor:
         self.cost.calibrate(ticks)
 
     def _scratch(self, prompt: np.ndarray, rows: int) -> float:
-        """One scratch decode: `rows` decode rows at position 0 and a prompt chunk on the next
-        sequence; returns its milliseconds, leaving the cache empty."""
+        """One scratch decode, either `rows` decode rows at position 0 or a prompt chunk on
+        sequence 0; returns its milliseconds, leaving the cache empty."""
         batch = self.batch
         batch.clear()
-        for seq in range(rows):
-            batch.add(int(prompt[0]) if len(prompt) else 1, 0, seq, True)
         if len(prompt):
-            batch.add_sequence(prompt, 0, rows, logits_last=True)
+            batch.add_sequence(prompt, 0, 0, logits_last=True)
+        for seq in range(rows):
+            batch.add(1, 0, seq, True)
         t0 = time.perf_counter()
         try:
             self.ctx.decode(batch)
         finally:
-            for seq in range(min(rows + 1, self.ctx.n_seq_max)):
+            for seq in range(max(rows, 1)):
                 self.ctx.seq_rm(seq)
         return (time.perf_counter() - t0) * 1e3
 

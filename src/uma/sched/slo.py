@@ -63,7 +63,8 @@ class SloPolicy:
     latency_cap: float = 1.20  # interactive tick time allowed, relative to their own decode time
     tick_budget_ms: float | None = None  # an explicit budget instead of the cap
     idle_budget_ms: float = 50.0  # budget when no interactive stream decodes (bounds TTFT)
-    pause_factor: float = 1.8  # no tick with interactive decoders goes past this × solo time
+    pause_factor: float = 1.8  # longest tick with interactive decoders: × their p95 alone
+    # (background work on saved time) or × their jittered solo time (a new interactive prompt)
     pause_share: float = 0.04  # most ticks past the budget, of the last pause_window
     pause_window: int = 100
     hold_ticks: int = 4  # H: ticks without prompt tokens after an overrun
