@@ -118,11 +118,18 @@ class Phase:
 
 def interactive_phase(server: Server, ns, storms: list[str]) -> Phase:
     """K streams of back-to-back 128-token requests; with storms, they keep going until every
-    background request has finished, else each sends --rounds requests."""
+    background request has finished, else until --alone-s after the last stream started (and
+    --rounds requests each). Alone, all K must overlap as they do under the storm: with a fixed
+    number of rounds, fast GPU requests ended before the last stream began, and a phase of
+    three concurrent streams was compared with a storm of eight."""
     phase = Phase(server)
     storm_done = threading.Event()
     if not storms:
-        storm_done.set()
+        def clock() -> None:
+            time.sleep(ns.stagger_s * (ns.streams - 1) + ns.alone_s)
+            storm_done.set()
+
+        phase.role(clock)
 
     def interactive(i: int) -> None:
         time.sleep(i * ns.stagger_s)  # apps do not start in lockstep
@@ -231,6 +238,8 @@ def main() -> int:
     ap.add_argument("--streams", type=int, default=3, help="interactive streams (K)")
     ap.add_argument("--tokens", type=int, default=128, help="per interactive request")
     ap.add_argument("--rounds", type=int, default=3, help="requests per stream when alone")
+    ap.add_argument("--alone-s", type=float, default=4.0,
+                    help="alone phase: seconds all streams run together (at least --rounds)")
     ap.add_argument("--stagger-s", type=float, default=0.3,
                     help="stream i starts i × this late, so requests do not start in lockstep")
     ap.add_argument("--background", type=int, default=1, help="background requests (N)")

@@ -18,6 +18,7 @@ SCENARIOS=${SCENARIOS:-mixed scaling overhead}
 # mixes prompt chunks and decode rows into several micro-batches (equal tokens per sequence),
 # each reading all the weights again.
 MIXED_ARGS=${MIXED_ARGS:---kv-unified}
+SIDES=${SIDES:-uma slo,uma baseline,llama-server}
 
 if [ ! -f third_party/llama.cpp/CMakeLists.txt ]; then
   mkdir -p third_party/llama.cpp && tar -xf .device/llama-src.tar.* -C third_party/llama.cpp
@@ -39,7 +40,7 @@ GPU="--backend cuda --gpu-layers 99 --threads 8"
 for m in $MODELS; do
   # 1. mixed load: 8 interactive streams, 2 background prompts of 6000 tokens
   [[ $SCENARIOS == *mixed* ]] && timeout 240 python3 benches/mixed_load.py --model "$m" $GPU --streams 8 --background 2 \
-    --storm-tokens 6000 --sides "uma slo,uma baseline,llama-server" $MIXED_ARGS \
+    --storm-tokens 6000 --sides "$SIDES" $MIXED_ARGS \
     --out "$OUT/mixed_load_h100_$m" 2>&1 | grep -v "^ggml_cuda_init\|^  Device" \
     | tee -a "$OUT/log.txt"
   # 2. decode scaling, 1..32 streams, with the bandwidth roofline (CuPy measures the GPU's)

@@ -200,25 +200,43 @@ def test_nothing_starves_and_interactive_decoders_are_always_served(spec):
 GPU = CostEstimate(fixed_ms=2.5, per_prefill_ms=0.04, per_decode_ms=0.05, prefill_step_ms=1.4)
 
 
-def test_ticks_past_the_budget_stay_rare_and_the_background_prompt_still_moves():
-    policy = SloPolicy()
+def gpu_storm(policy, cost, ticks):
+    """Eight interactive decoders and a long background prompt on a simulated GPU: the
+    background tokens each tick took, and whether the tick went past its budget."""
     sessions = [session(i, INT, Phase.DECODE) for i in range(8)]
     sessions.append(session(10, BG, Phase.PREFILL, prompt=100000))
-    memory, last_ms, over, moved = None, 0.0, [], 0
-    for t in range(1000):
+    memory, last_ms, over, chunks = None, 0.0, [], []
+    for t in range(ticks):
         plan = policy.schedule_tick(dataclasses.replace(
-            state(sessions, tick=t, memory=memory, last_ms=last_ms), cost=GPU))
+            state(sessions, tick=t, memory=memory, last_ms=last_ms), cost=cost))
         memory = plan.memory
         n = sum(i.n_tokens for i in plan.items if i.seq_id == 10)
-        last_ms = GPU.predict(n, 8)
+        last_ms = cost.predict(n, 8)
         over.append(last_ms > plan.notes["budget_ms"] + 1e-9)
-        assert last_ms <= policy.pause_factor * GPU.predict(0, 8) + 1e-9
-        moved += n
+        assert last_ms <= policy.pause_factor * cost.predict(0, 8) + 1e-9
+        chunks.append(n)
         done = sessions[-1].n_prefilled + n
         sessions[-1] = dataclasses.replace(sessions[-1], n_prefilled=done, n_past=done)
+    return chunks, over
+
+
+def test_ticks_past_the_budget_stay_rare_and_the_background_prompt_still_moves():
+    chunks, over = gpu_storm(SloPolicy(), GPU, 1000)
     # 4 in 100 on saved time, and at most one starvation rescue
     assert all(sum(over[t:t + 100]) <= 5 for t in range(900))
-    assert moved > 500
+    assert sum(chunks) > 500
+
+
+def test_background_chunks_that_would_be_mostly_step_wait_for_saved_time():
+    # The step fits the spare time, but the few tokens that fit with it would not amortise it.
+    cost = dataclasses.replace(GPU, prefill_step_ms=0.3)
+    chunks, _ = gpu_storm(SloPolicy(), cost, 400)
+    taken = sorted(n for n in chunks if n)
+    assert taken and cost.prefill_ms(taken[len(taken) // 2], 0, False) >= cost.prefill_step_ms
+    assert len(taken) < 0.1 * len(chunks)
+    # without the rule, nearly every tick pays the step for a handful of tokens
+    loose, _ = gpu_storm(SloPolicy(step_amortise=0.0), cost, 400)
+    assert sum(1 for n in loose if 0 < n < 8) > 0.5 * len(loose)
 
 
 def test_measured_decode_jitter_widens_the_pause():

@@ -15,12 +15,15 @@ def test_interactive_streams_are_served_every_tick_while_a_long_prompt_prefills(
         for s in streams:  # both are decoding once each has a token
             next(iter(s))
         inter_seqs = set(e._executor.running)  # only the two streams hold sequences now
-        start = len(trace)
         storm = e.submit(" ".join(f"w{i}" for i in range(700)), max_tokens=4,
                          priority="background")
         results = [s.result(timeout=120) for s in streams]
         assert storm.result(timeout=120).finish_reason == "length"
     assert len(inter_seqs) == 2
+    # From the tick after the streams' last prompt chunk (a first token reaches its handle
+    # before the executor records the tick that sampled it).
+    start = 1 + max(k for k, (*_, plan) in enumerate(trace) if any(
+        i.phase is Phase.PREFILL and i.seq_id in inter_seqs for i in plan.items))
     # While the streams run, every tick that prefills the storm also serves both of them.
     during = [plan for *_, plan in trace[start:]
               if inter_seqs <= {i.seq_id for i in plan.items}

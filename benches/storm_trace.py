@@ -1,0 +1,200 @@
+"""Where a storm's ticks go: the mixed-load scenario in process, with the executor's trace.
+
+    python benches/storm_trace.py --model 1b --gpu-layers 99 --threads 8 --streams 8 \
+        --background 2 --storm-tokens 6000 --variant default: --variant tight:overrun_slack_ms=0.2
+
+K interactive streams run alone, then while background prompts arrive, on one engine; each
+variant sets SloPolicy fields for both phases. Per variant it prints the streams' inter-token
+p50/p95/worst in both phases, the background TTFT, and the storm's ticks by kind (decode only,
+with background prompt tokens, with interactive prompt tokens): how many, measured and predicted
+milliseconds, the budget the policy set and the prompt tokens taken. That is what tells a cost
+model that mispredicts from a guard that lets too much through. The mixed-load bench
+(mixed_load.py) is the side-by-side figure; this is the diagnosis behind it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+import uma
+from uma import synth
+from uma.sched.slo import SloPolicy
+from uma.sched.state import Phase, Priority
+
+
+def parse_variant(text: str, fields: dict[str, dataclasses.Field]) -> tuple[str, dict]:
+    """'name:field=value,field=value' → (name, {field: value}) for SloPolicy fields."""
+    name, _, spec = text.partition(":")
+    knobs = {}
+    for pair in filter(None, spec.split(",")):
+        key, _, value = pair.partition("=")
+        if key not in fields:
+            raise SystemExit(f"--variant {text!r}: SloPolicy has no field {key!r}")
+        knobs[key] = type(getattr(SloPolicy(), key))(value)
+    return name or "default", knobs
+
+
+def stream_loop(engine: uma.Engine, seed: int, tokens: int, stop: threading.Event,
+                itls: list[float]) -> None:
+    """One interactive stream: short prompts one after another until `stop`; appends every
+    inter-token gap (ms) to itls."""
+    rng = np.random.default_rng(seed)
+    while not stop.is_set():
+        prompt = rng.integers(100, 30000, 32).astype(np.int32)
+        result = engine.generate(prompt, max_tokens=tokens, ignore_eos=True)
+        itls.extend(np.diff(result.timings.token_ms).tolist())
+
+
+def run_phase(engine: uma.Engine, ns: argparse.Namespace, storm: bool) -> dict:
+    stop = threading.Event()
+    itls: list[float] = []
+    threads = [threading.Thread(target=stream_loop, args=(engine, i, ns.tokens, stop, itls))
+               for i in range(ns.streams)]
+    for t in threads:  # staggered, so the streams' prompts do not all land in one tick
+        t.start()
+        time.sleep(ns.stagger_s)
+    out: dict = {}
+    if not storm:  # all K streams together, as under the storm
+        time.sleep(ns.alone_s)
+        stop.set()
+    if storm:
+        time.sleep(ns.arrive_s)
+        trace = engine._executor.trace
+        start = len(trace)
+        rng = np.random.default_rng(99)
+        bg = [engine.submit(rng.integers(100, 30000, ns.storm_tokens).astype(np.int32),
+                            max_tokens=ns.bg_tokens, ignore_eos=True, priority="background")
+              for _ in range(ns.background)]
+        results = [h.result() for h in bg]
+        out["bg_ttft_ms"] = max(r.timings.ttft_ms for r in results)
+        out["ticks"] = tick_kinds(trace[start:])
+        stop.set()
+    for t in threads:
+        t.join()
+    out.update(itl_p50_ms=pct(itls, 50), itl_p95_ms=pct(itls, 95), worst_ms=max(itls),
+               tokens=len(itls))
+    return out
+
+
+def tick_kinds(trace: list[tuple]) -> dict[str, dict]:
+    """The storm's ticks grouped by what they carried."""
+    kinds: dict[str, list[tuple]] = {"decode only": [], "background prompt": [],
+                                     "interactive prompt": []}
+    for tick in trace:
+        n_prefill, plan = tick[0], tick[-1]
+        if not n_prefill:
+            kinds["decode only"].append(tick)
+            continue
+        bg = any(i.phase is Phase.PREFILL and plan.notes.get("prio", {}).get(i.seq_id)
+                 is Priority.BACKGROUND for i in plan.items)
+        kinds["background prompt" if bg else "interactive prompt"].append(tick)
+    out = {}
+    for kind, ticks in kinds.items():
+        if not ticks:
+            continue
+        notes = [t[-1].notes for t in ticks]
+        out[kind] = {
+            "n": len(ticks),
+            "tick_p50_ms": pct([t[4] * 1e3 for t in ticks], 50),
+            "tick_p95_ms": pct([t[4] * 1e3 for t in ticks], 95),
+            "predicted_p50_ms": pct([n.get("predicted_ms", 0.0) for n in notes], 50),
+            "budget_p50_ms": pct([n.get("budget_ms", 0.0) for n in notes], 50),
+            "prompt_tokens_p50": pct([t[0] for t in ticks], 50),
+            "decoders_p50": pct([t[1] for t in ticks], 50),
+        }
+    return out
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="134m", help="a synth preset or a GGUF path")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--gpu-layers", type=int, default=0)
+    ap.add_argument("--streams", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--alone-s", type=float, default=3.0,
+                    help="seconds all streams run together before the storm's phase")
+    ap.add_argument("--stagger-s", type=float, default=0.3)
+    ap.add_argument("--arrive-s", type=float, default=1.0)
+    ap.add_argument("--background", type=int, default=1)
+    ap.add_argument("--storm-tokens", type=int, default=3000)
+    ap.add_argument("--bg-tokens", type=int, default=16)
+    ap.add_argument("--variant", action="append", default=[],
+                    help="name:field=value,... SloPolicy fields for one run (repeatable)")
+    ap.add_argument("--out", default="", help="also write the figures to this JSON file")
+    ns = ap.parse_args()
+    fields = {f.name: f for f in dataclasses.fields(SloPolicy)}
+    variants = [parse_variant(v, fields) for v in ns.variant or ["default:"]]
+    path = Path(ns.model) if Path(ns.model).exists() else synth.cached_model(ns.model)
+    n_seq = ns.streams + ns.background
+    engine = uma.Engine(path, n_ctx=n_seq * (ns.storm_tokens + 256), n_seq_max=n_seq,
+                        n_threads=ns.threads, n_gpu_layers=ns.gpu_layers, kv_unified=True,
+                        policy="slo")
+    engine.generate("warm up", max_tokens=4)
+    executor = engine._executor
+    base = executor.policy
+    figures = {}
+    try:
+        for name, knobs in variants:
+            executor.policy = _Labelled(dataclasses.replace(base, **knobs))
+            executor._memory = None
+            executor.trace = []
+            alone = run_phase(engine, ns, storm=False)
+            storm = run_phase(engine, ns, storm=True)
+            figures[name] = {"knobs": knobs, "alone": alone, "storm": storm,
+                             "cost": dataclasses.asdict(executor.cost.estimate)}
+            report(name, knobs, alone, storm, executor.cost.estimate)
+    finally:
+        engine.close()
+    if ns.out:
+        Path(ns.out).write_text(json.dumps(figures, indent=1, default=str))
+    return 0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Labelled:
+    """The policy, with each plan's notes also saying which sequences are background (the
+    trace keeps plans, not the snapshots they were planned from)."""
+
+    inner: object
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    def schedule_tick(self, state):
+        plan = self.inner.schedule_tick(state)
+        prio = {s.seq_id: s.priority for s in state.sessions}
+        return dataclasses.replace(plan, notes={**plan.notes, "prio": prio})
+
+
+def report(name: str, knobs: dict, alone: dict, storm: dict, cost) -> None:
+    ratio = storm["itl_p95_ms"] / alone["itl_p95_ms"]
+    print(f"== {name} {knobs}")
+    print(f"  ITL p50/p95/worst ms: alone {alone['itl_p50_ms']:.2f}/{alone['itl_p95_ms']:.2f}/"
+          f"{alone['worst_ms']:.1f}  storm {storm['itl_p50_ms']:.2f}/{storm['itl_p95_ms']:.2f}/"
+          f"{storm['worst_ms']:.1f}  p95 ratio {ratio:.2f}  bg TTFT {storm['bg_ttft_ms']:.0f} ms")
+    for kind, t in storm["ticks"].items():
+        print(f"  {kind:18s} n {t['n']:5d}  tick p50/p95 {t['tick_p50_ms']:6.2f}/"
+              f"{t['tick_p95_ms']:6.2f}  predicted {t['predicted_p50_ms']:6.2f}  budget "
+              f"{t['budget_p50_ms']:6.2f}  prompt tokens {t['prompt_tokens_p50']:5.0f}  "
+              f"decoders {t['decoders_p50']:3.0f}")
+    print(f"  cost: fixed {cost.fixed_ms:.3f}  per prompt token {cost.per_prefill_ms:.4f}  "
+          f"per decoder {cost.per_decode_ms:.4f}  per 1k kv {cost.per_kv_kpos_ms:.4f}  "
+          f"step {cost.prefill_step_ms:.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
