@@ -136,6 +136,46 @@ def test_bursts_keep_a_background_decoder_for_k_ticks():
     assert served[0] == served[1] == served[2] != served[3] == served[4] == served[5]
 
 
+def climb(policy, sessions, rate_of, ticks):
+    """Runs the policy with each tick taking 10 ms and yielding rate_of(s, k, tick) × 1000
+    tokens (a relative rate); returns the (S, k) of every plan."""
+    memory, out = None, []
+    for t in range(ticks):
+        snap = dataclasses.replace(state(sessions, tick=t, memory=memory, last_ms=10.0),
+                                   last_tick_tokens=round(1000 * rate_of(*out[-1], t))
+                                   if out else 0)
+        plan = policy.schedule_tick(snap)
+        memory = plan.memory
+        out.append((memory.s, memory.k))
+    return out
+
+
+def test_k_climbs_to_longer_bursts_when_they_raise_throughput():
+    back = [session(i, BG, Phase.DECODE) for i in range(4)]
+    policy = SloPolicy(initial_s=4)
+    steps = climb(policy, back, lambda s, k, t: 1 + 0.1 * k, 16 * 40)
+    assert steps[0][1] == policy.burst and steps[-1][1] == policy.max_burst
+
+
+def test_k_stays_put_while_interactive_streams_decode():
+    mixed = [session(0, INT, Phase.DECODE)] + [session(i, BG, Phase.DECODE) for i in (1, 2)]
+    steps = climb(SloPolicy(), mixed, lambda s, k, t: 1 + 0.1 * k, 16 * 20)
+    assert {k for _, k in steps} == {SloPolicy().burst}
+
+
+def test_noise_within_the_deadband_does_not_turn_a_climb_around():
+    back = [session(i, BG, Phase.DECODE) for i in range(16)]
+
+    def noisy(s, k, t):  # no real optimum: ±1 %, turning every three windows
+        return 1.0 + (0.01 if (t // 48) % 2 else -0.01)
+
+    s_steps = [s for s, _ in climb(SloPolicy(initial_s=4), back, noisy, 16 * 24)]
+    assert s_steps == sorted(s_steps) and s_steps[-1] > 4  # one way, up to its bound
+    loose = [s for s, _ in climb(SloPolicy(initial_s=4, climb_deadband=0.0), back, noisy,
+                                 16 * 24)]
+    assert loose != sorted(loose)  # without it, every worse window reverses the climb
+
+
 def test_a_new_interactive_request_starts_at_the_next_tick():
     busy = [session(i, BG, Phase.DECODE) for i in range(4)]
     busy.append(session(9, BG, Phase.PREFILL, prompt=3000))
@@ -200,15 +240,17 @@ def test_nothing_starves_and_interactive_decoders_are_always_served(spec):
 GPU = CostEstimate(fixed_ms=2.5, per_prefill_ms=0.04, per_decode_ms=0.05, prefill_step_ms=1.4)
 
 
-def gpu_storm(policy, cost, ticks):
-    """Eight interactive decoders and a long background prompt on a simulated GPU: the
-    background tokens each tick took, and whether the tick went past its budget."""
+def gpu_storm(policy, cost, ticks, alone=()):
+    """Eight interactive decoders and a long background prompt on a simulated GPU, with
+    `alone` the streams' measured tick ratios without background work: the background tokens
+    each tick took, and whether the tick went past its budget."""
     sessions = [session(i, INT, Phase.DECODE) for i in range(8)]
     sessions.append(session(10, BG, Phase.PREFILL, prompt=100000))
     memory, last_ms, over, chunks = None, 0.0, [], []
     for t in range(ticks):
         plan = policy.schedule_tick(dataclasses.replace(
-            state(sessions, tick=t, memory=memory, last_ms=last_ms), cost=cost))
+            state(sessions, tick=t, memory=memory, last_ms=last_ms), cost=cost,
+            alone_ratios=tuple(sorted(alone)), alone_p95_ratio=1.0 if alone else 0.0))
         memory = plan.memory
         n = sum(i.n_tokens for i in plan.items if i.seq_id == 10)
         last_ms = cost.predict(n, 8)
@@ -225,6 +267,16 @@ def test_ticks_past_the_budget_stay_rare_and_the_background_prompt_still_moves()
     # 4 in 100 on saved time, and at most one starvation rescue
     assert all(sum(over[t:t + 100]) <= 5 for t in range(900))
     assert sum(chunks) > 500
+
+
+def test_pauses_take_only_the_share_of_ticks_the_streams_own_tail_leaves():
+    # Alone, 3 % of the streams' ticks already run past latency_cap × their p95: of the 5 %
+    # the p95 allows, 1.5 % is left for pauses (less the margin), one tick in a hundred.
+    tail = [1.0] * 194 + [2.0] * 6
+    _, over = gpu_storm(SloPolicy(), GPU, 1000, alone=tail)
+    assert all(sum(over[t:t + 100]) <= 2 for t in range(900))  # one, and a rescue
+    _, free = gpu_storm(SloPolicy(), GPU, 1000, alone=[1.0] * 200)
+    assert max(sum(free[t:t + 100]) for t in range(900)) >= 4  # no tail: the full 4 %
 
 
 def test_background_chunks_that_would_be_mostly_step_wait_for_saved_time():

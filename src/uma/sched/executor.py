@@ -88,6 +88,7 @@ class TickSpread:
         self._added = {"decode": 0, "alone": 0}
         self.decode = 1.0
         self.alone = 0.0  # 0: not seen yet
+        self.alone_sorted: tuple[float, ...] = ()  # the alone ratios, sorted (policies' tails)
 
     def add(self, measured_ms: float, predicted_ms: float, solo_ms: float | None,
             decode_only: bool) -> None:
@@ -101,6 +102,8 @@ class TickSpread:
         self._added[name] += 1
         if len(ratios) >= 2 * self.EVERY and self._added[name] % self.EVERY == 0:
             setattr(self, name, max(1.0, float(np.percentile(ratios, 95))))
+            if name == "alone":
+                self.alone_sorted = tuple(sorted(ratios))
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,6 +303,7 @@ class Executor:
             memory=self._memory,
             decode_noise=self.spread.decode,
             alone_p95_ratio=self.spread.alone,
+            alone_ratios=self.spread.alone_sorted,
             bmt=self.bmt,
             bmt_budget_gbps=self.bmt_budget_gbps,
         )

@@ -9,10 +9,11 @@ One tick's plan is built in stages, each a pure function of the snapshot:
 2. LatencyGuard: the tick budget is latency_cap × what a tick of the interactive decoders
    alone is predicted to take (or an explicit tick_budget_ms). Background decoders that would
    break it are parked; prompt tokens get what the cost model predicts still fits, unless
-   a background chunk would be mostly the step into prompt work (a GPU's). Unused time is saved and spent in one tick past the budget (up to pause_factor × the streams' p95
-   alone, measured), only while such ticks stay under pause_share of the recent ones. After
-   a tick overruns its budget, prompts are held back for hold_ticks ticks, then let in
-   gradually.
+   a background chunk would be mostly the step into prompt work (a GPU's). Unused time is
+   saved and spent in one tick past the budget (up to pause_factor × the streams' p95 alone,
+   measured), only while such ticks stay under the share of recent ones that the p95 leaves
+   free (at most pause_share). After a tick overruns its budget, prompts are held back for
+   hold_ticks ticks, then let in gradually.
    The prompt allowance also grows no faster than it has been proven: it may at most double
    the largest chunk that last ran within budget (slow start). A cost model fitted over ticks
    that all looked alike cannot tell a prompt token's cost from the fixed cost, and its first
@@ -22,12 +23,15 @@ One tick's plan is built in stages, each a pure function of the snapshot:
 4. No starvation: background work that made no progress for max_starve_ticks ticks gets one
    decoder served, or the prompt chunk that fits rescue_slack × budget (at least one token).
 
+5. Throughput sweet spot: S and k are hill-climbed in turn on tokens per ms, with a deadband.
+
 Whatever the policy must remember (the hold, the ramp, S and k, the hill-climb) travels in
 SloMemory: the executor hands back the plan's memory in the next snapshot.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -44,13 +48,17 @@ class SloMemory:
     hold: int = 0  # ticks prompts are still held back after an overrun
     ramp: float = 1.0  # share of the prompt allowance let in again after a hold (0..1)
     s: int = 0  # background decoders served per tick (0: not yet set)
+    k: int = 0  # ticks a burst keeps the same background decoders (0: not yet set)
     starve: int = 0  # ticks since background work last progressed
     over_mask: int = 0  # bit i: background work put the tick i ticks ago past its budget
     chunk_cap: int = 0  # slow start: the most prompt tokens the next tick may take (0: unset)
     last_prefill: int = 0  # prompt tokens the last plan took
     overruns: int = 0  # ticks that took longer than their budget, in all
-    # throughput hill-climb over windows of ticks
-    direction: int = 1
+    # throughput hill-climb over windows of ticks, S and k in turn
+    direction: int = 1  # S's
+    k_direction: int = 1
+    climb_k: bool = False  # the current window moves k (only if no interactive decoder ran)
+    window_interactive: bool = False  # an interactive decoder ran in this window
     window_tokens: int = 0
     window_ms: float = 0.0
     window_ticks: int = 0
@@ -65,8 +73,11 @@ class SloPolicy:
     idle_budget_ms: float = 50.0  # budget when no interactive stream decodes (bounds TTFT)
     pause_factor: float = 1.8  # longest tick with interactive decoders: × their p95 alone
     # (background work on saved time) or × their jittered solo time (a new interactive prompt)
-    pause_share: float = 0.04  # most ticks past the budget, of the last pause_window
+    pause_share: float = 0.04  # most ticks past the budget, of the last pause_window...
+    min_pause_share: float = 0.01  # ...less the streams' own tail (see _pause_share), to this
     pause_window: int = 100
+    quantile: float = 0.95  # the interactive gap percentile latency_cap is judged at
+    tail_margin: float = 0.005  # kept free of pauses below 1 - quantile
     hold_ticks: int = 4  # H: ticks without prompt tokens after an overrun
     ramp_steps: int = 4  # ticks to let the prompt allowance back in after a hold
     overrun_slack: float = 1.10  # a tick is over budget when it took this much more,
@@ -74,12 +85,14 @@ class SloPolicy:
     interactive_reserve: float = 0.5  # share of the prompt allowance kept for interactive prompts
     initial_s: int = 8  # S for a dense model; an MoE starts at moe_initial_s
     moe_initial_s: int = 2
-    burst: int = 2  # k when no interactive stream decodes
+    burst: int = 2  # k to start, when no interactive stream decodes
+    max_burst: int = 8
     max_starve_ticks: int = 50  # a rescue is the backstop, not the path
     rescue_slack: float = 1.5  # a starvation rescue may stretch a tick this far over budget
     min_prefill: int = 16  # interactive prompts' floor, and the slow start's first chunk
     step_amortise: float = 1.0  # a background chunk that pays the step works this × the step
-    climb_window: int = 16  # ticks per hill-climb step of S
+    climb_window: int = 16  # ticks per hill-climb step of S or k
+    climb_deadband: float = 0.03  # a rate this much lower reverses a climb; less is noise
     name: str = "slo"
 
     @classmethod
@@ -111,7 +124,7 @@ class SloPolicy:
 
         # 1-2. decoders: interactive always, background up to S, within the budget
         served = list(inter_dec)
-        k = 1 if inter_dec else self.burst
+        k = 1 if inter_dec else mem.k
         candidates = rotated(back_dec, state.tick // k)[: max(mem.s, 0)]
         for s in candidates:
             trial = served + [s]
@@ -140,7 +153,7 @@ class SloPolicy:
             # Saved time is spent in one tick past the budget while such ticks stay under
             # pause_share of the recent ones (out of the p95), or in a tick a new interactive
             # prompt stretches anyway.
-            rare = mem.over_mask.bit_count() + 1 <= self.pause_share * self.pause_window
+            rare = mem.over_mask.bit_count() + 1 <= self._pause_share(state) * self.pause_window
             riding = any(s.phase is Phase.PREFILL for s in inter)
             if not mem.hold and (rare or riding):
                 bank_ms = max(0.0, min(mem.credit_ms, pause_ms - spare_ms))
@@ -262,17 +275,33 @@ class SloPolicy:
                 hi = mid - 1
         return lo
 
+    def _pause_share(self, state: SchedulerState) -> float:
+        """The share of ticks background work may push past the budget. The streams' p95 may
+        grow to latency_cap × its value alone only if at most 1 - quantile of their gaps are
+        longer than that; their own long ticks (new prompts, stalls: `tail`, measured while no
+        background request exists) already take part of that share. On the CPU mixed load
+        2.5 % of the gaps alone were that long, and 4 % of pauses on top put the p95 at
+        1.20-1.26x."""
+        ratios = state.alone_ratios
+        if not ratios:
+            return self.pause_share
+        tail = 1 - bisect.bisect_right(ratios, self.latency_cap * state.alone_p95_ratio) \
+            / len(ratios)
+        free = 1 - self.quantile - tail - self.tail_margin
+        return min(self.pause_share, max(self.min_pause_share, free))
+
     def _starving(self, mem: SloMemory) -> bool:
         return mem.starve >= self.max_starve_ticks
 
     def _remember(self, state: SchedulerState) -> SloMemory:
         """Updates the memory with what the previous tick measured: overrun → hold and a
         halved chunk cap; within budget → the ramp, and a doubled cap if it was used; then the
-        hill-climb of S."""
+        hill-climb of S and k."""
         mem = state.memory if isinstance(state.memory, SloMemory) else SloMemory()
         if mem.s == 0:
             moe = state.bmt is not None and state.bmt.n_expert > 0
-            mem = dataclasses.replace(mem, s=self.moe_initial_s if moe else self.initial_s)
+            mem = dataclasses.replace(mem, s=self.moe_initial_s if moe else self.initial_s,
+                                      k=self.burst)
         if mem.chunk_cap == 0:
             mem = dataclasses.replace(mem, chunk_cap=self.min_prefill)
         if state.last_tick_ms <= 0 or mem.budget_ms <= 0:
@@ -299,23 +328,33 @@ class SloPolicy:
         return self._climb(mem, state, over)
 
     def _climb(self, mem: SloMemory, state: SchedulerState, over: bool) -> SloMemory:
-        """Hill-climbs S on tokens per ms over windows of ticks; a window with an overrun
-        counts as worse, so the guard wins over throughput."""
+        """Hill-climbs S and k in turn on tokens per ms over windows of climb_window ticks.
+        A climb keeps its direction until a window is worse than the last by more than
+        climb_deadband (hysteresis: noise does not turn it around); a window with an overrun
+        counts as worse, so the guard wins over throughput. k only matters while no
+        interactive stream decodes, so a window that served one moves S instead."""
+        interactive = any(s.priority is Priority.INTERACTIVE and s.phase is Phase.DECODE
+                          for s in state.sessions)
         mem = dataclasses.replace(
             mem, window_tokens=mem.window_tokens + state.last_tick_tokens,
             window_ms=mem.window_ms + state.last_tick_ms, window_ticks=mem.window_ticks + 1,
-            window_overrun=mem.window_overrun or over)
+            window_overrun=mem.window_overrun or over,
+            window_interactive=mem.window_interactive or interactive)
         if mem.window_ticks < self.climb_window:
             return mem
         rate = mem.window_tokens / mem.window_ms if mem.window_ms else 0.0
-        direction = mem.direction
-        if mem.window_overrun or rate < mem.last_rate:
-            direction = -direction
+        worse = mem.window_overrun or rate < mem.last_rate * (1 - self.climb_deadband)
+        step = dataclasses.replace(mem, last_rate=rate, window_tokens=0, window_ms=0.0,
+                                   window_ticks=0, window_overrun=False,
+                                   window_interactive=False, climb_k=not mem.climb_k)
+        if mem.climb_k and not mem.window_interactive:
+            direction = -mem.k_direction if worse else mem.k_direction
+            k = min(max(1, mem.k + direction), self.max_burst)
+            return dataclasses.replace(step, k=k, k_direction=direction)
+        direction = -mem.direction if worse else mem.direction
         n_back = sum(1 for s in state.sessions if s.priority is Priority.BACKGROUND)
         s = min(max(1, mem.s + direction), max(1, n_back, self.initial_s))
-        return dataclasses.replace(mem, s=s, direction=direction, last_rate=rate,
-                                   window_tokens=0, window_ms=0.0, window_ticks=0,
-                                   window_overrun=False)
+        return dataclasses.replace(step, s=s, direction=direction)
 
 
 def _cache_read(sessions: list[SessionView]) -> int:

@@ -76,6 +76,7 @@ class SchedulerState:
     # p95 of ticks while no background request exists / their decode rows' predicted time:
     # what interactive streams see without background work (0: not known yet)
     alone_p95_ratio: float = 0.0
+    alone_ratios: tuple[float, ...] = ()  # the recent ones behind it, sorted
     bmt: BmtModel | None = None  # bytes a tick moves, from the model's shape
     bmt_budget_gbps: float = 0.0  # memory bandwidth the ticks may use; 0: no ΣBMT guard
 
