@@ -280,7 +280,7 @@ class SloPolicy:
         grow to latency_cap × its value alone only if at most 1 - quantile of their gaps are
         longer than that; their own long ticks (new prompts, stalls: `tail`, measured while no
         background request exists) already take part of that share. On the CPU mixed load
-        2.5 % of the gaps alone were that long, and 4 % of pauses on top put the p95 at
+        2 % of the gaps alone were that long, and 4 % of pauses on top put the p95 at
         1.20-1.26x."""
         ratios = state.alone_ratios
         if not ratios:
