@@ -314,7 +314,8 @@ def test_background_rides_along_in_a_tick_a_new_interactive_prompt_stretches():
     def storm_tokens(sessions):
         plan = SloPolicy().schedule_tick(dataclasses.replace(
             state(sessions, memory=busy), cost=GPU))
-        return sum(i.n_tokens for i in plan.items if i.seq_id == 10)
+        return sum(i.n_tokens for i in plan.items if i.seq_id == 10), plan.memory.over_mask & 1
 
-    assert storm_tokens(decoding + [storm]) == 0  # too many recent ticks went past budget
-    assert storm_tokens(decoding + [storm, newcomer]) > 0
+    assert storm_tokens(decoding + [storm]) == (0, 0)  # too many recent ticks past budget
+    tokens, counted = storm_tokens(decoding + [storm, newcomer])
+    assert tokens > 0 and not counted  # riding along costs the pause share nothing
