@@ -279,6 +279,25 @@ def test_pauses_take_only_the_share_of_ticks_the_streams_own_tail_leaves():
     assert max(sum(free[t:t + 100]) for t in range(900)) >= 4  # no tail: the full 4 %
 
 
+def test_only_ticks_past_the_line_the_p95_is_judged_at_use_the_pause_share():
+    cost = dataclasses.replace(GPU, prefill_step_ms=0.3)
+    sessions = [session(i, INT, Phase.DECODE) for i in range(8)]
+    sessions.append(session(10, BG, Phase.PREFILL, prompt=100000))
+    solo = cost.predict(0, 8)
+    line = 1.2 * solo * 1.5  # latency_cap × the streams' p95 alone (1.5x solo)
+
+    def tick(credit_ms):
+        plan = SloPolicy().schedule_tick(dataclasses.replace(
+            state(sessions, memory=SloMemory(s=8, credit_ms=credit_ms, chunk_cap=512)),
+            cost=cost, alone_p95_ratio=1.5))
+        return plan.notes["predicted_ms"], plan.memory.over_mask & 1
+
+    predicted, counted = tick(1.5)
+    assert 1.2 * solo < predicted < line and not counted  # past the budget, not the line
+    predicted, counted = tick(50.0)
+    assert predicted > line and counted
+
+
 def test_background_chunks_that_would_be_mostly_step_wait_for_saved_time():
     # The step fits the spare time, but the few tokens that fit with it would not amortise it.
     cost = dataclasses.replace(GPU, prefill_step_ms=0.3)
