@@ -87,15 +87,15 @@ def run_phase(engine: uma.Engine, ns: argparse.Namespace, storm: bool) -> dict:
 def tick_kinds(trace: list[tuple]) -> dict[str, dict]:
     """The storm's ticks grouped by what they carried."""
     kinds: dict[str, list[tuple]] = {"decode only": [], "background prompt": [],
-                                     "interactive prompt": []}
+                                     "interactive prompt": [], "both prompts": []}
     for tick in trace:
-        n_prefill, plan = tick[0], tick[-1]
-        if not n_prefill:
-            kinds["decode only"].append(tick)
-            continue
-        bg = any(i.phase is Phase.PREFILL and plan.notes.get("prio", {}).get(i.seq_id)
-                 is Priority.BACKGROUND for i in plan.items)
-        kinds["background prompt" if bg else "interactive prompt"].append(tick)
+        plan = tick[-1]
+        prompts = {plan.notes.get("prio", {}).get(i.seq_id) for i in plan.items
+                   if i.phase is Phase.PREFILL}
+        kind = ("both prompts" if len(prompts) == 2 else "background prompt"
+                if Priority.BACKGROUND in prompts else "interactive prompt" if prompts
+                else "decode only")
+        kinds[kind].append(tick)
     out = {}
     for kind, ticks in kinds.items():
         if not ticks:

@@ -286,16 +286,19 @@ def test_only_ticks_past_the_line_the_p95_is_judged_at_use_the_pause_share():
     solo = cost.predict(0, 8)
     line = 1.2 * solo * 1.5  # latency_cap × the streams' p95 alone (1.5x solo)
 
-    def tick(credit_ms):
+    def tick(credit_ms, jitter=1.0):
         plan = SloPolicy().schedule_tick(dataclasses.replace(
             state(sessions, memory=SloMemory(s=8, credit_ms=credit_ms, chunk_cap=512)),
-            cost=cost, alone_p95_ratio=1.5))
+            cost=cost, alone_p95_ratio=1.5, decode_noise=jitter))
         return plan.notes["predicted_ms"], plan.memory.over_mask & 1
 
     predicted, counted = tick(1.5)
     assert 1.2 * solo < predicted < line and not counted  # past the budget, not the line
     predicted, counted = tick(50.0)
     assert predicted > line and counted
+    # a tick that measured ticks' spread would carry past the line counts
+    predicted, counted = tick(1.5, jitter=1.25)
+    assert line / 1.25 < predicted < line and counted
 
 
 def test_background_chunks_that_would_be_mostly_step_wait_for_saved_time():
