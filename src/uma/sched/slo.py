@@ -50,7 +50,7 @@ class SloMemory:
     s: int = 0  # background decoders served per tick (0: not yet set)
     k: int = 0  # ticks a burst keeps the same background decoders (0: not yet set)
     starve: int = 0  # ticks since background work last progressed
-    over_mask: int = 0  # bit i: background work put the tick i ticks ago past its budget
+    over_mask: int = 0  # bit i: background work put the tick i ticks ago past the p95 line
     chunk_cap: int = 0  # slow start: the most prompt tokens the next tick may take (0: unset)
     last_prefill: int = 0  # prompt tokens the last plan took
     overruns: int = 0  # ticks that took longer than their budget, in all
@@ -100,12 +100,12 @@ class SloPolicy:
         return cls(latency_cap=config.latency_cap, tick_budget_ms=config.tick_budget_ms)
 
     def schedule_tick(self, state: SchedulerState) -> Plan:
-        mem = self._remember(state)
         sessions_by_seq = {s.seq_id: s for s in state.sessions}
         inter = [s for s in state.sessions if s.priority is Priority.INTERACTIVE]
         back = [s for s in state.sessions if s.priority is Priority.BACKGROUND]
         inter_dec = [s for s in inter if s.phase is Phase.DECODE]
         back_dec = [s for s in back if s.phase is Phase.DECODE]
+        mem = self._remember(state, bool(inter_dec))
         cost = state.cost
 
         solo_ms = cost.predict(0, len(inter_dec), decode_kv(inter_dec))
@@ -150,8 +150,8 @@ class SloPolicy:
         bank_ms = 0.0  # what this tick may spend beyond its own spare time
         if inter_dec:  # the hold protects interactive streams; with none decoding, no need
             spare_ms = 0.0 if mem.hold else spare_ms * mem.ramp
-            # Saved time is spent in one tick past the budget while such ticks stay under
-            # pause_share of the recent ones (out of the p95), or in a tick a new interactive
+            # Saved time is spent in one tick past the budget while ticks past the p95 line
+            # stay under the share it leaves free (_pause_share), or in a tick a new interactive
             # prompt stretches anyway.
             rare = mem.over_mask.bit_count() + 1 <= self._pause_share(state) * self.pause_window
             riding = any(s.phase is Phase.PREFILL for s in inter)
@@ -285,7 +285,7 @@ class SloPolicy:
         return lo
 
     def _pause_share(self, state: SchedulerState) -> float:
-        """The share of ticks background work may push past the budget. The streams' p95 may
+        """The share of ticks background work may push past the p95 line. The streams' p95 may
         grow to latency_cap × its value alone only if at most 1 - quantile of their gaps are
         longer than that; their own long ticks (new prompts, stalls: `tail`, measured while no
         background request exists) already take part of that share. On the CPU mixed load
@@ -302,7 +302,7 @@ class SloPolicy:
     def _starving(self, mem: SloMemory) -> bool:
         return mem.starve >= self.max_starve_ticks
 
-    def _remember(self, state: SchedulerState) -> SloMemory:
+    def _remember(self, state: SchedulerState, interactive: bool) -> SloMemory:
         """Updates the memory with what the previous tick measured: overrun → hold and a
         halved chunk cap; within budget → the ramp, and a doubled cap if it was used; then the
         hill-climb of S and k."""
@@ -334,16 +334,16 @@ class SloPolicy:
                 mem = dataclasses.replace(mem, hold=mem.hold - 1)
             elif mem.ramp < 1.0:
                 mem = dataclasses.replace(mem, ramp=min(1.0, mem.ramp + 1.0 / self.ramp_steps))
-        return self._climb(mem, state, over)
+        return self._climb(mem, state, over, interactive)
 
-    def _climb(self, mem: SloMemory, state: SchedulerState, over: bool) -> SloMemory:
+    def _climb(self, mem: SloMemory, state: SchedulerState, over: bool,
+               interactive: bool) -> SloMemory:
         """Hill-climbs S and k in turn on tokens per ms over windows of climb_window ticks.
         A climb keeps its direction until a window is worse than the last by more than
         climb_deadband (hysteresis: noise does not turn it around); a window with an overrun
         counts as worse, so the guard wins over throughput. k only matters while no
-        interactive stream decodes, so a window that served one moves S instead."""
-        interactive = any(s.priority is Priority.INTERACTIVE and s.phase is Phase.DECODE
-                          for s in state.sessions)
+        interactive stream decodes (`interactive`: one does now), so a window that served one
+        moves S instead."""
         mem = dataclasses.replace(
             mem, window_tokens=mem.window_tokens + state.last_tick_tokens,
             window_ms=mem.window_ms + state.last_tick_ms, window_ticks=mem.window_ticks + 1,
