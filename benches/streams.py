@@ -50,8 +50,10 @@ class Stream:
 
 
 def sse_completion(port: int, body: dict, *, timeout: float = 300.0, label: str = "") -> Stream:
-    """POST /v1/completions with stream=True and usage; each event carrying text is a token
-    (both servers send one event per token)."""
+    """POST /v1/completions with stream=True and usage. Both servers send one chunk per token
+    (finish_reason null), with empty text while a character or stop string is pending and for
+    tokens that render as nothing (a random model can loop on a control token): every such
+    chunk is a token, text or not."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     conn.connect()
     payload = json.dumps({**body, "stream": True, "stream_options": {"include_usage": True}})
@@ -68,7 +70,7 @@ def sse_completion(port: int, body: dict, *, timeout: float = 300.0, label: str 
         if data == b"[DONE]":
             break
         chunk = json.loads(data)
-        if chunk.get("choices") and chunk["choices"][0].get("text"):
+        if chunk.get("choices") and chunk["choices"][0].get("finish_reason") is None:
             s.times.append(time.perf_counter())
         usage = chunk.get("usage") or usage
     conn.close()

@@ -2,7 +2,7 @@
 # CUDA build, test suite and decode benchmark on an NVIDIA GPU machine without network access.
 #
 # Carried into the checkout beforehand (both git-ignored):
-#   .device/llama-src.tar.xz   the pinned llama.cpp source (what third_party/llama.cpp holds)
+#   .device/llama-src.tar.{gz,xz}   the pinned llama.cpp source (third_party/llama.cpp, tarred)
 #   .whl/*.whl                 Python wheels the machine lacks (gguf)
 # Results go to $OUT (default ./out-cuda): build and test logs, decode_<gpu>.json.
 set -uo pipefail
@@ -12,8 +12,7 @@ STREAMS=${STREAMS:-1,8,32}
 MODEL=${MODEL:-1b}
 
 if [ ! -f third_party/llama.cpp/CMakeLists.txt ]; then
-  mkdir -p third_party/llama.cpp && tar -xJf .device/llama-src.tar.xz -C third_party/llama.cpp
-  tar -xzf .device/llama-scripts.tar.gz -C third_party/llama.cpp
+  mkdir -p third_party/llama.cpp && tar -xf .device/llama-src.tar.* -C third_party/llama.cpp
 fi
 python3 -m pip install -q --no-index --no-deps .whl/*.whl
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt"

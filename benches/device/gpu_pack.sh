@@ -6,7 +6,7 @@
 #   run: bash benches/device/gpu_pack.sh       (on an NVIDIA machine without network access)
 #
 # Carried into the checkout beforehand (git-ignored):
-#   .device/llama-src.tar.{gz,xz}, .device/llama-scripts.tar.gz   the pinned llama.cpp source
+#   .device/llama-src.tar.{gz,xz}   the pinned llama.cpp source (third_party/llama.cpp, tarred)
 #   .whl/*.whl   wheels the machine lacks (gguf, starlette, uvicorn)
 # Results: $OUT (default ./out-gpu), one JSON/CSV per scenario and model, plus logs.
 set -uo pipefail
@@ -22,7 +22,6 @@ SIDES=${SIDES:-uma slo,uma baseline,llama-server}
 
 if [ ! -f third_party/llama.cpp/CMakeLists.txt ]; then
   mkdir -p third_party/llama.cpp && tar -xf .device/llama-src.tar.* -C third_party/llama.cpp
-  tar -xzf .device/llama-scripts.tar.gz -C third_party/llama.cpp
 fi
 python3 -m pip install -q --no-index --no-deps .whl/*.whl
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt"
