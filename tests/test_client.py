@@ -390,6 +390,16 @@ def test_set_priority(client, daemon):
     assert stream.result().finish_reason == "cancelled"
 
 
+def test_default_priority_is_the_connections(client, daemon):
+    client.set_default_priority("background")
+    first = client.submit("a b")
+    second = client.submit("c d", priority="interactive")
+    assert first.result().text == "a b" and second.result().text == "c d"
+    assert daemon.raw[0] == {"type": "configure", "priority": "background"}
+    assert "priority" not in daemon.raw[1]  # the daemon applies the connection's default
+    assert daemon.raw[2]["priority"] == "interactive"  # named, so sent
+
+
 def test_server_error_event(client):
     stream = client.submit("one <error>")
     assert next(stream).text == "one"

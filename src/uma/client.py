@@ -69,7 +69,7 @@ class ConnectionLost(UmaError, ConnectionError):
 
 
 def generate_request(request_id: str, prompt, params: SamplingParams | None = None, *,
-                     priority: str | Priority = "interactive", stream: bool = True,
+                     priority: str | Priority | None = None, stream: bool = True,
                      **options) -> dict:
     """The generate request map, as uma.server.protocol.parse_request reads it.
 
@@ -77,6 +77,8 @@ def generate_request(request_id: str, prompt, params: SamplingParams | None = No
     override fields of params and are checked here, as uma.Engine.submit checks them. Fields
     left at their defaults are not sent (the server's defaults are the same), except options
     named explicitly: max_tokens=256 is sent even though the server's cap may differ.
+    priority None leaves the class to the connection's default (interactive unless the client
+    configured another), so it is sent whenever it is given.
     """
     msg: dict = {"type": "generate", "id": request_id, **_prompt_field(prompt)}
     try:
@@ -87,12 +89,16 @@ def generate_request(request_id: str, prompt, params: SamplingParams | None = No
         value = getattr(params, field.name)
         if field.name in options or value != getattr(_DEFAULTS, field.name):
             msg[field.name] = list(value) if field.name == "stop" else value
-    priority = Priority.parse(priority)
-    if priority is not Priority.INTERACTIVE:
-        msg["priority"] = priority.value
+    if priority is not None:
+        msg["priority"] = Priority.parse(priority).value
     if not stream:
         msg["stream"] = False
     return msg
+
+
+def configure_request(priority: str | Priority) -> dict:
+    """The configure map: the connection's default class for requests that name none."""
+    return {"type": "configure", "priority": Priority.parse(priority).value}
 
 
 def _prompt_field(prompt) -> dict:
@@ -335,13 +341,15 @@ class Client(_Demux):
         self._sock.settimeout(value)
 
     def submit(self, prompt, params: SamplingParams | None = None, *,
-               priority: str | Priority = "interactive", stream: bool = True,
+               priority: str | Priority | None = None, stream: bool = True,
                request_id: str | None = None, **options) -> ClientStream:
         """Sends a generate request and returns its stream at once.
 
         prompt: text, token ids or chat messages; options override fields of params.
-        stream=False: no token events, the whole text arrives with the end. request_id: the
-        wire id (default "c1", "c2", ...). Raises InvalidRequestError for bad input.
+        priority: 'interactive' or 'background'; None takes the connection's default
+        (set_default_priority). stream=False: no token events, the whole text arrives with the
+        end. request_id: the wire id (default "c1", "c2", ...). Raises InvalidRequestError for
+        bad input.
         """
         with self._send_lock:
             rid = self._new_id(request_id)
@@ -370,6 +378,11 @@ class Client(_Demux):
         """Promotes or demotes a request in flight ('interactive' or 'background')."""
         self._send({"type": "priority", "id": request_id,
                     "priority": Priority.parse(priority).value})
+
+    def set_default_priority(self, priority: str | Priority) -> None:
+        """The class of this connection's later requests that name none (an app of background
+        jobs says so once)."""
+        self._send(configure_request(priority))
 
     def close(self) -> None:
         """Closes the connection; requests in flight raise ClosedError. Idempotent."""
@@ -550,7 +563,7 @@ class AsyncClient(_Demux):
         await self.close()
 
     async def submit(self, prompt, params: SamplingParams | None = None, *,
-                     priority: str | Priority = "interactive", stream: bool = True,
+                     priority: str | Priority | None = None, stream: bool = True,
                      request_id: str | None = None, **options) -> AsyncClientStream:
         """Sends a generate request and returns its stream (arguments as Client.submit)."""
         rid = self._new_id(request_id)
@@ -578,6 +591,10 @@ class AsyncClient(_Demux):
         """Promotes or demotes a request in flight ('interactive' or 'background')."""
         await self._send({"type": "priority", "id": request_id,
                           "priority": Priority.parse(priority).value})
+
+    async def set_default_priority(self, priority: str | Priority) -> None:
+        """The class of this connection's later requests that name none."""
+        await self._send(configure_request(priority))
 
     async def close(self) -> None:
         """Closes the connection; requests in flight raise ClosedError. Idempotent."""

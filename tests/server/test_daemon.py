@@ -117,6 +117,44 @@ def test_bad_requests_get_error_events_and_the_connection_survives(daemon):
         assert c.health()["status"] == "ok"
 
 
+def class_counts(client: Client) -> tuple[int, int]:
+    """(first tokens, inter-token gaps) the daemon has counted for background requests."""
+    m = client.metrics()
+    return m["ttft_ms_background"]["count"], m["inter_token_ms_background"]["count"]
+
+
+def test_a_connection_default_class_applies_to_requests_that_name_none(daemon):
+    with Client(daemon.socket) as apps, Client(daemon.socket) as watcher:
+        before = class_counts(watcher)
+        apps.set_default_priority("background")
+        apps.generate("nightly job", max_tokens=4, ignore_eos=True)
+        assert class_counts(watcher) == (before[0] + 1, before[1] + 3)
+        apps.generate("but this one is urgent", max_tokens=4, ignore_eos=True,
+                      priority="interactive")
+        assert class_counts(watcher) == (before[0] + 1, before[1] + 3)
+    with Client(daemon.socket) as fresh:  # the default belongs to the connection
+        fresh.generate("a new app", max_tokens=4, ignore_eos=True)
+        assert class_counts(fresh) == (before[0] + 1, before[1] + 3)
+
+
+def test_a_priority_change_sent_with_its_request_is_not_lost(daemon):
+    """Both frames arrive in one read, before the request has been tokenised and queued: the
+    change is kept and applied once it is."""
+    with Client(daemon.socket) as watcher:
+        before = class_counts(watcher)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(30)
+            s.connect(daemon.socket)
+            s.sendall(encode({"type": "generate", "id": "r", "prompt": "demote me",
+                              "max_tokens": 64, "ignore_eos": True})
+                      + encode({"type": "priority", "id": "r", "priority": "background"}))
+            decoder, events = FrameDecoder(), []
+            while not events or events[-1]["event"] == "token":
+                events += decoder.feed(s.recv(65536))
+        assert events[-1]["event"] == "eos" and events[-1]["reason"] == "length"
+        assert class_counts(watcher)[1] > before[1]
+
+
 def raw_exchange(path: str, payload: bytes, timeout: float = 10.0) -> list[dict]:
     """Sends raw bytes and reads events until the daemon closes the connection."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:

@@ -16,6 +16,7 @@ from uma.server import protocol as p
 from uma.server.framing import FrameDecoder, encode
 from uma.server.protocol import (
     CancelRequest,
+    ConfigureRequest,
     GenerateRequest,
     HealthRequest,
     MetricsRequest,
@@ -119,6 +120,8 @@ def test_cancel_priority_metrics_health():
     assert parse({"type": "metrics", "id": "m"}) == MetricsRequest("m")
     assert parse({"type": "health"}) == HealthRequest()
     assert parse({"type": "health", "id": "h"}) == HealthRequest("h")
+    assert parse({"type": "configure", "priority": "background"}) == \
+        ConfigureRequest(Priority.BACKGROUND)
 
 
 def test_parses_what_came_over_the_wire():
@@ -142,6 +145,7 @@ def test_unknown_field_is_named_with_a_suggestion():
     {"type": "metrics", "verbose": True},
     {"type": "health", "id": "h", "extra": 1},
     {"type": "priority", "id": "x", "priority": "background", "stream": True},
+    {"type": "configure", "priority": "background", "id": "x"},
 ])
 def test_unknown_fields_rejected_for_every_type(msg):
     err = rejected(msg)
@@ -157,6 +161,8 @@ def test_unknown_fields_rejected_for_every_type(msg):
     ({"type": "priority", "id": "x"}, "missing field 'priority'"),
     ({"type": "priority", "id": "x", "priority": "urgent"}, "priority"),
     ({"type": "priority", "id": "x", "priority": 1}, "priority"),
+    ({"type": "configure"}, "missing field 'priority'"),
+    ({"type": "configure", "priority": "urgent"}, "priority must be 'interactive' or"),
     ({"type": "generate", "id": "x"}, "exactly one of prompt, messages and tokens"),
     (gen(tokens=[1]), "got prompt and tokens"),
 ])

@@ -43,16 +43,18 @@ class SocketInUseError(UmaError):
 class _Entry:
     """One request of a connection."""
 
-    __slots__ = ("handle", "stream", "cancelled")
+    __slots__ = ("handle", "stream", "cancelled", "priority")
 
     def __init__(self, stream: bool) -> None:
         self.handle: RequestHandle | None = None  # None until its submission completes
         self.stream = stream
         self.cancelled = False  # a cancel arrived before the submission completed
+        self.priority: Priority | None = None  # a priority change that arrived before it
 
 
 class _Connection:
-    __slots__ = ("sock", "decoder", "out", "requests", "last_active", "closing", "peer_gone")
+    __slots__ = ("sock", "decoder", "out", "requests", "last_active", "closing", "peer_gone",
+                 "default_priority")
 
     def __init__(self, sock: socket.socket, max_frame: int) -> None:
         self.sock = sock
@@ -62,6 +64,7 @@ class _Connection:
         self.last_active = time.monotonic()
         self.closing = False  # close once the output buffer is sent
         self.peer_gone = False
+        self.default_priority = Priority.INTERACTIVE  # for requests that name none (configure)
 
 
 @dataclass
@@ -224,7 +227,7 @@ class Daemon:
 
     def _dispatch(self, conn: _Connection, msg: dict) -> None:
         try:
-            req = P.parse_request(msg, self.limits, Priority.INTERACTIVE)
+            req = P.parse_request(msg, self.limits, conn.default_priority)
         except P.ProtocolError as exc:
             self.stats.protocol_errors += 1
             self._send(conn, P.error_event(exc.request_id, exc.code, str(exc)))
@@ -239,8 +242,13 @@ class Daemon:
                     entry.handle.cancel()
         elif isinstance(req, P.PriorityRequest):
             entry = self._entry(conn, req.id)
-            if entry is not None and entry.handle is not None:
-                self.engine.set_priority(entry.handle, req.priority)
+            if entry is not None:
+                if entry.handle is None:  # still being tokenised: applied when it is queued
+                    entry.priority = req.priority
+                else:
+                    self.engine.set_priority(entry.handle, req.priority)
+        elif isinstance(req, P.ConfigureRequest):
+            conn.default_priority = req.priority
         elif isinstance(req, P.MetricsRequest):
             self._send(conn, P.metrics_event(req.id, self.metrics()))
         elif isinstance(req, P.HealthRequest):
@@ -306,6 +314,8 @@ class Daemon:
                 entry.handle = item
                 if entry.cancelled:
                     item.cancel()
+                elif entry.priority is not None:
+                    self.engine.set_priority(item, entry.priority)
             events, result = item.drain()
             if entry.stream:
                 for ev in events:

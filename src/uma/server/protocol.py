@@ -148,6 +148,14 @@ class PriorityRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class ConfigureRequest:
+    """Set this connection's default class: generate requests that name no priority get it
+    (an app that only runs background jobs says so once, not on every request)."""
+
+    priority: Priority
+
+
+@dataclass(frozen=True, slots=True)
 class MetricsRequest:
     """Ask for a metrics snapshot."""
 
@@ -161,7 +169,8 @@ class HealthRequest:
     id: str | None = None  # echoed in the answer when given
 
 
-Request = GenerateRequest | CancelRequest | PriorityRequest | MetricsRequest | HealthRequest
+Request = (GenerateRequest | CancelRequest | PriorityRequest | ConfigureRequest | MetricsRequest
+           | HealthRequest)
 
 _SAMPLER_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "frequency_penalty",
@@ -175,6 +184,7 @@ _FIELDS = {
     }),
     "cancel": frozenset({"type", "id"}),
     "priority": frozenset({"type", "id", "priority"}),
+    "configure": frozenset({"type", "priority"}),
     "metrics": frozenset({"type", "id"}),
     "health": frozenset({"type", "id"}),
 }
@@ -207,10 +217,9 @@ def parse_request(msg: dict, limits: RequestLimits,
         if kind == "cancel":
             return CancelRequest(_id(msg, required=True))
         if kind == "priority":
-            priority = msg.get("priority")
-            if priority is None:
-                raise ProtocolError(E_PROTO_003, "missing field 'priority'")
-            return PriorityRequest(_id(msg, required=True), _priority(priority))
+            return PriorityRequest(_id(msg, required=True), _required_priority(msg))
+        if kind == "configure":
+            return ConfigureRequest(_required_priority(msg))
         if kind == "metrics":
             return MetricsRequest(_id(msg, required=False))
         return HealthRequest(_id(msg, required=False))
@@ -340,6 +349,13 @@ def _stop(value: object) -> tuple[object, ...]:
             raise ProtocolError(E_PROTO_003, f"stop[{i}] has {len(s)} characters; at most "
                                              f"{MAX_STOP_CHARS} are allowed")
     return tuple(strings)  # SamplingParams checks the element types and rejects ""
+
+
+def _required_priority(msg: dict) -> Priority:
+    priority = msg.get("priority")
+    if priority is None:
+        raise ProtocolError(E_PROTO_003, "missing field 'priority'")
+    return _priority(priority)
 
 
 def _priority(value: object) -> Priority:
