@@ -5,8 +5,9 @@ starting --stagger-s apart (in lockstep, every stream's prompt would be computed
 tick and none would ever wait on another's);
 1 s in, N background requests with ~3000-token prompts arrive (an agent summarising a file).
 Each side is measured twice: the interactive streams alone, then with the storm, which lasts
-until every background request has finished. Optionally (--agent) a third phase: an agent
-chain of short sequential requests while background streams decode.
+until every background request has finished. `--phases agent` (or `mixed,agent`) measures an
+agent chain instead or as well: short requests one after another, each waiting for the last
+answer, alone and while K background requests decode long answers.
 
 Both servers run the same model file from the same ggml build (benches/llama_tools.py) with the
 same threads, slots and context, driven by the same HTTP/SSE client (benches/streams.py)
@@ -17,6 +18,7 @@ tokens/s. Writes benches/results/<out>.{json,csv} and the token-timeline plot.
 
     python benches/mixed_load.py                          # 134m, 2 threads, 3 streams
     python benches/mixed_load.py --model moe-small --out mixed_load_moe
+    python benches/mixed_load.py --phases agent --out agent_chain_cpu_134m
     python benches/mixed_load.py --model 1b --backend cuda --gpu-layers 99 --threads 8 \\
         --streams 8 --background 2 --storm-tokens 6000
 """
@@ -196,16 +198,20 @@ def agent_row(phase: Phase) -> dict:
 
 def measure(server: Server, ns, storms: list[str], rows: list, timelines: dict) -> None:
     sse_completion(server.port, {"prompt": "warm up", "max_tokens": 8, **(server.extra or {})})
-    for name, storm in (("alone", []), ("storm", storms)):
-        phase = interactive_phase(server, ns, storm)
-        rows.append({"side": server.name, "phase": name, **phase.summary()})
-        timelines[f"{server.name} | {name}"] = phase.timeline()
-        shown = {**rows[-1], "side": f"{server.name} | {name}"}
-        print(report.table([shown], COLUMNS).splitlines()[1], flush=True)
-    if ns.agent:
+    if "mixed" in ns.phases:
+        for name, storm in (("alone", []), ("storm", storms)):
+            phase = interactive_phase(server, ns, storm)
+            rows.append({"side": server.name, "phase": name, **phase.summary()})
+            timelines[f"{server.name} | {name}"] = phase.timeline()
+            shown = {**rows[-1], "side": f"{server.name} | {name}"}
+            print(report.table([shown], COLUMNS).splitlines()[1], flush=True)
+    if "agent" in ns.phases:
         for name, loaded in (("agent alone", False), ("agent + decoders", True)):
             phase = agent_phase(server, ns, loaded)
             rows.append({"side": server.name, "phase": name, **agent_row(phase)})
+            timelines[f"{server.name} | {name}"] = phase.timeline()
+            shown = {**rows[-1], "side": f"{server.name} | {name}"}
+            print(report.table([shown], AGENT_COLUMNS).splitlines()[1], flush=True)
 
 
 COLUMNS = [("side", "side / phase", ""), ("itl_p50_ms", "ITL p50", ".1f"),
@@ -213,13 +219,18 @@ COLUMNS = [("side", "side / phase", ""), ("itl_p50_ms", "ITL p50", ".1f"),
            ("worst_pause_ms", "worst", ".1f"), ("i_ttft_p50_ms", "i TTFT p50", ".1f"),
            ("bg_ttft_ms", "bg TTFT", ".0f"), ("bg_decode_tok_s", "bg tok/s", ".1f"),
            ("tokens_per_s", "all tok/s", ".1f")]
+AGENT_COLUMNS = [("side", "side / phase", ""), ("agent_chain_ms", "chain ms", ".0f"),
+                 ("agent_step_p50_ms", "step p50", ".1f"), ("i_ttft_p50_ms", "TTFT p50", ".1f"),
+                 ("i_ttft_p95_ms", "TTFT p95", ".1f"), ("tokens_per_s", "all tok/s", ".1f")]
 
 
 def verdicts(rows: list[dict]) -> list[dict]:
     out = []
     for side in dict.fromkeys(r["side"] for r in rows):
-        alone = next(r for r in rows if r["side"] == side and r["phase"] == "alone")
-        storm = next(r for r in rows if r["side"] == side and r["phase"] == "storm")
+        alone = next((r for r in rows if r["side"] == side and r["phase"] == "alone"), None)
+        storm = next((r for r in rows if r["side"] == side and r["phase"] == "storm"), None)
+        if alone is None or storm is None:  # the mixed phases were not run
+            continue
         p95_ratio = storm["itl_p95_ms"] / alone["itl_p95_ms"]
         pause_ratio = storm["worst_pause_ms"] / alone["itl_p95_ms"]
         out.append({"side": side, "p95_storm_over_alone": p95_ratio,
@@ -246,7 +257,9 @@ def main() -> int:
     ap.add_argument("--storm-tokens", type=int, default=3000, help="background prompt length")
     ap.add_argument("--bg-tokens", type=int, default=64, help="background max_tokens")
     ap.add_argument("--arrive-s", type=float, default=1.0)
-    ap.add_argument("--agent", action="store_true", help="also the agent-chain phase")
+    ap.add_argument("--phases", default="mixed", type=lambda v: set(v.split(",")),
+                    help="mixed (interactive streams alone, then under the storm), agent (an "
+                         "agent chain alone, then under background decoders), or both")
     ap.add_argument("--agent-steps", type=int, default=8)
     ap.add_argument("--ctx", type=int, default=0, help="KV cells [enough for every slot]")
     ap.add_argument("--sides", default="uma slo,uma baseline,llama-server")
@@ -269,7 +282,10 @@ def main() -> int:
                            background=ns.background, storm_tokens=ns.storm_tokens, **common)
     rows: list[dict] = []
     timelines: dict[str, list] = {}
-    print(report.table([], COLUMNS))
+    unknown = ns.phases - {"mixed", "agent"}
+    if unknown:
+        ap.error(f"--phases: unknown phase(s) {', '.join(sorted(unknown))}")
+    print(report.table([], COLUMNS if "mixed" in ns.phases else AGENT_COLUMNS))
     for side in ns.sides.split(","):
         if side.startswith("uma "):
             kv = "--kv-unified" if ns.kv_unified else "--no-kv-unified"
@@ -287,7 +303,8 @@ def main() -> int:
               f"{v['worst_pause_over_p95_alone']:.2f}x "
               f"({'met' if v['pause_met'] else 'NOT met'} <= {PAUSE_TARGET})")
     path = report.write(ns.out, info, rows, {"verdicts": checks, "timelines": timelines})
-    png = plots.timelines(path, [k for k in timelines if k.endswith("| storm")])
+    shown = [k for k in timelines if k.endswith(("| storm", "| agent + decoders"))]
+    png = plots.timelines(path, shown)
     print(f"wrote {path} and {png}")
     return 0
 
