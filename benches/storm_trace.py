@@ -62,12 +62,13 @@ def run_phase(engine: uma.Engine, ns: argparse.Namespace, storm: bool) -> dict:
         t.start()
         time.sleep(ns.stagger_s)
     out: dict = {}
+    trace = engine._executor.trace
     if not storm:  # all K streams together, as under the storm
+        start = len(trace)
         time.sleep(ns.alone_s)
         stop.set()
     if storm:
         time.sleep(ns.arrive_s)
-        trace = engine._executor.trace
         start = len(trace)
         rng = np.random.default_rng(99)
         bg = [engine.submit(rng.integers(100, 30000, ns.storm_tokens).astype(np.int32),
@@ -75,8 +76,8 @@ def run_phase(engine: uma.Engine, ns: argparse.Namespace, storm: bool) -> dict:
               for _ in range(ns.background)]
         results = [h.result() for h in bg]
         out["bg_ttft_ms"] = max(r.timings.ttft_ms for r in results)
-        out["ticks"] = tick_kinds(trace[start:])
         stop.set()
+    out["ticks"] = tick_kinds(trace[start:])
     for t in threads:
         t.join()
     out.update(itl_p50_ms=pct(itls, 50), itl_p95_ms=pct(itls, 95), worst_ms=max(itls),
@@ -84,31 +85,42 @@ def run_phase(engine: uma.Engine, ns: argparse.Namespace, storm: bool) -> dict:
     return out
 
 
-def tick_kinds(trace: list[tuple]) -> dict[str, dict]:
-    """The storm's ticks grouped by what they carried."""
-    kinds: dict[str, list[tuple]] = {"decode only": [], "background prompt": [],
-                                     "interactive prompt": [], "both prompts": []}
-    for tick in trace:
-        plan = tick[-1]
+class CompactTrace(list):
+    """The executor's trace, each tick kept as a tuple of numbers and its kind: keeping every
+    Plan of a storm (tens of thousands) made Python's cyclic GC walk them all, and its pauses
+    (over 150 ms) showed up as the longest ticks of the very run that measured them."""
+
+    def append(self, tick: tuple) -> None:
+        n_prefill, n_decode, _decode_s, _sample_s, tick_s, native_s, plan = tick
         prompts = {plan.notes.get("prio", {}).get(i.seq_id) for i in plan.items
                    if i.phase is Phase.PREFILL}
         kind = ("both prompts" if len(prompts) == 2 else "background prompt"
                 if Priority.BACKGROUND in prompts else "interactive prompt" if prompts
                 else "decode only")
-        kinds[kind].append(tick)
+        super().append((kind, n_prefill, n_decode, tick_s * 1e3, native_s * 1e3,
+                        plan.notes.get("predicted_ms", 0.0), plan.notes.get("budget_ms", 0.0)))
+
+
+def tick_kinds(trace: list[tuple]) -> dict[str, dict]:
+    """A phase's ticks grouped by what they carried (CompactTrace entries)."""
     out = {}
-    for kind, ticks in kinds.items():
+    for kind in ("decode only", "background prompt", "interactive prompt", "both prompts"):
+        ticks = [t for t in trace if t[0] == kind]
         if not ticks:
             continue
-        notes = [t[-1].notes for t in ticks]
+        longest = max(ticks, key=lambda t: t[3])
         out[kind] = {
             "n": len(ticks),
-            "tick_p50_ms": pct([t[4] * 1e3 for t in ticks], 50),
-            "tick_p95_ms": pct([t[4] * 1e3 for t in ticks], 95),
-            "predicted_p50_ms": pct([n.get("predicted_ms", 0.0) for n in notes], 50),
-            "budget_p50_ms": pct([n.get("budget_ms", 0.0) for n in notes], 50),
-            "prompt_tokens_p50": pct([t[0] for t in ticks], 50),
-            "decoders_p50": pct([t[1] for t in ticks], 50),
+            "tick_p50_ms": pct([t[3] for t in ticks], 50),
+            "tick_p95_ms": pct([t[3] for t in ticks], 95),
+            "tick_max_ms": longest[3],
+            # llama_decode's own time (GIL released) in the longest tick: a long tick whose
+            # decode call did not run long lost its time in Python around it.
+            "max_tick_decode_ms": longest[4],
+            "predicted_p50_ms": pct([t[5] for t in ticks], 50),
+            "budget_p50_ms": pct([t[6] for t in ticks], 50),
+            "prompt_tokens_p50": pct([t[1] for t in ticks], 50),
+            "decoders_p50": pct([t[2] for t in ticks], 50),
         }
     return out
 
@@ -150,7 +162,7 @@ def main() -> int:
         for name, knobs in variants:
             executor.policy = _Labelled(dataclasses.replace(base, **knobs))
             executor._memory = None
-            executor.trace = []
+            executor.trace = CompactTrace()
             alone = run_phase(engine, ns, storm=False)
             storm = run_phase(engine, ns, storm=True)
             figures[name] = {"knobs": knobs, "alone": alone, "storm": storm,
@@ -186,14 +198,21 @@ def report(name: str, knobs: dict, alone: dict, storm: dict, cost) -> None:
     print(f"  ITL p50/p95/worst ms: alone {alone['itl_p50_ms']:.2f}/{alone['itl_p95_ms']:.2f}/"
           f"{alone['worst_ms']:.1f}  storm {storm['itl_p50_ms']:.2f}/{storm['itl_p95_ms']:.2f}/"
           f"{storm['worst_ms']:.1f}  p95 ratio {ratio:.2f}  bg TTFT {storm['bg_ttft_ms']:.0f} ms")
-    for kind, t in storm["ticks"].items():
-        print(f"  {kind:18s} n {t['n']:5d}  tick p50/p95 {t['tick_p50_ms']:6.2f}/"
-              f"{t['tick_p95_ms']:6.2f}  predicted {t['predicted_p50_ms']:6.2f}  budget "
-              f"{t['budget_p50_ms']:6.2f}  prompt tokens {t['prompt_tokens_p50']:5.0f}  "
-              f"decoders {t['decoders_p50']:3.0f}")
+    for phase, kinds in (("alone", alone["ticks"]), ("storm", storm["ticks"])):
+        print(f"  {phase} ticks:")
+        print_kinds(kinds)
     print(f"  cost: fixed {cost.fixed_ms:.3f}  per prompt token {cost.per_prefill_ms:.4f}  "
           f"per decoder {cost.per_decode_ms:.4f}  per 1k kv {cost.per_kv_kpos_ms:.4f}  "
           f"step {cost.prefill_step_ms:.3f}", flush=True)
+
+
+def print_kinds(kinds: dict[str, dict]) -> None:
+    for kind, t in kinds.items():
+        print(f"    {kind:18s} n {t['n']:5d}  tick p50/p95/max {t['tick_p50_ms']:6.2f}/"
+              f"{t['tick_p95_ms']:6.2f}/{t['tick_max_ms']:6.1f} (its decode call "
+              f"{t['max_tick_decode_ms']:5.1f})  predicted {t['predicted_p50_ms']:6.2f}  budget "
+              f"{t['budget_p50_ms']:6.2f}  prompt tokens {t['prompt_tokens_p50']:5.0f}  "
+              f"decoders {t['decoders_p50']:3.0f}")
 
 
 if __name__ == "__main__":
