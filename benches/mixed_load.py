@@ -198,20 +198,21 @@ def agent_row(phase: Phase) -> dict:
 
 def measure(server: Server, ns, storms: list[str], rows: list, timelines: dict) -> None:
     sse_completion(server.port, {"prompt": "warm up", "max_tokens": 8, **(server.extra or {})})
+
+    def record(name: str, phase: Phase, row: dict, columns: list) -> None:
+        rows.append({"side": server.name, "phase": name, **row})
+        timelines[f"{server.name} | {name}"] = phase.timeline()
+        shown = {**rows[-1], "side": f"{server.name} | {name}"}
+        print(report.table([shown], columns).splitlines()[1], flush=True)
+
     if "mixed" in ns.phases:
         for name, storm in (("alone", []), ("storm", storms)):
             phase = interactive_phase(server, ns, storm)
-            rows.append({"side": server.name, "phase": name, **phase.summary()})
-            timelines[f"{server.name} | {name}"] = phase.timeline()
-            shown = {**rows[-1], "side": f"{server.name} | {name}"}
-            print(report.table([shown], COLUMNS).splitlines()[1], flush=True)
+            record(name, phase, phase.summary(), COLUMNS)
     if "agent" in ns.phases:
         for name, loaded in (("agent alone", False), ("agent + decoders", True)):
             phase = agent_phase(server, ns, loaded)
-            rows.append({"side": server.name, "phase": name, **agent_row(phase)})
-            timelines[f"{server.name} | {name}"] = phase.timeline()
-            shown = {**rows[-1], "side": f"{server.name} | {name}"}
-            print(report.table([shown], AGENT_COLUMNS).splitlines()[1], flush=True)
+            record(name, phase, agent_row(phase), AGENT_COLUMNS)
 
 
 COLUMNS = [("side", "side / phase", ""), ("itl_p50_ms", "ITL p50", ".1f"),
@@ -269,10 +270,14 @@ def main() -> int:
     ap.add_argument("--uma-args", default="", help="extra `uma run` flags, e.g. --no-kv-unified")
     ap.add_argument("--out", default="mixed_load", help="results name under benches/results")
     ns = ap.parse_args()
+    unknown = ns.phases - {"mixed", "agent"}
+    if unknown:  # before any build or model work
+        ap.error(f"--phases: unknown phase(s) {', '.join(sorted(unknown))}")
 
     tools = ensure_tools(ns.backend)
     model = Path(ns.model) if Path(ns.model).exists() else synth.cached_model(ns.model)
-    storms = [long_prompt(model, ns.storm_tokens, salt=j) for j in range(ns.background)]
+    storms = [long_prompt(model, ns.storm_tokens, salt=j) for j in range(ns.background)] \
+        if "mixed" in ns.phases else []
     slots = ns.streams + ns.background
     # llama-server divides its context between slots: give every slot room for a storm.
     ctx = ns.ctx or slots * (ns.storm_tokens + ns.bg_tokens + 256)
@@ -282,9 +287,6 @@ def main() -> int:
                            background=ns.background, storm_tokens=ns.storm_tokens, **common)
     rows: list[dict] = []
     timelines: dict[str, list] = {}
-    unknown = ns.phases - {"mixed", "agent"}
-    if unknown:
-        ap.error(f"--phases: unknown phase(s) {', '.join(sorted(unknown))}")
     print(report.table([], COLUMNS if "mixed" in ns.phases else AGENT_COLUMNS))
     for side in ns.sides.split(","):
         if side.startswith("uma "):
