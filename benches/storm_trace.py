@@ -98,12 +98,14 @@ class CompactTrace(list):
                 if Priority.BACKGROUND in prompts else "interactive prompt" if prompts
                 else "decode only")
         super().append((kind, n_prefill, n_decode, tick_s * 1e3, native_s * 1e3,
-                        plan.notes.get("predicted_ms", 0.0), plan.notes.get("budget_ms", 0.0)))
+                        plan.notes.get("predicted_ms", 0.0), plan.notes.get("budget_ms", 0.0),
+                        bool(plan.notes.get("guard_active")), plan.notes.get("overruns", 0),
+                        plan.notes.get("line_ms", 0.0), plan.notes.get("target_ms", 0.0)))
 
 
 def tick_kinds(trace: list[tuple]) -> dict[str, dict]:
     """A phase's ticks grouped by what they carried (CompactTrace entries)."""
-    out = {}
+    out = {"guard": guard_summary(trace)} if trace else {}
     for kind in ("decode only", "background prompt", "interactive prompt", "both prompts"):
         ticks = [t for t in trace if t[0] == kind]
         if not ticks:
@@ -123,6 +125,22 @@ def tick_kinds(trace: list[tuple]) -> dict[str, dict]:
             "decoders_p50": pct([t[2] for t in ticks], 50),
         }
     return out
+
+
+def guard_summary(trace: list[tuple]) -> dict:
+    """How much of a phase the guard held prompts back, how often ticks overran, and what
+    share of the phase's tick time carried background prompt tokens: where a starved
+    background prompt's time went."""
+    total_ms = sum(t[3] for t in trace) or 1.0
+    return {
+        "held_share": sum(t[7] for t in trace) / len(trace),
+        "overruns": trace[-1][8] - trace[0][8],
+        "background_time_share": sum(t[3] for t in trace if "prompt" in t[0]
+                                     and t[0] != "interactive prompt") / total_ms,
+        "prompt_tokens": sum(t[1] for t in trace),
+        "line_p50_ms": pct([t[9] for t in trace], 50),
+        "target_p50_ms": pct([t[10] for t in trace], 50),
+    }
 
 
 def pct(values: list[float], q: float) -> float:
@@ -202,12 +220,21 @@ def report(name: str, knobs: dict, alone: dict, storm: dict, cost) -> None:
         print(f"  {phase} ticks:")
         print_kinds(kinds)
     print(f"  cost: fixed {cost.fixed_ms:.3f}  per prompt token {cost.per_prefill_ms:.4f}  "
-          f"per decoder {cost.per_decode_ms:.4f}  per 1k kv {cost.per_kv_kpos_ms:.4f}  "
+          f"per decoder {cost.per_decode_ms:.4f}  per 1k kv {cost.per_kv_kpos_ms:.4f} (decode) "
+          f"{cost.per_prompt_kv_kpos_ms:.4f} (prompt)  "
           f"step {cost.prefill_step_ms:.3f}", flush=True)
 
 
 def print_kinds(kinds: dict[str, dict]) -> None:
+    if "guard" in kinds:
+        g = kinds["guard"]
+        print(f"    guard: held {100 * g['held_share']:.1f} % of ticks, {g['overruns']} overruns, "
+              f"ticks with background prompt tokens {100 * g['background_time_share']:.1f} % of "
+              f"the time, {g['prompt_tokens']} prompt tokens; line p50 {g['line_p50_ms']:.2f} "
+              f"ms, p95 target p50 {g['target_p50_ms']:.2f} ms")
     for kind, t in kinds.items():
+        if kind == "guard":
+            continue
         print(f"    {kind:18s} n {t['n']:5d}  tick p50/p95/max {t['tick_p50_ms']:6.2f}/"
               f"{t['tick_p95_ms']:6.2f}/{t['tick_max_ms']:6.1f} (its decode call "
               f"{t['max_tick_decode_ms']:5.1f})  predicted {t['predicted_p50_ms']:6.2f}  budget "

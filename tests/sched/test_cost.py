@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from uma.sched.cost import CostEstimate, CostModel, attended
 
-TRUE = CostEstimate(fixed_ms=3.0, per_prefill_ms=0.6, per_decode_ms=1.2, per_kv_kpos_ms=0.05,
-                    prefill_step_ms=1.5)
+TRUE = CostEstimate(fixed_ms=3.0, per_prefill_ms=0.6, per_decode_ms=1.2, per_kv_kpos_ms=0.08,
+                    per_prompt_kv_kpos_ms=0.05, prefill_step_ms=1.5)
 
 
 def test_attended_counts_the_cache_and_the_causal_chunk():
@@ -26,13 +26,14 @@ def test_the_model_learns_a_known_cost_with_attention_from_varied_ticks():
     for _ in range(400):
         decode, depth = rng.integers(0, 9), rng.integers(0, 4000)
         prefill = rng.integers(1, 300) if rng.random() < 0.5 else 0  # half the ticks decode only
-        kv = decode * 1500 + attended(int(depth), int(prefill))
+        kv, pkv = decode * rng.integers(1, 3000), attended(int(depth), int(prefill))
         model.observe(int(prefill), int(decode), kv,
-                      TRUE.predict(int(prefill), int(decode), kv) + rng.normal(0, 0.05))
+                      TRUE.predict(int(prefill), int(decode), kv, pkv) + rng.normal(0, 0.05), pkv)
     est = model.estimate
     assert abs(est.per_prefill_ms - TRUE.per_prefill_ms) < 0.02
     assert abs(est.per_decode_ms - TRUE.per_decode_ms) < 0.1
     assert abs(est.per_kv_kpos_ms - TRUE.per_kv_kpos_ms) < 0.005
+    assert abs(est.per_prompt_kv_kpos_ms - TRUE.per_prompt_kv_kpos_ms) < 0.005
     assert abs(est.prefill_step_ms - TRUE.prefill_step_ms) < 0.2
     assert model.error_ewma_ms < 0.2
     assert est.samples == 400
@@ -52,15 +53,16 @@ def test_less_of_a_prompt_fits_a_tick_deep_into_it():
 
 
 @given(budget=st.floats(0, 500), decode=st.integers(0, 32), depth=st.integers(0, 30000),
-       per_kv=st.floats(0, 1))
-def test_max_prefill_is_the_largest_chunk_within_budget(budget, decode, depth, per_kv):
+       per_kv=st.floats(0, 1), per_prompt_kv=st.floats(0, 1))
+def test_max_prefill_is_the_largest_chunk_within_budget(budget, decode, depth, per_kv,
+                                                        per_prompt_kv):
     est = CostEstimate(fixed_ms=2.0, per_prefill_ms=0.3, per_decode_ms=1.0,
-                       per_kv_kpos_ms=per_kv)
+                       per_kv_kpos_ms=per_kv, per_prompt_kv_kpos_ms=per_prompt_kv)
     kv = decode * 500
     c = est.max_prefill(budget, decode, kv, depth)
 
     def cost(n):
-        return est.predict(n, decode, kv + attended(depth, n))
+        return est.predict(n, decode, kv, attended(depth, n))
 
     if c == 0:
         assert cost(1) > budget - 1e-6 or est.predict(0, decode, kv) >= budget
@@ -75,8 +77,8 @@ def test_a_calibrated_model_keeps_the_prompt_cost_ticks_alike_do_not_show():
     gpu = CostEstimate(fixed_ms=2.5, per_prefill_ms=0.04, per_decode_ms=0.05,
                        prefill_step_ms=1.4)
     calibrated, generic = CostModel(), CostModel()
-    calibrated.calibrate([(p, d, gpu.predict(p, d)) for p, d in [(0, 1), (0, 4), (8, 0),
-                                                                 (64, 0)]])
+    calibrated.calibrate([(p, d, 0, 0, gpu.predict(p, d)) for p, d in [(0, 1), (0, 4), (8, 0),
+                                                                       (64, 0)]])
     assert calibrated.estimate.prefill_ms(64, 0) == pytest.approx(gpu.prefill_ms(64, 0), rel=0.01)
     rng = np.random.default_rng(0)
     for _ in range(500):
@@ -89,3 +91,26 @@ def test_a_calibrated_model_keeps_the_prompt_cost_ticks_alike_do_not_show():
     assert calibrated.estimate.prefill_ms(64, 0) == pytest.approx(gpu.prefill_ms(64, 0),
                                                                   rel=0.15)
     assert generic.estimate.prefill_ms(64, 0) > 5 * gpu.prefill_ms(64, 0)
+
+
+def test_decode_rows_and_prompt_tokens_pay_for_attention_apart():
+    # A CPU-like device: a decode row reads its cache alone (8 ms per 1k positions), a
+    # prompt chunk's tokens share what they read (4 ms). A storm's ticks are mostly three
+    # decoders whose caches grow; one in twenty-five carries two tokens deep into a prompt.
+    cpu = CostEstimate(fixed_ms=7.0, per_prefill_ms=1.0, per_decode_ms=3.0, per_kv_kpos_ms=8.0,
+                       per_prompt_kv_kpos_ms=4.0, prefill_step_ms=0.5)
+    shapes = [(0, 1, 1, 0), (0, 4, 4, 0), (8, 0, 0, attended(0, 8)), (64, 0, 0, attended(0, 64)),
+              (8, 0, 0, attended(256, 8)), (0, 1, 257, 0)]
+    model = CostModel()
+    model.calibrate([(p, d, kv, pkv, cpu.predict(p, d, kv, pkv)) for p, d, kv, pkv in shapes])
+    rng = np.random.default_rng(0)
+    for t in range(1000):
+        prompt, depth = (2, 1000 + t) if t % 25 == 0 else (0, 0)
+        kv, pkv = 3 * (40 + t % 120), attended(depth, prompt)
+        model.observe(prompt, 3, kv, cpu.predict(prompt, 3, kv, pkv) * rng.uniform(0.95, 1.1),
+                      pkv)
+    est = model.estimate
+    assert est.prefill_ms(2, 2000) == pytest.approx(cpu.prefill_ms(2, 2000), rel=0.15)
+    assert est.predict(0, 3, 480) == pytest.approx(cpu.predict(0, 3, 480), rel=0.1)
+    # deep prompt tokens are priced at their own attention, not the decode rows'
+    assert est.per_prompt_kv_kpos_ms < 0.7 * est.per_kv_kpos_ms

@@ -38,3 +38,4 @@ def test_tick_spread_reports_the_p95_of_recent_ratios_every_16_samples():
         spread.add(1.0, 1.0, 1.0, decode_only=True)
     assert spread.decode == 1.0 and spread.alone == 1.0
     assert spread.alone_sorted == (1.0,) * 64  # the window behind it, for policies' tails
+

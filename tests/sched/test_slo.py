@@ -286,19 +286,22 @@ def test_only_ticks_past_the_line_the_p95_is_judged_at_use_the_pause_share():
     solo = cost.predict(0, 8)
     line = 1.2 * solo * 1.5  # latency_cap × the streams' p95 alone (1.5x solo)
 
-    def tick(credit_ms, jitter=1.0):
+    def tick(credit_ms, jitter=1.0, alone=1.5):
         plan = SloPolicy().schedule_tick(dataclasses.replace(
             state(sessions, memory=SloMemory(s=8, credit_ms=credit_ms, chunk_cap=512)),
-            cost=cost, alone_p95_ratio=1.5, decode_noise=jitter))
+            cost=cost, alone_p95_ratio=alone, decode_noise=jitter))
         return plan.notes["predicted_ms"], plan.memory.over_mask & 1
 
     predicted, counted = tick(1.5)
     assert 1.2 * solo < predicted < line and not counted  # past the budget, not the line
     predicted, counted = tick(50.0)
-    assert predicted > line and counted
-    # a tick that measured ticks' spread would carry past the line counts
-    predicted, counted = tick(1.5, jitter=1.25)
-    assert line / 1.25 < predicted < line and counted
+    assert 1.2 * solo < predicted <= line and not counted  # saved time goes under it first
+    # With the line at the budget, nothing worth the step fits under it: a pause, counted.
+    predicted, counted = tick(50.0, alone=1.0)
+    assert predicted > 1.2 * solo and counted
+    # measured ticks' spread lowers the line: saved time goes under that
+    predicted, counted = tick(50.0, jitter=1.25)
+    assert line / 1.25 - 0.1 < predicted <= line / 1.25 and not counted
 
 
 def test_background_chunks_that_would_be_mostly_step_wait_for_saved_time():
@@ -341,3 +344,34 @@ def test_background_rides_along_in_a_tick_a_new_interactive_prompt_stretches():
     assert storm_tokens(decoding + [storm]) == (0, 0)  # too many recent ticks past budget
     tokens, counted = storm_tokens(decoding + [storm, newcomer])
     assert tokens > 0 and not counted  # riding along costs the pause share nothing
+
+
+# A CPU-like device: one prompt token deep into a long prompt (with the step) costs more than
+# a tick's spare time, 4.6 ms against 3.8.
+CPU = CostEstimate(fixed_ms=7.5, per_prefill_ms=1.0, per_decode_ms=3.6, per_kv_kpos_ms=6.0,
+                   per_prompt_kv_kpos_ms=2.6, prefill_step_ms=1.3)
+
+
+def test_saved_time_is_spent_under_the_p95_line_when_pauses_are_used_up():
+    # No pauses and no rescues: before saved time could be spent under the line, a prompt whose
+    # next token costs more than a tick's spare never moved at all.
+    policy = SloPolicy(pause_share=0.0, min_pause_share=0.0, max_starve_ticks=10**9)
+    sessions = [session(i, INT, Phase.DECODE, n_past=40) for i in range(3)]
+    back = session(10, BG, Phase.PREFILL, prompt=100000, prefilled=900)
+    solo = CPU.predict(0, 3, 3 * 40)
+    line = 1.2 * solo * 1.5  # latency_cap × the streams' p95 alone, 1.5x their solo time
+    memory, prompt_ms = None, 0.0
+    for t in range(400):
+        plan = policy.schedule_tick(dataclasses.replace(
+            state(sessions + [back], tick=t, memory=memory), cost=CPU, alone_p95_ratio=1.5))
+        memory = plan.memory
+        n = sum(i.n_tokens for i in plan.items if i.seq_id == 10)
+        assert plan.notes["predicted_ms"] <= line + 1e-9 and not memory.over_mask
+        prompt_ms += CPU.prefill_ms(n, back.n_past)
+        back = dataclasses.replace(back, n_prefilled=back.n_prefilled + n,
+                                   n_past=back.n_past + n)
+    # what the budget leaves a tick, every tick, less the credit still saved
+    spare = 1.2 * solo - solo
+    assert prompt_ms >= 400 * spare - line
+
+

@@ -1,7 +1,8 @@
 """A tick cost model learned online from measured ticks.
 
     tick_ms ≈ fixed + per_prefill · prefill_tokens + per_decode · decode_tokens
-              + per_kv · (KV positions attended, over all tokens of the tick) / 1000
+              + per_kv · (KV positions the decode rows attend) / 1000
+              + per_prompt_kv · (KV positions the prompt tokens attend) / 1000
               + prefill_step · (1 if the tick has prompt tokens)
 
 The step is what a GPU charges for leaving the matrix-vector kernels of a small decode batch:
@@ -13,7 +14,11 @@ Attention is the term that grows: a decode token attends to its sequence's whole
 prompt chunk of c tokens starting at position p attends to c·p + c(c+1)/2 positions, so the
 last chunks of a long prompt cost several times its first (4x at 2.5k positions on a 134M
 model on CPU). Leaving it out made the model underpredict exactly the chunks that stall
-interactive streams.
+interactive streams. Decode rows and prompt tokens pay for it differently: a decode row reads
+its sequence's K/V alone (memory-bound: 6-10 ms per 1k positions on the 134M CPU model), the
+tokens of a chunk share what they read (4 ms for two tokens, 2.8 for eight). With one term for
+both, a storm's many decode ticks set it and its few deep prompt ticks ran ~12 % past their
+prediction: the very ticks the latency guard plans up to its line.
 
 The coefficients are a least-squares fit over recent ticks (exponentially weighted, so the
 model follows the machine as it warms up, throttles or shares the GPU), anchored to a prior by
@@ -43,16 +48,21 @@ class CostEstimate:
     fixed_ms: float = 2.0
     per_prefill_ms: float = 0.5
     per_decode_ms: float = 1.0
-    per_kv_kpos_ms: float = 0.0  # per 1000 KV positions attended (see attended())
+    per_kv_kpos_ms: float = 0.0  # per 1000 KV positions decode rows attend (see attended())
     prefill_step_ms: float = 0.0  # once per tick that has any prompt tokens
+    per_prompt_kv_kpos_ms: float = 0.0  # per 1000 KV positions prompt tokens attend
     samples: int = 0  # ticks the estimate has learned from
 
-    def predict(self, prefill_tokens: int, decode_tokens: int, kv_positions: int = 0) -> float:
+    def predict(self, prefill_tokens: int, decode_tokens: int, kv_positions: int = 0,
+                prompt_kv_positions: int = 0) -> float:
+        """A tick's time: kv_positions are what its decode rows attend, prompt_kv_positions
+        what its prompt tokens do."""
         return (
             self.fixed_ms
             + self.per_prefill_ms * prefill_tokens
             + self.per_decode_ms * decode_tokens
             + self.per_kv_kpos_ms * kv_positions / 1000.0
+            + self.per_prompt_kv_kpos_ms * prompt_kv_positions / 1000.0
             + (self.prefill_step_ms if prefill_tokens > 0 else 0.0)
         )
 
@@ -62,12 +72,13 @@ class CostEstimate:
         if n_tokens <= 0:
             return 0.0
         return (self.per_prefill_ms * n_tokens
-                + self.per_kv_kpos_ms * attended(depth, n_tokens) / 1000.0
+                + self.per_prompt_kv_kpos_ms * attended(depth, n_tokens) / 1000.0
                 + (self.prefill_step_ms if first else 0.0))
 
     def chunk_tokens(self, spare_ms: float, depth: int = 0, first: bool = True) -> int:
         """The most prompt tokens, in a chunk starting at KV position `depth`, that add at most
-        spare_ms: the root of per_prefill·c + per_kv·attended(depth, c)/1000 = spare_ms, after
+        spare_ms: the root of per_prefill·c + per_prompt_kv·attended(depth, c)/1000 = spare_ms,
+        after
         the step if this is the tick's first prompt chunk."""
         if first and not math.isinf(spare_ms):
             spare_ms -= self.prefill_step_ms
@@ -75,8 +86,8 @@ class CostEstimate:
             return 0
         if math.isinf(spare_ms):
             return 1 << 30  # no limit
-        a = self.per_kv_kpos_ms / 2000.0
-        b = max(self.per_prefill_ms, 1e-4) + self.per_kv_kpos_ms * (depth + 0.5) / 1000.0
+        a = self.per_prompt_kv_kpos_ms / 2000.0
+        b = max(self.per_prefill_ms, 1e-4) + self.per_prompt_kv_kpos_ms * (depth + 0.5) / 1000.0
         # The positive root of a·c² + b·c = spare, in the form that stays exact as a → 0.
         return int(2 * spare_ms / (b + math.sqrt(b * b + 4 * a * spare_ms)))
 
@@ -95,19 +106,21 @@ def attended(n_past: int, n_tokens: int) -> int:
 
 class CostModel:
     """Ridge-anchored, exponentially weighted, non-negative least squares over
-    (1, prefill, decode, attended/1000, has prefill)."""
+    (1, prefill, decode, decode rows' attended/1000, has prefill, prompt's attended/1000)."""
 
+    _N = 6
     # Features are scaled to similar magnitudes before the ridge sees them: a tick has
     # ~1 fixed cost, tens of prompt tokens, a few decoders, a few thousand attended positions.
-    _SCALE = np.array([1.0, 1 / 32, 1.0, 1.0, 1.0])
+    _SCALE = np.array([1.0, 1 / 32, 1.0, 1.0, 1.0, 1.0])
     _RIDGE = 0.5  # prior weight, in ticks' worth of evidence per (scaled) coefficient
 
     def __init__(self, prior: CostEstimate | None = None, forgetting: float = 0.98) -> None:
         prior = prior or CostEstimate()
         self._prior = np.array([prior.fixed_ms, prior.per_prefill_ms, prior.per_decode_ms,
-                                prior.per_kv_kpos_ms, prior.prefill_step_ms]) / self._SCALE
-        self._a = np.zeros((5, 5))  # Σ w x xᵀ (scaled features)
-        self._b = np.zeros(5)  # Σ w x y
+                                prior.per_kv_kpos_ms, prior.prefill_step_ms,
+                                prior.per_prompt_kv_kpos_ms]) / self._SCALE
+        self._a = np.zeros((self._N, self._N))  # Σ w x xᵀ (scaled features)
+        self._b = np.zeros(self._N)  # Σ w x y
         self._lambda = forgetting
         self._samples = 0
         self.error_ewma_ms = 0.0  # mean absolute prediction error, smoothed
@@ -117,12 +130,12 @@ class CostModel:
     def _solve(self, a_data: np.ndarray | None = None, b_data: np.ndarray | None = None,
                ridge: float = _RIDGE) -> np.ndarray:
         """argmin Σ w (y - xθ)² + ridge·|θ - prior|² subject to θ ≥ 0: a small active set
-        (5 unknowns) that pins negative coefficients at zero and solves the rest again."""
+        (six unknowns) that pins negative coefficients at zero and solves the rest again."""
         a_data = self._a if a_data is None else a_data
         b_data = self._b if b_data is None else b_data
-        free = np.ones(5, bool)
-        theta = np.zeros(5)
-        for _ in range(5):
+        free = np.ones(self._N, bool)
+        theta = np.zeros(self._N)
+        for _ in range(self._N):
             a = a_data[np.ix_(free, free)] + ridge * np.eye(int(free.sum()))
             rhs = b_data[free] + ridge * self._prior[free] \
                 - a_data[np.ix_(free, ~free)] @ theta[~free]
@@ -139,30 +152,35 @@ class CostModel:
 
     def _freeze(self) -> CostEstimate:
         t = self._theta * self._SCALE
-        return CostEstimate(float(t[0]), max(float(t[1]), 1e-4), float(t[2]), float(t[3]),
-                            float(t[4]), self._samples)
+        return CostEstimate(fixed_ms=float(t[0]), per_prefill_ms=max(float(t[1]), 1e-4),
+                            per_decode_ms=float(t[2]), per_kv_kpos_ms=float(t[3]),
+                            prefill_step_ms=float(t[4]), per_prompt_kv_kpos_ms=float(t[5]),
+                            samples=self._samples)
 
     @property
     def estimate(self) -> CostEstimate:
         return self._estimate
 
-    def calibrate(self, ticks: list[tuple[int, int, float]]) -> None:
-        """Makes scratch ticks timed on the device, (prompt tokens, decode rows, ms), the
-        prior: the fit of them alone (the generic prior only breaks ties) is where the model
-        starts and what its ridge pulls towards from then on. Along directions later ticks do
-        not vary (every tick of a prompt storm carrying one or two prompt tokens) the
-        device's measured costs hold, not the generic prior's. Attention is not calibrated:
-        the scratch chunks start at position 0, where it costs little."""
-        x = np.array([[1.0, p, d, 0.0, 1.0 if p else 0.0] for p, d, _ in ticks]) * self._SCALE
+    def calibrate(self, ticks: list[tuple[int, int, int, int, float]]) -> None:
+        """Makes scratch ticks timed on the device, (prompt tokens, decode rows, KV positions
+        the rows attend, KV positions the prompt attends, ms), the prior: the fit of them
+        alone (the generic prior only breaks ties) is where the model starts and what its
+        ridge pulls towards from then on. Along directions later ticks do not vary (every tick
+        of a prompt storm carrying one or two prompt tokens) the device's measured costs hold,
+        not the generic prior's."""
+        x = np.array([self._features(p, d, kv, pkv) for p, d, kv, pkv, _ in ticks])
         y = np.array([ms for *_, ms in ticks])
         self._prior = self._solve(x.T @ x, x.T @ y, ridge=1e-3)
         self._theta = self._prior.copy()
         self._estimate = self._freeze()
 
     def observe(self, prefill_tokens: int, decode_tokens: int, kv_positions: int,
-                measured_ms: float) -> float:
-        """Learns from one tick; returns the prediction error (measured - predicted) in ms."""
-        predicted = self._estimate.predict(prefill_tokens, decode_tokens, kv_positions)
+                measured_ms: float, prompt_kv_positions: int = 0) -> float:
+        """Learns from one tick (kv_positions: what its decode rows attend;
+        prompt_kv_positions: what its prompt tokens do); returns the prediction error
+        (measured - predicted) in ms."""
+        predicted = self._estimate.predict(prefill_tokens, decode_tokens, kv_positions,
+                                           prompt_kv_positions)
         error = measured_ms - predicted
         self.error_ewma_ms += 0.1 * (abs(error) - self.error_ewma_ms)
         # Huber-like: a residual far beyond the usual error moves the fit only so far (a page
@@ -173,11 +191,16 @@ class CostModel:
         bound = max(4.0 * self.error_ewma_ms, 0.5 * predicted, 1.0)
         upper = max(bound, predicted) if prefill_tokens else bound
         y = predicted + min(max(error, -bound), upper)
-        x = np.array([1.0, prefill_tokens, decode_tokens, kv_positions / 1000.0,
-                      1.0 if prefill_tokens else 0.0]) * self._SCALE
+        x = self._features(prefill_tokens, decode_tokens, kv_positions, prompt_kv_positions)
         self._a = self._lambda * self._a + np.outer(x, x)
         self._b = self._lambda * self._b + x * y
         self._samples += 1
         self._theta = self._solve()
         self._estimate = self._freeze()
         return error
+
+    def _features(self, prefill_tokens: int, decode_tokens: int, kv_positions: int,
+                  prompt_kv_positions: int) -> np.ndarray:
+        return np.array([1.0, prefill_tokens, decode_tokens, kv_positions / 1000.0,
+                         1.0 if prefill_tokens else 0.0, prompt_kv_positions / 1000.0]) \
+            * self._SCALE

@@ -76,9 +76,9 @@ class TickSpread:
     """How far measured ticks stray above the cost model's mean, as p95 ratios over recent
     ticks. `decode`: ticks of decode rows only, against their prediction (jitter: thread
     wake-ups, a GPU's graph re-captures). `alone`: ticks while no background request exists,
-    against the model's time for their decode rows alone: what interactive streams see without
-    background work (jitter and their own new prompts), the reference the latency cap is
-    relative to."""
+    against the model's time for their sequences as decode rows alone (a stream starting a
+    new prompt counted as the row it will be): what interactive streams see without background
+    work (jitter and their own new prompts), the reference the latency cap is relative to."""
 
     EVERY = 16  # samples between recomputations: a percentile per tick is hot-path waste
 
@@ -97,13 +97,13 @@ class TickSpread:
         if solo_ms is not None:
             self._push("alone", self._alone, measured_ms / max(solo_ms, 1e-3))
 
-    def _push(self, name: str, ratios: collections.deque[float], ratio: float) -> None:
-        ratios.append(ratio)
+    def _push(self, name: str, values: collections.deque[float], value: float) -> None:
+        values.append(value)
         self._added[name] += 1
-        if len(ratios) >= 2 * self.EVERY and self._added[name] % self.EVERY == 0:
-            setattr(self, name, max(1.0, float(np.percentile(ratios, 95))))
+        if len(values) >= 2 * self.EVERY and self._added[name] % self.EVERY == 0:
+            setattr(self, name, max(1.0, float(np.percentile(values, 95))))
             if name == "alone":
-                self.alone_sorted = tuple(sorted(ratios))
+                self.alone_sorted = tuple(sorted(values))
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,56 +149,77 @@ class Executor:
         self._tick_start = 0.0
         self._last_tick_ms = 0.0
         self._last_tick_tokens = 0
-        self._attended = 0
+        self._attended = self._prompt_attended = 0
         self.spread = TickSpread()
-        self._solo = (0, 0)  # decode rows of this batch and their attention
+        # The batch's sequences as decode rows, and their attention: what the streams' ticks
+        # alone are measured against (a stream's new prompt counted as the row it will be).
+        self._solo = (0, 0)
         self._memory: object = None  # the policy's, from its last executed plan
         # Set to a list to record (prefill tokens, decode tokens, decode s, sample s, tick s,
         # llama_decode s, plan) of every tick, for profiling and tests; None costs nothing.
         self.trace: list[tuple] | None = None
 
     def calibrate(self, passes: int = 2) -> None:
-        """Times scratch batches of a few shapes (decode rows; short and long prompt chunks)
-        before serving and anchors the cost model there. From the generic prior alone, a GPU
-        never learns what a prompt token costs it (a fiftieth of that prior): when every tick
-        of a storm carries one or two prompt tokens, the fit cannot tell them from the
-        decoders, blames the decoders, inflates their budget and spends it on two prompt tokens
-        a tick (a background prompt took 59 s on an H100, every interactive tick ran at 1.5x).
-        Calibration sets the fixed, per-token and step costs; attention, which only deep
-        prompts show, is left to the ticks that run them."""
+        """Times scratch batches of a few shapes (decode rows; short and long prompt chunks; a
+        decode row and a short chunk deep into a sequence) before serving and anchors the cost
+        model there. From the generic prior alone, a GPU never learns what a prompt token costs
+        it (a fiftieth of that prior): when every tick of a storm carries one or two prompt
+        tokens, the fit cannot tell them from the decoders, blames the decoders, inflates their
+        budget and spends it on two prompt tokens a tick (a background prompt took 59 s on an
+        H100, every interactive tick ran at 1.5x). Attention needs the deep shapes for the same
+        reason: a storm's few deep prompt ticks among its many decode ticks cannot pin what a
+        prompt token's attention costs on their own."""
         n_rows = min(4, self.ctx.n_seq_max)
         chunk = max(1, min(64, self.batch.capacity, self.n_ctx_seq - 1))
-        shapes = [(0, 1), (0, n_rows), (min(8, chunk), 0), (chunk, 0)]
-        tokens = (np.arange(chunk, dtype=np.int32) * 7919 + 1) % self.model.n_vocab
+        small = min(8, chunk)
+        depth = max(0, min(4 * chunk, self.batch.capacity, self.n_ctx_seq - chunk - 1))
+        tokens = (np.arange(max(chunk, depth), dtype=np.int32) * 7919 + 1) % self.model.n_vocab
         ticks = []
         try:
-            for _ in range(passes):
-                for n_prompt, rows in shapes:
-                    # A shape's first runs pay for what a new shape costs once (allocation,
-                    # a GPU's graph capture); its third is what steady ticks of it take.
-                    for _ in range(3):
-                        ms = self._scratch(tokens[:n_prompt], rows)
-                    ticks.append((n_prompt, rows, ms))
+            ticks += self._time_shapes(tokens, [(0, 1), (0, n_rows), (small, 0), (chunk, 0)],
+                                       passes)
+            if depth:  # sequence 0 holds `depth` positions while the deep shapes run
+                self._scratch(tokens[:depth], 0, 0, keep=True)
+                ticks += self._time_shapes(tokens, [(small, 0), (0, 1)], passes, depth)
         except UmaError:
             return  # a context too small to try: the generic prior stays
+        finally:
+            self.ctx.seq_rm(0)
         self.cost.calibrate(ticks)
 
-    def _scratch(self, prompt: np.ndarray, rows: int) -> float:
-        """One scratch decode, either `rows` decode rows at position 0 or a prompt chunk on
-        sequence 0; returns its milliseconds, leaving the cache empty."""
+    def _time_shapes(self, tokens: np.ndarray, shapes: list[tuple[int, int]], passes: int,
+                     depth: int = 0) -> list[tuple[int, int, int, int, float]]:
+        """(prompt tokens, decode rows, rows' attended, prompt's attended, ms) of each shape,
+        `passes` times, with sequence 0 `depth` positions deep."""
+        ticks = []
+        for _ in range(passes):
+            for n_prompt, rows in shapes:
+                # A shape's first runs pay for what a new shape costs once (allocation, a
+                # GPU's graph capture); its third is what steady ticks of it take.
+                for _ in range(3):
+                    ms = self._scratch(tokens[:n_prompt], rows, depth)
+                ticks.append((n_prompt, rows, attended(depth, 1) + rows - 1 if rows else 0,
+                              attended(depth, n_prompt), ms))
+        return ticks
+
+    def _scratch(self, prompt: np.ndarray, rows: int, depth: int, keep: bool = False) -> float:
+        """One scratch decode: a prompt chunk on sequence 0 from position `depth`, and `rows`
+        decode rows (sequence 0's at `depth`, the others' at 0); returns its milliseconds.
+        What it adds to the cache is removed again unless `keep`."""
         batch = self.batch
         batch.clear()
         if len(prompt):
-            batch.add_sequence(prompt, 0, 0, logits_last=True)
+            batch.add_sequence(prompt, depth, 0, logits_last=True)
         for seq in range(rows):
-            batch.add(1, 0, seq, True)
+            batch.add(1, depth if seq == 0 else 0, seq, True)
         t0 = time.perf_counter()
         try:
             self.ctx.decode(batch)
+            return (time.perf_counter() - t0) * 1e3
         finally:
-            for seq in range(max(rows, 1)):
-                self.ctx.seq_rm(seq)
-        return (time.perf_counter() - t0) * 1e3
+            if not keep:
+                for seq in range(max(rows, 1)):
+                    self.ctx.seq_rm(seq, depth if seq == 0 else -1)
 
     # --- requests in and out -----------------------------------------------------------------
 
@@ -316,20 +337,21 @@ class Executor:
         # per-sequence KV (kv_unified=False) llama.cpp gathers out-of-order sequences, which
         # made a decode step a third slower (134M model, 8 streams, 2 CPU threads).
         items = sorted(plan.items, key=lambda i: (i.phase is not Phase.DECODE, i.seq_id))
-        self._attended = 0  # the cost model's attention feature for this batch
-        solo_rows = solo_kv = 0
+        # the cost model's attention features for this batch: decode rows', prompt tokens'
+        self._attended = self._prompt_attended = 0
+        solo_kv = 0  # every sequence of the batch as one decode row (see _solo)
         for item in items:
             req = self.running[item.seq_id]
-            self._attended += attended(req.n_past, item.n_tokens)
+            solo_kv += attended(req.n_past, 1)
             if item.phase is Phase.DECODE:
-                solo_rows += 1
-                solo_kv += attended(req.n_past, 1)
+                self._attended += attended(req.n_past, 1)
                 batch.add(req.last_token, req.n_past, item.seq_id, True)
             else:
+                self._prompt_attended += attended(req.n_past, item.n_tokens)
                 start = req.n_prefilled
                 batch.add_sequence(req.tokens[start:start + item.n_tokens], start, item.seq_id,
                                    logits_last=item.logits)
-        self._solo = (solo_rows, solo_kv)
+        self._solo = (len(items), solo_kv)
 
     def run(self, plan: Plan) -> Ran:
         """Decodes the batch and samples its logits rows. On a full KV cache it sheds load
@@ -441,13 +463,15 @@ class Executor:
             rows, kv = self._solo
             # Only while no background request exists at all: ticks of a storm that happen to
             # carry no background work are the ones new interactive prompts crowded it out of.
-            alone = rows and not any(r.priority is Priority.BACKGROUND
+            alone = n_decode and not any(r.priority is Priority.BACKGROUND
                                      for r in self.running.values()) \
                 and not self.waiting[Priority.BACKGROUND]
             solo = est.predict(0, rows, kv) if alone else None
-            self.spread.add(tick_s * 1e3, est.predict(n_prefill, n_decode, self._attended),
+            self.spread.add(tick_s * 1e3, est.predict(n_prefill, n_decode, self._attended,
+                                                      self._prompt_attended),
                             solo, decode_only=n_prefill == 0)
-            self.cost.observe(n_prefill, n_decode, self._attended, tick_s * 1e3)
+            self.cost.observe(n_prefill, n_decode, self._attended, tick_s * 1e3,
+                              self._prompt_attended)
         self._decode_ewma = decode_ms if self._decode_ewma == 0 else \
             0.9 * self._decode_ewma + 0.1 * decode_ms
         m.ticks.inc()
