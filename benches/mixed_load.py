@@ -26,6 +26,7 @@ tokens/s. Writes benches/results/<out>.{json,csv} and the token-timeline plot.
 from __future__ import annotations
 
 import argparse
+import http.client
 import sys
 import threading
 import time
@@ -207,12 +208,50 @@ def measure(server: Server, ns, storms: list[str], rows: list, timelines: dict) 
 
     if "mixed" in ns.phases:
         for name, storm in (("alone", []), ("storm", storms)):
+            before = guard_counters(server)
             phase = interactive_phase(server, ns, storm)
-            record(name, phase, phase.summary(), COLUMNS)
+            record(name, phase, {**phase.summary(), **guard_row(before, guard_counters(server))},
+                   COLUMNS)
+            if before:
+                r = rows[-1]
+                print(f"  guard: {r['ticks']:.0f} ticks, {100 * r['over_budget_share']:.1f} % "
+                      f"over budget, cost-model error {r['cost_error_ms']:.1f} ms", flush=True)
     if "agent" in ns.phases:
         for name, loaded in (("agent alone", False), ("agent + decoders", True)):
             phase = agent_phase(server, ns, loaded)
             record(name, phase, agent_row(phase), AGENT_COLUMNS)
+
+
+
+GUARD = ("ticks_total", "ticks_over_budget_total", "cost_model_error_ms")
+
+
+def guard_counters(server: Server) -> dict[str, float]:
+    """The UMA daemon's guard figures from /metrics (none for llama-server): how often ticks
+    overran their budget (each overrun holds prompts back) tells where a starved background
+    prompt's time went."""
+    if server.socket is None:
+        return {}
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    values = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name.removeprefix("uma_") in GUARD:
+            values[name.removeprefix("uma_")] = float(value)
+    return values
+
+
+def guard_row(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """A phase's ticks, the share of them over budget, and the cost model's error at its end."""
+    if not before:
+        return {}
+    ticks = after["ticks_total"] - before["ticks_total"]
+    over = after["ticks_over_budget_total"] - before["ticks_over_budget_total"]
+    return {"ticks": ticks, "over_budget_share": over / max(ticks, 1),
+            "cost_error_ms": after["cost_model_error_ms"]}
 
 
 COLUMNS = [("side", "side / phase", ""), ("itl_p50_ms", "ITL p50", ".1f"),

@@ -39,3 +39,12 @@ def test_tick_spread_reports_the_p95_of_recent_ratios_every_16_samples():
     assert spread.decode == 1.0 and spread.alone == 1.0
     assert spread.alone_sorted == (1.0,) * 64  # the window behind it, for policies' tails
 
+
+
+def test_tick_spread_keeps_background_prompt_ticks_apart_from_decode_ticks():
+    spread = TickSpread(size=64)
+    for _ in range(64):
+        spread.add(1.5, 1.0, None, decode_only=False, background_prompt=True)
+        spread.add(9.0, 1.0, None, decode_only=False)  # an interactive prompt: neither
+        spread.add(1.0, 1.0, None, decode_only=True)
+    assert spread.prompt == 1.5 and spread.decode == 1.0

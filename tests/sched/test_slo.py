@@ -375,3 +375,18 @@ def test_saved_time_is_spent_under_the_p95_line_when_pauses_are_used_up():
     assert prompt_ms >= 400 * spare - line
 
 
+
+
+def test_background_prompt_ticks_that_stray_further_are_planned_further_under_the_line():
+    sessions = [session(i, INT, Phase.DECODE, n_past=40) for i in range(3)]
+    sessions.append(session(10, BG, Phase.PREFILL, prompt=100000, prefilled=100))
+    saved = SloMemory(s=8, credit_ms=100.0, chunk_cap=512, over_mask=(1 << 100) - 1)
+    target = 1.2 * 1.5 * CPU.predict(0, 3, 3 * 41)  # latency_cap × p95 alone × solo
+    predicted = []
+    for noise in (1.0, 1.3):
+        plan = SloPolicy().schedule_tick(dataclasses.replace(
+            state(sessions, memory=saved), cost=CPU, alone_p95_ratio=1.5, prompt_noise=noise))
+        predicted.append(plan.notes["predicted_ms"])
+    # each up to its line, one more token (under 5 ms here) would cross it
+    assert target - 5 < predicted[0] <= target
+    assert target / 1.3 - 5 < predicted[1] <= target / 1.3

@@ -75,7 +75,9 @@ class TickMetrics:
 class TickSpread:
     """How far measured ticks stray above the cost model's mean, as p95 ratios over recent
     ticks. `decode`: ticks of decode rows only, against their prediction (jitter: thread
-    wake-ups, a GPU's graph re-captures). `alone`: ticks while no background request exists,
+    wake-ups, a GPU's graph re-captures). `prompt`: ticks with background prompt tokens, against
+    theirs (the same jitter, plus the cost model's error on prompt chunks; the ticks the policy
+    plans up to its line). `alone`: ticks while no background request exists,
     against the model's time for their sequences as decode rows alone (a stream starting a
     new prompt counted as the row it will be): what interactive streams see without background
     work (jitter and their own new prompts), the reference the latency cap is relative to."""
@@ -84,16 +86,20 @@ class TickSpread:
 
     def __init__(self, size: int = 256) -> None:
         self._decode: collections.deque[float] = collections.deque(maxlen=size)
+        self._prompt: collections.deque[float] = collections.deque(maxlen=size)
         self._alone: collections.deque[float] = collections.deque(maxlen=size)
-        self._added = {"decode": 0, "alone": 0}
+        self._added = {"decode": 0, "prompt": 0, "alone": 0}
         self.decode = 1.0
+        self.prompt = 1.0
         self.alone = 0.0  # 0: not seen yet
         self.alone_sorted: tuple[float, ...] = ()  # the alone ratios, sorted (policies' tails)
 
     def add(self, measured_ms: float, predicted_ms: float, solo_ms: float | None,
-            decode_only: bool) -> None:
+            decode_only: bool, background_prompt: bool = False) -> None:
         if decode_only:
             self._push("decode", self._decode, measured_ms / max(predicted_ms, 1e-3))
+        if background_prompt:
+            self._push("prompt", self._prompt, measured_ms / max(predicted_ms, 1e-3))
         if solo_ms is not None:
             self._push("alone", self._alone, measured_ms / max(solo_ms, 1e-3))
 
@@ -150,6 +156,7 @@ class Executor:
         self._last_tick_ms = 0.0
         self._last_tick_tokens = 0
         self._attended = self._prompt_attended = 0
+        self._background_prompt = False
         self.spread = TickSpread()
         # The batch's sequences as decode rows, and their attention: what the streams' ticks
         # alone are measured against (a stream's new prompt counted as the row it will be).
@@ -323,6 +330,7 @@ class Executor:
             last_tick_tokens=self._last_tick_tokens,
             memory=self._memory,
             decode_noise=self.spread.decode,
+            prompt_noise=self.spread.prompt,
             alone_p95_ratio=self.spread.alone,
             alone_ratios=self.spread.alone_sorted,
             bmt=self.bmt,
@@ -339,6 +347,7 @@ class Executor:
         items = sorted(plan.items, key=lambda i: (i.phase is not Phase.DECODE, i.seq_id))
         # the cost model's attention features for this batch: decode rows', prompt tokens'
         self._attended = self._prompt_attended = 0
+        self._background_prompt = False
         solo_kv = 0  # every sequence of the batch as one decode row (see _solo)
         for item in items:
             req = self.running[item.seq_id]
@@ -348,6 +357,7 @@ class Executor:
                 batch.add(req.last_token, req.n_past, item.seq_id, True)
             else:
                 self._prompt_attended += attended(req.n_past, item.n_tokens)
+                self._background_prompt |= req.priority is Priority.BACKGROUND
                 start = req.n_prefilled
                 batch.add_sequence(req.tokens[start:start + item.n_tokens], start, item.seq_id,
                                    logits_last=item.logits)
@@ -469,7 +479,8 @@ class Executor:
             solo = est.predict(0, rows, kv) if alone else None
             self.spread.add(tick_s * 1e3, est.predict(n_prefill, n_decode, self._attended,
                                                       self._prompt_attended),
-                            solo, decode_only=n_prefill == 0)
+                            solo, decode_only=n_prefill == 0,
+                            background_prompt=self._background_prompt)
             self.cost.observe(n_prefill, n_decode, self._attended, tick_s * 1e3,
                               self._prompt_attended)
         self._decode_ewma = decode_ms if self._decode_ewma == 0 else \
