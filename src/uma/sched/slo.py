@@ -10,10 +10,11 @@ One tick's plan is built in stages, each a pure function of the snapshot:
    alone is predicted to take (or an explicit tick_budget_ms). Background decoders that would
    break it are parked; prompt tokens get what the cost model predicts still fits, unless
    a background chunk would be mostly the step into prompt work (a GPU's). Unused time is
-   saved and spent in larger chunks: at any time in a tick that stays under the p95 line
-   (latency_cap × the streams' p95 alone, less how far prompt ticks stray past their
-   prediction), and in one past it (up to pause_factor × that p95) only while such ticks stay
-   under the share of recent ones that the p95 leaves free (at most pause_share). After a tick
+   saved and spent in larger chunks: first in a tick that stays under the p95 line
+   (latency_cap × the streams' p95 alone, less how far background prompt ticks stray past
+   their prediction); where nothing fits there, in one past it (up to pause_factor × that p95),
+   only while such ticks stay under the share of recent ones that the p95 leaves free (at most
+   pause_share). After a tick
    overruns its budget, prompts are held back for hold_ticks ticks, then let in gradually.
    The prompt allowance also grows no faster than it has been proven: it may at most double
    the largest chunk that last ran within budget (slow start). A cost model fitted over ticks
