@@ -7,7 +7,11 @@
 #
 # Carried into the checkout beforehand (git-ignored):
 #   .device/llama-src.tar.{gz,xz}   the pinned llama.cpp source (third_party/llama.cpp, tarred)
-#   .whl/*.whl   wheels the machine lacks (gguf, starlette, uvicorn)
+#   .device/vocab.tar   models/ggml-vocab-llama-{bpe,spm}.gguf from that tree, if the source
+#                       tarball leaves models/ out (the synthetic models take their tokenizers)
+#   .whl/*.whl   wheels the machine lacks: gguf starlette uvicorn h11 anyio click sniffio typer
+#                shellingham rich markdown-it-py mdurl pygments tomli msgpack, and typer's
+#                pydantic pydantic_core annotated_types typing_inspection annotated_doc
 # Results: $OUT (default ./out-gpu), one JSON/CSV per scenario and model, plus logs.
 set -uo pipefail
 OUT=$(realpath -m "${OUT:-out-gpu}")
@@ -22,6 +26,9 @@ SIDES=${SIDES:-uma slo,uma baseline,llama-server}
 
 if [ ! -f third_party/llama.cpp/CMakeLists.txt ]; then
   mkdir -p third_party/llama.cpp && tar -xf .device/llama-src.tar.* -C third_party/llama.cpp
+fi
+if [ -f .device/vocab.tar ] && [ ! -f third_party/llama.cpp/models/ggml-vocab-llama-bpe.gguf ]; then
+  tar -xf .device/vocab.tar -C third_party/llama.cpp
 fi
 python3 -m pip install -q --no-index --no-deps .whl/*.whl
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt"
