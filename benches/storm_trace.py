@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -78,6 +79,8 @@ def run_phase(engine: uma.Engine, ns: argparse.Namespace, storm: bool) -> dict:
         out["bg_ttft_ms"] = max(r.timings.ttft_ms for r in results)
         stop.set()
     out["ticks"] = tick_kinds(trace[start:])
+    if len(trace) > start:
+        out["guard"] = guard_summary(trace[start:])
     for t in threads:
         t.join()
     out.update(itl_p50_ms=pct(itls, 50), itl_p95_ms=pct(itls, 95), worst_ms=max(itls),
@@ -85,61 +88,82 @@ def run_phase(engine: uma.Engine, ns: argparse.Namespace, storm: bool) -> dict:
     return out
 
 
+class Tick(NamedTuple):
+    """One tick of the trace, as numbers and its kind."""
+
+    kind: str  # what its prompt tokens were: see CompactTrace.append
+    prompt_tokens: int
+    decoders: int
+    ms: float  # the whole tick
+    decode_ms: float  # llama_decode's own time (GIL released)
+    predicted_ms: float
+    budget_ms: float
+    held: bool  # the guard held prompts back
+    overruns: int  # the policy's count so far
+    line_ms: float
+    target_ms: float
+
+
 class CompactTrace(list):
-    """The executor's trace, each tick kept as a tuple of numbers and its kind: keeping every
-    Plan of a storm (tens of thousands) made Python's cyclic GC walk them all, and its pauses
-    (over 150 ms) showed up as the longest ticks of the very run that measured them."""
+    """The executor's trace, each tick kept as a Tick: keeping every Plan of a storm (tens of
+    thousands) made Python's cyclic GC walk them all, and its pauses (over 150 ms) showed up
+    as the longest ticks of the very run that measured them."""
 
     def append(self, tick: tuple) -> None:
         n_prefill, n_decode, _decode_s, _sample_s, tick_s, native_s, plan = tick
-        prompts = {plan.notes.get("prio", {}).get(i.seq_id) for i in plan.items
+        notes = plan.notes
+        prompts = {notes.get("prio", {}).get(i.seq_id) for i in plan.items
                    if i.phase is Phase.PREFILL}
         kind = ("both prompts" if len(prompts) == 2 else "background prompt"
                 if Priority.BACKGROUND in prompts else "interactive prompt" if prompts
                 else "decode only")
-        super().append((kind, n_prefill, n_decode, tick_s * 1e3, native_s * 1e3,
-                        plan.notes.get("predicted_ms", 0.0), plan.notes.get("budget_ms", 0.0),
-                        bool(plan.notes.get("guard_active")), plan.notes.get("overruns", 0),
-                        plan.notes.get("line_ms", 0.0), plan.notes.get("target_ms", 0.0)))
+        super().append(Tick(kind, n_prefill, n_decode, tick_s * 1e3, native_s * 1e3,
+                            notes.get("predicted_ms", 0.0), notes.get("budget_ms", 0.0),
+                            bool(notes.get("guard_active")), notes.get("overruns", 0),
+                            notes.get("line_ms", 0.0), notes.get("target_ms", 0.0)))
 
 
-def tick_kinds(trace: list[tuple]) -> dict[str, dict]:
-    """A phase's ticks grouped by what they carried (CompactTrace entries)."""
-    out = {"guard": guard_summary(trace)} if trace else {}
-    for kind in ("decode only", "background prompt", "interactive prompt", "both prompts"):
-        ticks = [t for t in trace if t[0] == kind]
+KINDS = ("decode only", "background prompt", "interactive prompt", "both prompts")
+
+
+def tick_kinds(trace: list[Tick]) -> dict[str, dict]:
+    """A phase's ticks grouped by what they carried."""
+    out = {}
+    for kind in KINDS:
+        ticks = [t for t in trace if t.kind == kind]
         if not ticks:
             continue
-        longest = max(ticks, key=lambda t: t[3])
+        longest = max(ticks, key=lambda t: t.ms)
         out[kind] = {
             "n": len(ticks),
-            "tick_p50_ms": pct([t[3] for t in ticks], 50),
-            "tick_p95_ms": pct([t[3] for t in ticks], 95),
-            "tick_max_ms": longest[3],
-            # llama_decode's own time (GIL released) in the longest tick: a long tick whose
-            # decode call did not run long lost its time in Python around it.
-            "max_tick_decode_ms": longest[4],
-            "predicted_p50_ms": pct([t[5] for t in ticks], 50),
-            "budget_p50_ms": pct([t[6] for t in ticks], 50),
-            "prompt_tokens_p50": pct([t[1] for t in ticks], 50),
-            "decoders_p50": pct([t[2] for t in ticks], 50),
+            "tick_p50_ms": pct([t.ms for t in ticks], 50),
+            "tick_p95_ms": pct([t.ms for t in ticks], 95),
+            "tick_max_ms": longest.ms,
+            # llama_decode's own time in the longest tick: a long tick whose decode call did
+            # not run long lost its time in Python around it.
+            "max_tick_decode_ms": longest.decode_ms,
+            "predicted_p50_ms": pct([t.predicted_ms for t in ticks], 50),
+            "budget_p50_ms": pct([t.budget_ms for t in ticks], 50),
+            "prompt_tokens_p50": pct([t.prompt_tokens for t in ticks], 50),
+            "decoders_p50": pct([t.decoders for t in ticks], 50),
         }
     return out
 
 
-def guard_summary(trace: list[tuple]) -> dict:
+def guard_summary(trace: list[Tick]) -> dict:
     """How much of a phase the guard held prompts back, how often ticks overran, and what
     share of the phase's tick time carried background prompt tokens: where a starved
     background prompt's time went."""
-    total_ms = sum(t[3] for t in trace) or 1.0
+    total_ms = sum(t.ms for t in trace) or 1.0
     return {
-        "held_share": sum(t[7] for t in trace) / len(trace),
-        "overruns": trace[-1][8] - trace[0][8],
-        "background_time_share": sum(t[3] for t in trace if "prompt" in t[0]
-                                     and t[0] != "interactive prompt") / total_ms,
-        "prompt_tokens": sum(t[1] for t in trace),
-        "line_p50_ms": pct([t[9] for t in trace], 50),
-        "target_p50_ms": pct([t[10] for t in trace], 50),
+        "held_share": sum(t.held for t in trace) / len(trace),
+        "overruns": trace[-1].overruns - trace[0].overruns,
+        "background_time_share": sum(t.ms for t in trace
+                                     if t.kind in ("background prompt", "both prompts"))
+        / total_ms,
+        "prompt_tokens": sum(t.prompt_tokens for t in trace),
+        "line_p50_ms": pct([t.line_ms for t in trace], 50),
+        "target_p50_ms": pct([t.target_ms for t in trace], 50),
     }
 
 
@@ -216,25 +240,23 @@ def report(name: str, knobs: dict, alone: dict, storm: dict, cost) -> None:
     print(f"  ITL p50/p95/worst ms: alone {alone['itl_p50_ms']:.2f}/{alone['itl_p95_ms']:.2f}/"
           f"{alone['worst_ms']:.1f}  storm {storm['itl_p50_ms']:.2f}/{storm['itl_p95_ms']:.2f}/"
           f"{storm['worst_ms']:.1f}  p95 ratio {ratio:.2f}  bg TTFT {storm['bg_ttft_ms']:.0f} ms")
-    for phase, kinds in (("alone", alone["ticks"]), ("storm", storm["ticks"])):
-        print(f"  {phase} ticks:")
-        print_kinds(kinds)
+    for name, phase in (("alone", alone), ("storm", storm)):
+        print(f"  {name} ticks:")
+        print_phase(phase)
     print(f"  cost: fixed {cost.fixed_ms:.3f}  per prompt token {cost.per_prefill_ms:.4f}  "
           f"per decoder {cost.per_decode_ms:.4f}  per 1k kv {cost.per_kv_kpos_ms:.4f} (decode) "
           f"{cost.per_prompt_kv_kpos_ms:.4f} (prompt)  "
           f"step {cost.prefill_step_ms:.3f}", flush=True)
 
 
-def print_kinds(kinds: dict[str, dict]) -> None:
-    if "guard" in kinds:
-        g = kinds["guard"]
+def print_phase(phase: dict) -> None:
+    if "guard" in phase:
+        g = phase["guard"]
         print(f"    guard: held {100 * g['held_share']:.1f} % of ticks, {g['overruns']} overruns, "
               f"ticks with background prompt tokens {100 * g['background_time_share']:.1f} % of "
               f"the time, {g['prompt_tokens']} prompt tokens; line p50 {g['line_p50_ms']:.2f} "
               f"ms, p95 target p50 {g['target_p50_ms']:.2f} ms")
-    for kind, t in kinds.items():
-        if kind == "guard":
-            continue
+    for kind, t in phase["ticks"].items():
         print(f"    {kind:18s} n {t['n']:5d}  tick p50/p95/max {t['tick_p50_ms']:6.2f}/"
               f"{t['tick_p95_ms']:6.2f}/{t['tick_max_ms']:6.1f} (its decode call "
               f"{t['max_tick_decode_ms']:5.1f})  predicted {t['predicted_p50_ms']:6.2f}  budget "

@@ -14,8 +14,8 @@ One tick's plan is built in stages, each a pure function of the snapshot:
    (latency_cap × the streams' p95 alone, less how far background prompt ticks stray past
    their prediction); where nothing fits there, in one past it (up to pause_factor × that p95),
    only while such ticks stay under the share of recent ones that the p95 leaves free (at most
-   pause_share). After a tick
-   overruns its budget, prompts are held back for hold_ticks ticks, then let in gradually.
+   pause_share). After a tick overruns its budget, prompts are held back for hold_ticks ticks,
+   then let in gradually.
    The prompt allowance also grows no faster than it has been proven: it may at most double
    the largest chunk that last ran within budget (slow start). A cost model fitted over ticks
    that all looked alike cannot tell a prompt token's cost from the fixed cost, and its first
@@ -210,21 +210,18 @@ class SloPolicy:
         # ticks that new interactive prompts stretch happen as often when the streams run
         # alone, so they are already part of the tail the share leaves room for, and making
         # one longer does not add a gap past the p95.
-        # Nor does a tick that stays within latency_cap × the streams' p95 alone, less the
-        # decode jitter: past the budget but not past the p95 the cap is judged on (on the CPU
+        # Nor does a tick that stays under the line (latency_cap × the streams' p95 alone, less
+        # the jitter): past the budget but not past the p95 the cap is judged on (on the CPU
         # mixed load, counting those used the share up while gaps past the line rose only
         # from 1.9 to 2.4 %). Without the jitter margin, a third of an MoE storm's ticks went
         # just under the line, their tail over it, and the p95 to 1.34x.
-        interactive_prompt = any(
-            sessions_by_seq[i.seq_id].priority is Priority.INTERACTIVE for i in prefill)
-        over = decode_ms + prefill_ms > line_ms + 1e-9 and not interactive_prompt and any(
-            sessions_by_seq[i.seq_id].priority is Priority.BACKGROUND for i in prefill)
-        served_back = sum(1 for s in served if s.priority is Priority.BACKGROUND)
-        back_progress = served_back or any(i.seq_id in back_ids for i in prefill)
+        back_prompt = any(i.seq_id in back_ids for i in prefill)
+        interactive_prompt = any(i.seq_id not in back_ids for i in prefill)
+        over = decode_ms + prefill_ms > line_ms + 1e-9 and back_prompt and not interactive_prompt
+        back_progress = back_prompt or any(s.priority is Priority.BACKGROUND for s in served)
         n_prefill = sum(i.n_tokens for i in prefill)
         mem = dataclasses.replace(
             mem, budget_ms=max(budget, decode_ms + prefill_ms), credit_ms=max(0.0, credit),
-
             over_mask=((mem.over_mask << 1) | over) & ((1 << self.pause_window) - 1),
             starve=0 if back_progress or not back else mem.starve + 1, last_prefill=n_prefill)
         notes = {

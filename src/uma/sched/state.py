@@ -74,8 +74,9 @@ class SchedulerState:
     memory: object = None  # the policy's own state, as its previous plan left it (Plan.memory)
     decode_noise: float = 1.0  # p95 of measured / predicted time of recent decode-only ticks
     prompt_noise: float = 1.0  # the same, of recent ticks with background prompt tokens
-    # p95 of ticks while no background request exists / their decode rows' predicted time:
-    # what interactive streams see without background work (0: not known yet)
+    # p95 of ticks while no background request exists / the predicted time of all their
+    # sequences as decode rows: what interactive streams see without background work
+    # (0: not known yet)
     alone_p95_ratio: float = 0.0
     alone_ratios: tuple[float, ...] = ()  # the recent ones behind it, sorted
     bmt: BmtModel | None = None  # bytes a tick moves, from the model's shape
