@@ -39,7 +39,13 @@ def parse_variant(text: str, fields: dict[str, dataclasses.Field]) -> tuple[str,
         key, _, value = pair.partition("=")
         if key not in fields:
             raise SystemExit(f"--variant {text!r}: SloPolicy has no field {key!r}")
-        knobs[key] = type(getattr(SloPolicy(), key))(value)
+        kind = type(getattr(SloPolicy(), key))
+        if kind is bool:  # bool("0") is True
+            if value.lower() not in ("0", "1", "true", "false"):
+                raise SystemExit(f"--variant {text!r}: {key} takes 0/1 or true/false")
+            knobs[key] = value.lower() in ("1", "true")
+        else:
+            knobs[key] = kind(value)
     return name or "default", knobs
 
 

@@ -61,8 +61,8 @@ def test_max_prefill_is_the_largest_chunk_within_budget(budget, decode, depth, p
     kv = decode * 500
     c = est.max_prefill(budget, decode, kv, depth)
 
-    def cost(n):
-        return est.predict(n, decode, kv, attended(depth, n))
+    def cost(n):  # the chunk reads the cache before it once
+        return est.predict(n, decode, kv + (depth if n else 0), attended(depth, n))
 
     if c == 0:
         assert cost(1) > budget - 1e-6 or est.predict(0, decode, kv) >= budget
@@ -93,24 +93,40 @@ def test_a_calibrated_model_keeps_the_prompt_cost_ticks_alike_do_not_show():
     assert generic.estimate.prefill_ms(64, 0) > 5 * gpu.prefill_ms(64, 0)
 
 
+def test_a_prompt_chunk_reads_the_cache_before_it_once():
+    # CPU-like: reading 1k cache positions costs 10 ms, scoring 1k positions per token 1 ms
+    # (the 134M model on two cores: one token 1,500 deep costs 17 ms, each further one ~3).
+    cpu = CostEstimate(fixed_ms=7.0, per_prefill_ms=2.0, per_decode_ms=3.0, per_kv_kpos_ms=10.0,
+                       per_prompt_kv_kpos_ms=1.0)
+    assert cpu.prefill_ms(1, 1500) - cpu.prefill_ms(1, 0) == pytest.approx(15.0 + 1.5)
+    # deep into a prompt, a larger chunk is far cheaper per token: the read is shared
+    assert cpu.prefill_ms(8, 1500) / 8 < cpu.prefill_ms(1, 1500) / 3
+    # what a tick's spare buys: nothing where it does not cover the read
+    assert cpu.chunk_tokens(14.0, 1500, first=False) == 0
+    n = cpu.chunk_tokens(30.0, 1500, first=False)
+    assert cpu.prefill_ms(n, 1500, False) <= 30.0 < cpu.prefill_ms(n + 1, 1500, False)
+
+
 def test_decode_rows_and_prompt_tokens_pay_for_attention_apart():
-    # A CPU-like device: a decode row reads its cache alone (8 ms per 1k positions), a
-    # prompt chunk's tokens share what they read (4 ms). A storm's ticks are mostly three
-    # decoders whose caches grow; one in twenty-five carries two tokens deep into a prompt.
-    cpu = CostEstimate(fixed_ms=7.0, per_prefill_ms=1.0, per_decode_ms=3.0, per_kv_kpos_ms=8.0,
-                       per_prompt_kv_kpos_ms=4.0, prefill_step_ms=0.5)
-    shapes = [(0, 1, 1, 0), (0, 4, 4, 0), (8, 0, 0, attended(0, 8)), (64, 0, 0, attended(0, 64)),
-              (8, 0, 0, attended(256, 8)), (0, 1, 257, 0)]
+    # The same CPU-like device. A storm's ticks are mostly three decoders whose caches grow;
+    # one in twenty-five carries two tokens deep into a prompt, which read the cache before
+    # them once and score it per token.
+    cpu = CostEstimate(fixed_ms=7.0, per_prefill_ms=2.0, per_decode_ms=3.0, per_kv_kpos_ms=10.0,
+                       per_prompt_kv_kpos_ms=1.0, prefill_step_ms=0.5)
+    shapes = [(0, 1, 1, 0, 0), (0, 4, 4, 0, 0), (1, 0, 0, 0, 0), (8, 0, 0, 0, 0),
+              (64, 0, 0, 0, 0), (1, 0, 0, 256, 0), (8, 0, 0, 256, 0), (0, 1, 257, 0, 0)]
     model = CostModel()
-    model.calibrate([(p, d, kv, pkv, cpu.predict(p, d, kv, pkv)) for p, d, kv, pkv in shapes])
+    model.calibrate([(p, d, kv + depth, attended(depth, p), cpu.predict(
+        p, d, kv + depth, attended(depth, p))) for p, d, kv, depth, _ in shapes])
     rng = np.random.default_rng(0)
     for t in range(1000):
         prompt, depth = (2, 1000 + t) if t % 25 == 0 else (0, 0)
-        kv, pkv = 3 * (40 + t % 120), attended(depth, prompt)
+        kv, pkv = 3 * (40 + t % 120) + depth, attended(depth, prompt)
         model.observe(prompt, 3, kv, cpu.predict(prompt, 3, kv, pkv) * rng.uniform(0.95, 1.1),
                       pkv)
     est = model.estimate
     assert est.prefill_ms(2, 2000) == pytest.approx(cpu.prefill_ms(2, 2000), rel=0.15)
+    assert est.prefill_ms(1, 100) == pytest.approx(cpu.prefill_ms(1, 100), rel=0.25)
     assert est.predict(0, 3, 480) == pytest.approx(cpu.predict(0, 3, 480), rel=0.1)
-    # deep prompt tokens are priced at their own attention, not the decode rows'
-    assert est.per_prompt_kv_kpos_ms < 0.7 * est.per_kv_kpos_ms
+    # the read is not mistaken for a step: a shallow chunk is not charged a deep one's read
+    assert est.prefill_step_ms < 2.0

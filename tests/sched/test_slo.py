@@ -98,6 +98,19 @@ def test_an_overrun_holds_prompts_back_then_lets_them_in_gradually():
     assert 0 < prefill[4] < full and prefill[5] == full
 
 
+def test_a_decode_only_overrun_holds_prompts_only_if_the_policy_says_so():
+    # A tick that carried no prompt tokens and still overran is the host's noise: holding
+    # prompts back cannot prevent the next one, and wipes the time saved for a pause.
+    sessions = [session(0, INT, Phase.DECODE), session(5, BG, Phase.PREFILL, prompt=5000)]
+    budget = SloPolicy().schedule_tick(state(sessions)).notes["budget_ms"]
+    after = SloMemory(s=8, budget_ms=budget, last_prefill=0, chunk_cap=16, credit_ms=4.0)
+    held, kept = (SloPolicy(hold_on_decode_overrun=h).schedule_tick(
+        state(sessions, tick=1, memory=after, last_ms=3 * budget)) for h in (True, False))
+    assert held.memory.hold and not any(i.seq_id == 5 for i in held.items)
+    assert not kept.memory.hold and any(i.seq_id == 5 for i in kept.items)
+    assert held.memory.overruns == kept.memory.overruns == 1  # counted either way
+
+
 def test_prompt_chunks_grow_only_as_fast_as_ticks_prove_them():
     # The policy believes a prompt token costs 0.02 ms; it really costs 0.5 ms. Trusting the
     # model, the first idle tick would take all 512 batch slots: a 266 ms tick.
@@ -358,7 +371,7 @@ def test_saved_time_is_spent_under_the_p95_line_when_pauses_are_used_up():
     policy = SloPolicy(pause_share=0.0, min_pause_share=0.0, max_starve_ticks=10**9)
     sessions = [session(i, INT, Phase.DECODE, n_past=40) for i in range(3)]
     back = session(10, BG, Phase.PREFILL, prompt=100000, prefilled=900)
-    solo = CPU.predict(0, 3, 3 * 40)
+    solo = CPU.predict(0, 3, 3 * 41)  # each row reads its 40 positions and itself
     line = 1.2 * solo * 1.5  # latency_cap × the streams' p95 alone, 1.5x their solo time
     memory, prompt_ms = None, 0.0
     for t in range(400):

@@ -1,7 +1,7 @@
 """A tick cost model learned online from measured ticks.
 
     tick_ms ≈ fixed + per_prefill · prefill_tokens + per_decode · decode_tokens
-              + per_kv · (KV positions the decode rows attend) / 1000
+              + per_kv · (cache positions read) / 1000
               + per_prompt_kv · (KV positions the prompt tokens attend) / 1000
               + prefill_step · (1 if the tick has prompt tokens)
 
@@ -10,15 +10,16 @@ adding the first prompt tokens to eight decoders costs far more than adding the 
 With it in the model, a policy saving up spare time spends it on one worthwhile chunk instead
 of paying the step for a handful of tokens every tick. On a CPU it fits to about zero.
 
-Attention is the term that grows: a decode token attends to its sequence's whole cache, and a
-prompt chunk of c tokens starting at position p attends to c·p + c(c+1)/2 positions, so the
-last chunks of a long prompt cost several times its first (4x at 2.5k positions on a 134M
-model on CPU). Leaving it out made the model underpredict exactly the chunks that stall
-interactive streams. Decode rows and prompt tokens pay for it differently: a decode row reads
-its sequence's K/V alone (memory-bound: 6-10 ms per 1k positions on the 134M CPU model), the
-tokens of a chunk share what they read (4 ms for two tokens, 2.8 for eight). With one term for
-both, a storm's many decode ticks set it and its few deep prompt ticks ran ~12 % past their
-prediction: the very ticks the latency guard plans up to its line.
+Attention is the term that grows, and it has two parts. Reading the cache is memory-bound and
+happens once per sequence a tick: a decode row reads its sequence's K/V, and a prompt chunk
+starting at position p reads the p positions before it once, whatever its length (its tokens
+share them layer by layer). Computing the scores is per token: a chunk of c tokens attends to
+c·p + c(c+1)/2 positions. On the 134M CPU model one prompt token added to three decode rows
+costs 2 ms at position 0, 8 ms at 600 and 17 ms at 1,500, while each further token of the same
+chunk adds ~2.6 ms at 600: the read dominates a small deep chunk, so the last chunks of a long
+prompt are cheap per token only when they are large. A model that priced prompt attention per
+token alone underpredicted small deep chunks by half and overpredicted shallow ones; it had
+fitted the missing read into the step (6.5 ms, on a CPU where the step is about zero).
 
 The coefficients are a least-squares fit over recent ticks (exponentially weighted, so the
 model follows the machine as it warms up, throttles or shares the GPU), anchored to a prior by
@@ -48,15 +49,16 @@ class CostEstimate:
     fixed_ms: float = 2.0
     per_prefill_ms: float = 0.5
     per_decode_ms: float = 1.0
-    per_kv_kpos_ms: float = 0.0  # per 1000 KV positions decode rows attend (see attended())
+    per_kv_kpos_ms: float = 0.0  # per 1000 cache positions read: each decode
+    # row's attended(n_past, 1), each prompt chunk's starting position
     prefill_step_ms: float = 0.0  # once per tick that has any prompt tokens
     per_prompt_kv_kpos_ms: float = 0.0  # per 1000 KV positions prompt tokens attend
     samples: int = 0  # ticks the estimate has learned from
 
     def predict(self, prefill_tokens: int, decode_tokens: int, kv_positions: int = 0,
                 prompt_kv_positions: int = 0) -> float:
-        """A tick's time: kv_positions are what its decode rows attend, prompt_kv_positions
-        what its prompt tokens do."""
+        """A tick's time: kv_positions are the cache positions it reads (see per_kv_kpos_ms),
+        prompt_kv_positions what its prompt tokens attend (attended())."""
         return (
             self.fixed_ms
             + self.per_prefill_ms * prefill_tokens
@@ -67,21 +69,27 @@ class CostEstimate:
         )
 
     def prefill_ms(self, n_tokens: int, depth: int, first: bool = True) -> float:
-        """What a prompt chunk of n_tokens starting at KV position `depth` adds to a tick
-        (with the step when it is the tick's first prompt chunk)."""
+        """What a prompt chunk of n_tokens starting at KV position `depth` adds to a tick:
+        its tokens, its read of the cache before it, its attention, and the step when it is
+        the tick's first prompt chunk."""
         if n_tokens <= 0:
             return 0.0
-        return (self.per_prefill_ms * n_tokens
+        return (self.per_prefill_ms * n_tokens + self.per_kv_kpos_ms * depth / 1000.0
                 + self.per_prompt_kv_kpos_ms * attended(depth, n_tokens) / 1000.0
                 + (self.prefill_step_ms if first else 0.0))
+
+    def chunk_overhead_ms(self, depth: int, first: bool = True) -> float:
+        """What a prompt chunk at KV position `depth` costs whatever its length: its read of
+        the cache before it, and the step when it is the tick's first prompt chunk."""
+        return self.per_kv_kpos_ms * depth / 1000.0 + (self.prefill_step_ms if first else 0.0)
 
     def chunk_tokens(self, spare_ms: float, depth: int = 0, first: bool = True) -> int:
         """The most prompt tokens, in a chunk starting at KV position `depth`, that add at most
         spare_ms: the root of per_prefill·c + per_prompt_kv·attended(depth, c)/1000 = spare_ms,
-        after
-        the step if this is the tick's first prompt chunk."""
-        if first and not math.isinf(spare_ms):
-            spare_ms -= self.prefill_step_ms
+        after the chunk's read of the cache and the step if this is the tick's first prompt
+        chunk."""
+        if not math.isinf(spare_ms):
+            spare_ms -= self.chunk_overhead_ms(depth, first)
         if spare_ms <= 0:
             return 0
         if math.isinf(spare_ms):
@@ -106,7 +114,7 @@ def attended(n_past: int, n_tokens: int) -> int:
 
 class CostModel:
     """Ridge-anchored, exponentially weighted, non-negative least squares over
-    (1, prefill, decode, decode rows' attended/1000, has prefill, prompt's attended/1000)."""
+    (1, prefill, decode, cache positions read/1000, has prefill, prompt's attended/1000)."""
 
     _N = 6
     # Features are scaled to similar magnitudes before the ridge sees them: a tick has

@@ -183,11 +183,11 @@ class Executor:
         tokens = (np.arange(max(chunk, depth), dtype=np.int32) * 7919 + 1) % self.model.n_vocab
         ticks = []
         try:
-            ticks += self._time_shapes(tokens, [(0, 1), (0, n_rows), (small, 0), (chunk, 0)],
-                                       passes)
+            ticks += self._time_shapes(
+                tokens, [(0, 1), (0, n_rows), (1, 0), (small, 0), (chunk, 0)], passes)
             if depth:  # sequence 0 holds `depth` positions while the deep shapes run
                 self._scratch(tokens[:depth], 0, 0, keep=True)
-                ticks += self._time_shapes(tokens, [(small, 0), (0, 1)], passes, depth)
+                ticks += self._time_shapes(tokens, [(1, 0), (small, 0), (0, 1)], passes, depth)
         except UmaError:
             return  # a context too small to try: the generic prior stays
         finally:
@@ -196,7 +196,7 @@ class Executor:
 
     def _time_shapes(self, tokens: np.ndarray, shapes: list[tuple[int, int]], passes: int,
                      depth: int = 0) -> list[tuple[int, int, int, int, float]]:
-        """(prompt tokens, decode rows, rows' attended, prompt's attended, ms) of each shape,
+        """(prompt tokens, decode rows, cache positions read, prompt's attended, ms) of each shape,
         `passes` times, with sequence 0 `depth` positions deep."""
         ticks = []
         for _ in range(passes):
@@ -205,8 +205,8 @@ class Executor:
                 # GPU's graph capture); its third is what steady ticks of it take.
                 for _ in range(3):
                     ms = self._scratch(tokens[:n_prompt], rows, depth)
-                ticks.append((n_prompt, rows, attended(depth, 1) + rows - 1 if rows else 0,
-                              attended(depth, n_prompt), ms))
+                read = (attended(depth, 1) + rows - 1 if rows else 0) + (depth if n_prompt else 0)
+                ticks.append((n_prompt, rows, read, attended(depth, n_prompt), ms))
         return ticks
 
     def _scratch(self, prompt: np.ndarray, rows: int, depth: int, keep: bool = False) -> float:
@@ -345,7 +345,8 @@ class Executor:
         # per-sequence KV (kv_unified=False) llama.cpp gathers out-of-order sequences, which
         # made a decode step a third slower (134M model, 8 streams, 2 CPU threads).
         items = sorted(plan.items, key=lambda i: (i.phase is not Phase.DECODE, i.seq_id))
-        # the cost model's attention features for this batch: decode rows', prompt tokens'
+        # the cost model's attention features for this batch: cache positions read (decode
+        # rows' whole caches, prompt chunks' caches before them), prompt tokens' attention
         self._attended = self._prompt_attended = 0
         self._background_prompt = False
         solo_kv = 0  # every sequence of the batch as one decode row (see _solo)
@@ -356,6 +357,7 @@ class Executor:
                 self._attended += attended(req.n_past, 1)
                 batch.add(req.last_token, req.n_past, item.seq_id, True)
             else:
+                self._attended += req.n_past
                 self._prompt_attended += attended(req.n_past, item.n_tokens)
                 self._background_prompt |= req.priority is Priority.BACKGROUND
                 start = req.n_prefilled

@@ -81,6 +81,7 @@ class SloPolicy:
     quantile: float = 0.95  # the interactive gap percentile latency_cap is judged at
     tail_margin: float = 0.005  # kept free of pauses below 1 - quantile
     hold_ticks: int = 4  # H: ticks without prompt tokens after an overrun
+    hold_on_decode_overrun: bool = True  # also hold after a tick that had no prompt tokens
     ramp_steps: int = 4  # ticks to let the prompt allowance back in after a hold
     overrun_slack: float = 1.10  # a tick is over budget when it took this much more,
     overrun_slack_ms: float = 1.0  # plus this (scheduling noise on sub-millisecond ticks)
@@ -192,10 +193,13 @@ class SloPolicy:
         # goes in whole (chunking it would only delay its first token).
         if not inter_dec:
             floor_ms = spare_ms if served else math.inf
-        prefill = self._prefill(waiting, cost, spare_ms + under_ms, floor_ms, pause_ms, cap,
+        # The largest chunk any tick may take: a pause's, where pauses are allowed at all.
+        largest_ms = pause_ms if self._pause_share(state) * self.pause_window >= 1 \
+            else max(spare_ms, line_ms - decode_ms)
+        prefill = self._prefill(waiting, cost, spare_ms + under_ms, floor_ms, largest_ms, cap,
                                 room, rescue_ms)
         if pause_to_ms > under_ms and not any(i.seq_id in back_ids for i in prefill):
-            prefill = self._prefill(waiting, cost, spare_ms + pause_to_ms, floor_ms, pause_ms,
+            prefill = self._prefill(waiting, cost, spare_ms + pause_to_ms, floor_ms, largest_ms,
                                     cap, room, rescue_ms)
         items = [BatchItem(s.seq_id, Phase.DECODE, 1, logits=True) for s in served] + prefill
         prefill_ms = sum(cost.prefill_ms(i.n_tokens, sessions_by_seq[i.seq_id].n_past, k == 0)
@@ -240,22 +244,24 @@ class SloPolicy:
     # --- stages ------------------------------------------------------------------------------
 
     def _prefill(self, waiting: list[SessionView], cost: CostEstimate, spare_ms: float,
-                 floor_ms: float, pause_ms: float, cap: int, room: int,
+                 floor_ms: float, largest_ms: float, cap: int, room: int,
                  rescue_ms: float | None) -> list[BatchItem]:
         """Prompt chunks that spend spare_ms, each priced at its own depth (the last chunks of a
         long prompt cost several times its first): interactive prompts first, then background
         ones with what they leave, never more than 1 - interactive_reserve of spare_ms while an
         interactive prompt also waits. Interactive prompts always get what fits floor_ms, at
         least one token: a guard that held them back for good would never let them start, and
-        the slow start's cap does not apply to them. A background chunk that would pay the step
-        (the tick's first prompt chunk) goes in only when its own work is at least step_amortise
-        × the step, or it is as large as a whole pause (pause_ms) could make it; otherwise the
-        time is saved. On an H100 five prompt tokens a tick were 0.14 ms of work and 0.45 ms of
-        step: every tick of the storm ran 18 % slower, and the prompt took twice as long as in
-        rare large chunks on saved time. A starving background prompt (rescue_ms
-        given) gets what fits what is left of rescue_ms, and at least one token, when the
-        guards left it none. Background chunks take at most `cap` tokens (the slow start and
-        the bandwidth guard), and everything stays within `room`."""
+        the slow start's cap does not apply to them. A background chunk goes in only when its
+        own work (its tokens and their attention) is at least step_amortise × its overhead (the
+        step, if it is the tick's first prompt chunk, and its read of the cache before it), or
+        it is as large as any tick could make it (largest_ms); otherwise the time is saved. On
+        an H100 five prompt tokens a tick were 0.14 ms of work and 0.45 ms of step: every tick
+        of the storm ran 18 % slower, and the prompt took twice as long as in rare large chunks
+        on saved time. On a CPU one token 600 positions deep cost 9 ms, eight 27 ms. A
+        starving background prompt (rescue_ms given) gets what fits what is left of rescue_ms,
+        and at least one token, when the guards left it none. Background chunks take at most
+        `cap` tokens (the slow start and the bandwidth guard), and everything stays within
+        `room`."""
         items: list[BatchItem] = []
         used, total_ms = 0, spare_ms
         inter = [s for s in waiting if s.priority is Priority.INTERACTIVE]
@@ -278,11 +284,12 @@ class SloPolicy:
         for s in back:
             first = not items
             n = min(s.prefill_left, cap - used, cost.chunk_tokens(spare_ms, s.n_past, first))
-            if first and rescue_ms is None and 0 < n < min(
-                    s.prefill_left, cap - used, cost.chunk_tokens(pause_ms, s.n_past, True)) \
-                    and cost.prefill_ms(n, s.n_past, False) < self.step_amortise \
-                    * cost.prefill_step_ms:
-                n = 0  # mostly step: the time is worth more saved for one chunk that amortises it
+            overhead = cost.chunk_overhead_ms(s.n_past, first)
+            if rescue_ms is None and 0 < n < min(
+                    s.prefill_left, cap - used, cost.chunk_tokens(largest_ms, s.n_past, first)) \
+                    and cost.prefill_ms(n, s.n_past, first) - overhead \
+                    < self.step_amortise * overhead:
+                n = 0  # mostly overhead: the time is worth more saved for a chunk that amortises it
             if n <= 0 and len(items) == start and rescue_ms is not None:
                 n = min(s.prefill_left, room - used,
                         max(1, cost.chunk_tokens(rescue_ms, s.n_past, first)))
@@ -344,7 +351,9 @@ class SloPolicy:
         # model's mean): a GPU's jitter alone would otherwise halve the prompt chunks for good.
         slack = max(self.overrun_slack, state.decode_noise)
         over = state.last_tick_ms > mem.budget_ms * slack + self.overrun_slack_ms
-        if over:
+        if over and not (mem.last_prefill or self.hold_on_decode_overrun):
+            mem = dataclasses.replace(mem, overruns=mem.overruns + 1)
+        elif over:
             # Twice what was allowed is no longer noise: the cost model is wrong about this
             # kind of chunk (a prompt's deep end), so the slow start begins again.
             far = state.last_tick_ms > 2 * mem.budget_ms + 2 * self.overrun_slack_ms
