@@ -107,6 +107,18 @@ def test_a_prompt_chunk_reads_the_cache_before_it_once():
     assert cpu.prefill_ms(n, 1500, False) <= 30.0 < cpu.prefill_ms(n + 1, 1500, False)
 
 
+def test_amortising_tokens_is_the_fewest_whose_work_covers_the_overhead():
+    cpu = CostEstimate(fixed_ms=7.0, per_prefill_ms=2.0, per_decode_ms=3.0, per_kv_kpos_ms=10.0,
+                       per_prompt_kv_kpos_ms=1.0, prefill_step_ms=0.5)
+    for depth in (0, 600, 3000):
+        n = cpu.amortising_tokens(depth)
+        overhead = cpu.chunk_overhead_ms(depth)
+        assert cpu.prefill_ms(n, depth) - overhead >= overhead
+        assert n == 1 or cpu.prefill_ms(n - 1, depth) - overhead < overhead
+    assert cpu.amortising_tokens(3000, factor=2.0) > cpu.amortising_tokens(3000)
+    assert CostEstimate(per_kv_kpos_ms=0.0).amortising_tokens(500, first=False) == 1
+
+
 def test_decode_rows_and_prompt_tokens_pay_for_attention_apart():
     # The same CPU-like device. A storm's ticks are mostly three decoders whose caches grow;
     # one in twenty-five carries two tokens deep into a prompt, which read the cache before

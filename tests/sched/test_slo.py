@@ -390,6 +390,22 @@ def test_saved_time_is_spent_under_the_p95_line_when_pauses_are_used_up():
 
 
 
+def test_a_starving_prompt_deep_in_its_cache_gets_a_chunk_that_amortises_the_read():
+    # 2,000 positions in, reading the cache costs 20 ms: more than any pause leaves here, so
+    # nothing but the rescue moves the prompt, and a one-token rescue would pay the read whole.
+    cpu = dataclasses.replace(CPU, per_kv_kpos_ms=10.0, per_prompt_kv_kpos_ms=1.0,
+                              per_prefill_ms=2.0, prefill_step_ms=0.0)
+    sessions = [session(i, INT, Phase.DECODE, n_past=40) for i in range(3)]
+    back = session(10, BG, Phase.PREFILL, prompt=100000, prefilled=2000)
+    starving = SloMemory(s=8, starve=SloPolicy().max_starve_ticks, chunk_cap=512)
+    plan = SloPolicy().schedule_tick(dataclasses.replace(
+        state(sessions + [back], memory=starving), cost=cpu, alone_p95_ratio=1.2))
+    n = sum(i.n_tokens for i in plan.items if i.seq_id == 10)
+    overhead = cpu.chunk_overhead_ms(2000)
+    assert cpu.prefill_ms(n, 2000) - overhead >= overhead  # work at least its overhead
+    assert cpu.prefill_ms(n - 1, 2000) - overhead < overhead  # and no more than that takes
+
+
 def test_background_prompt_ticks_that_stray_further_are_planned_further_under_the_line():
     sessions = [session(i, INT, Phase.DECODE, n_past=40) for i in range(3)]
     sessions.append(session(10, BG, Phase.PREFILL, prompt=100000, prefilled=100))

@@ -8,7 +8,8 @@
 The step is what a GPU charges for leaving the matrix-vector kernels of a small decode batch:
 adding the first prompt tokens to eight decoders costs far more than adding the next hundred.
 With it in the model, a policy saving up spare time spends it on one worthwhile chunk instead
-of paying the step for a handful of tokens every tick. On a CPU it fits to about zero.
+of paying the step for a handful of tokens every tick. On a CPU it is small: one prompt
+token at position 0 costs about what one more decode row does.
 
 Attention is the term that grows, and it has two parts. Reading the cache is memory-bound and
 happens once per sequence a tick: a decode row reads its sequence's K/V, and a prompt chunk
@@ -19,7 +20,7 @@ costs 2 ms at position 0, 8 ms at 600 and 17 ms at 1,500, while each further tok
 chunk adds ~2.6 ms at 600: the read dominates a small deep chunk, so the last chunks of a long
 prompt are cheap per token only when they are large. A model that priced prompt attention per
 token alone underpredicted small deep chunks by half and overpredicted shallow ones; it had
-fitted the missing read into the step (6.5 ms, on a CPU where the step is about zero).
+fitted the missing read into the step (4.6-6.5 ms on that CPU).
 
 The coefficients are a least-squares fit over recent ticks (exponentially weighted, so the
 model follows the machine as it warms up, throttles or shares the GPU), anchored to a prior by
@@ -94,10 +95,20 @@ class CostEstimate:
             return 0
         if math.isinf(spare_ms):
             return 1 << 30  # no limit
+        return int(self._tokens_of_work(spare_ms, depth))
+
+    def amortising_tokens(self, depth: int, first: bool = True, factor: float = 1.0) -> int:
+        """The fewest prompt tokens, in a chunk starting at KV position `depth`, whose own work
+        (tokens and their scoring) is at least factor × the chunk's overhead (at least 1)."""
+        work = factor * self.chunk_overhead_ms(depth, first)
+        return max(1, math.ceil(self._tokens_of_work(work, depth) - 1e-9)) if work > 0 else 1
+
+    def _tokens_of_work(self, work_ms: float, depth: int) -> float:
+        """c where per_prefill·c + per_prompt_kv·attended(depth, c)/1000 = work_ms."""
         a = self.per_prompt_kv_kpos_ms / 2000.0
         b = max(self.per_prefill_ms, 1e-4) + self.per_prompt_kv_kpos_ms * (depth + 0.5) / 1000.0
-        # The positive root of a·c² + b·c = spare, in the form that stays exact as a → 0.
-        return int(2 * spare_ms / (b + math.sqrt(b * b + 4 * a * spare_ms)))
+        # The positive root of a·c² + b·c = work, in the form that stays exact as a → 0.
+        return 2 * work_ms / (b + math.sqrt(b * b + 4 * a * work_ms))
 
     def max_prefill(self, budget_ms: float, decode_tokens: int, kv_positions: int = 0,
                     depth: int = 0) -> int:

@@ -167,15 +167,17 @@ class Executor:
         self.trace: list[tuple] | None = None
 
     def calibrate(self, passes: int = 2) -> None:
-        """Times scratch batches of a few shapes (decode rows; short and long prompt chunks; a
-        decode row and a short chunk deep into a sequence) before serving and anchors the cost
-        model there. From the generic prior alone, a GPU never learns what a prompt token costs
-        it (a fiftieth of that prior): when every tick of a storm carries one or two prompt
-        tokens, the fit cannot tell them from the decoders, blames the decoders, inflates their
-        budget and spends it on two prompt tokens a tick (a background prompt took 59 s on an
-        H100, every interactive tick ran at 1.5x). Attention needs the deep shapes for the same
-        reason: a storm's few deep prompt ticks among its many decode ticks cannot pin what a
-        prompt token's attention costs on their own."""
+        """Times scratch batches of a few shapes (decode rows; one-token, short and long prompt
+        chunks; a decode row and one-token and short chunks deep into a sequence) before
+        serving and anchors the cost model there. From the generic prior alone, a GPU never
+        learns what a prompt token costs it (a fiftieth of that prior): when every tick of a
+        storm carries one or two prompt tokens, the fit cannot tell them from the decoders,
+        blames the decoders, inflates their budget and spends it on two prompt tokens a tick
+        (a background prompt took 59 s on an H100, every interactive tick ran at 1.5x).
+        Attention needs the deep shapes for the same reason: a storm's few deep prompt ticks
+        among its many decode ticks cannot pin what a prompt token's attention costs on their
+        own, and the one-token chunks tell the step from a chunk's read of the cache before
+        it."""
         n_rows = min(4, self.ctx.n_seq_max)
         chunk = max(1, min(64, self.batch.capacity, self.n_ctx_seq - 1))
         small = min(8, chunk)

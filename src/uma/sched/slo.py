@@ -23,7 +23,8 @@ One tick's plan is built in stages, each a pure function of the snapshot:
 3. ΣBMT guard: if the tick would move more bytes than bandwidth × budget, prompt chunks shrink
    first, then background decoders are parked.
 4. No starvation: background work that made no progress for max_starve_ticks ticks gets one
-   decoder served, or the prompt chunk that fits rescue_slack × budget (at least one token).
+   decoder served, or the prompt chunk that fits rescue_slack × budget (at least one token;
+   where one token outgrows every pause, a chunk that amortises its read of the cache).
 
 5. Throughput sweet spot: S and k are hill-climbed in turn on tokens per ms, with a deadband.
 
@@ -259,9 +260,10 @@ class SloPolicy:
         of the storm ran 18 % slower, and the prompt took twice as long as in rare large chunks
         on saved time. On a CPU one token 600 positions deep cost 9 ms, eight 27 ms. A
         starving background prompt (rescue_ms given) gets what fits what is left of rescue_ms,
-        and at least one token, when the guards left it none. Background chunks take at most
-        `cap` tokens (the slow start and the bandwidth guard), and everything stays within
-        `room`."""
+        and at least one token (where one token outgrows every pause, a chunk that amortises
+        its overhead), when the guards left it none.
+        Background chunks take at most `cap` tokens (the slow start and the bandwidth guard),
+        and everything stays within `room`."""
         items: list[BatchItem] = []
         used, total_ms = 0, spare_ms
         inter = [s for s in waiting if s.priority is Priority.INTERACTIVE]
@@ -291,8 +293,14 @@ class SloPolicy:
                     < self.step_amortise * overhead:
                 n = 0  # mostly overhead: the time is worth more saved for a chunk that amortises it
             if n <= 0 and len(items) == start and rescue_ms is not None:
-                n = min(s.prefill_left, room - used,
-                        max(1, cost.chunk_tokens(rescue_ms, s.n_past, first)))
+                n = max(1, cost.chunk_tokens(rescue_ms, s.n_past, first))
+                if cost.chunk_tokens(largest_ms, s.n_past, first) == 0:
+                    # Deep into a long prompt one token outgrows every pause (on the 134M CPU
+                    # model its read of the cache alone, past ~2,000 positions), so nothing
+                    # but rescues move it; one token each, paying that read whole, put a
+                    # 3,000-token prompt's first token at 1,525 s (1,500 tokens: 389 s).
+                    n = max(n, cost.amortising_tokens(s.n_past, first, self.step_amortise))
+                n = min(s.prefill_left, room - used, n)
             if n <= 0:
                 break
             items.append(BatchItem(s.seq_id, Phase.PREFILL, n, logits=n == s.prefill_left))
