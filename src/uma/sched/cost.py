@@ -181,8 +181,8 @@ class CostModel:
         return self._estimate
 
     def calibrate(self, ticks: list[tuple[int, int, int, int, float]]) -> None:
-        """Makes scratch ticks timed on the device, (prompt tokens, decode rows, KV positions
-        the rows attend, KV positions the prompt attends, ms), the prior: the fit of them
+        """Makes scratch ticks timed on the device, (prompt tokens, decode rows, cache
+        positions read, KV positions the prompt attends, ms), the prior: the fit of them
         alone (the generic prior only breaks ties) is where the model starts and what its
         ridge pulls towards from then on. Along directions later ticks do not vary (every tick
         of a prompt storm carrying one or two prompt tokens) the device's measured costs hold,
@@ -195,7 +195,7 @@ class CostModel:
 
     def observe(self, prefill_tokens: int, decode_tokens: int, kv_positions: int,
                 measured_ms: float, prompt_kv_positions: int = 0) -> float:
-        """Learns from one tick (kv_positions: what its decode rows attend;
+        """Learns from one tick (kv_positions: the cache positions it reads;
         prompt_kv_positions: what its prompt tokens do); returns the prediction error
         (measured - predicted) in ms."""
         predicted = self._estimate.predict(prefill_tokens, decode_tokens, kv_positions,

@@ -155,7 +155,7 @@ class Executor:
         self._tick_start = 0.0
         self._last_tick_ms = 0.0
         self._last_tick_tokens = 0
-        self._attended = self._prompt_attended = 0
+        self._cache_read = self._prompt_attended = 0
         self._background_prompt = False
         self.spread = TickSpread()
         # The batch's sequences as decode rows, and their attention: what the streams' ticks
@@ -349,17 +349,17 @@ class Executor:
         items = sorted(plan.items, key=lambda i: (i.phase is not Phase.DECODE, i.seq_id))
         # the cost model's attention features for this batch: cache positions read (decode
         # rows' whole caches, prompt chunks' caches before them), prompt tokens' attention
-        self._attended = self._prompt_attended = 0
+        self._cache_read = self._prompt_attended = 0
         self._background_prompt = False
         solo_kv = 0  # every sequence of the batch as one decode row (see _solo)
         for item in items:
             req = self.running[item.seq_id]
             solo_kv += attended(req.n_past, 1)
             if item.phase is Phase.DECODE:
-                self._attended += attended(req.n_past, 1)
+                self._cache_read += attended(req.n_past, 1)
                 batch.add(req.last_token, req.n_past, item.seq_id, True)
             else:
-                self._attended += req.n_past
+                self._cache_read += req.n_past
                 self._prompt_attended += attended(req.n_past, item.n_tokens)
                 self._background_prompt |= req.priority is Priority.BACKGROUND
                 start = req.n_prefilled
@@ -481,11 +481,11 @@ class Executor:
                                      for r in self.running.values()) \
                 and not self.waiting[Priority.BACKGROUND]
             solo = est.predict(0, rows, kv) if alone else None
-            self.spread.add(tick_s * 1e3, est.predict(n_prefill, n_decode, self._attended,
+            self.spread.add(tick_s * 1e3, est.predict(n_prefill, n_decode, self._cache_read,
                                                       self._prompt_attended),
                             solo, decode_only=n_prefill == 0,
                             background_prompt=self._background_prompt)
-            self.cost.observe(n_prefill, n_decode, self._attended, tick_s * 1e3,
+            self.cost.observe(n_prefill, n_decode, self._cache_read, tick_s * 1e3,
                               self._prompt_attended)
         self._decode_ewma = decode_ms if self._decode_ewma == 0 else \
             0.9 * self._decode_ewma + 0.1 * decode_ms
