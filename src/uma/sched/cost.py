@@ -196,7 +196,7 @@ class CostModel:
     def observe(self, prefill_tokens: int, decode_tokens: int, kv_positions: int,
                 measured_ms: float, prompt_kv_positions: int = 0) -> float:
         """Learns from one tick (kv_positions: the cache positions it reads;
-        prompt_kv_positions: what its prompt tokens do); returns the prediction error
+        prompt_kv_positions: what its prompt tokens attend); returns the prediction error
         (measured - predicted) in ms."""
         predicted = self._estimate.predict(prefill_tokens, decode_tokens, kv_positions,
                                            prompt_kv_positions)
