@@ -26,7 +26,6 @@ tokens/s. Writes benches/results/<out>.{json,csv} and the token-timeline plot.
 from __future__ import annotations
 
 import argparse
-import http.client
 import sys
 import threading
 import time
@@ -41,7 +40,7 @@ import report  # noqa: E402
 from llama_tools import ensure_tools  # noqa: E402
 from servers import Server, llama_server, uma_server  # noqa: E402
 from streams import Stream, long_prompt, percentiles, sse_completion  # noqa: E402
-from uma import synth  # noqa: E402
+from uma import Client, synth  # noqa: E402
 
 ITL_TARGET = 1.2  # interactive p95 under the storm / alone
 PAUSE_TARGET = 2.0  # worst interactive pause under the storm / p95 alone
@@ -222,26 +221,18 @@ def measure(server: Server, ns, storms: list[str], rows: list, timelines: dict) 
             record(name, phase, agent_row(phase), AGENT_COLUMNS)
 
 
-
 GUARD = ("ticks_total", "ticks_over_budget_total", "cost_model_error_ms")
 
 
 def guard_counters(server: Server) -> dict[str, float]:
-    """The UMA daemon's guard figures from /metrics (none for llama-server): how often ticks
+    """The UMA daemon's guard figures from its metrics (none for llama-server): how often ticks
     overran their budget (each overrun holds prompts back) tells where a starved background
     prompt's time went."""
     if server.socket is None:
         return {}
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
-    conn.request("GET", "/metrics")
-    text = conn.getresponse().read().decode()
-    conn.close()
-    values = {}
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name.removeprefix("uma_") in GUARD:
-            values[name.removeprefix("uma_")] = float(value)
-    return values
+    with Client(server.socket) as client:
+        snapshot = client.metrics()
+    return {name: float(snapshot[name]) for name in GUARD}
 
 
 def guard_row(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:

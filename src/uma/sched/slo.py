@@ -105,9 +105,9 @@ class SloPolicy:
 
     def schedule_tick(self, state: SchedulerState) -> Plan:
         sessions_by_seq = {s.seq_id: s for s in state.sessions}
-        back_ids = {s.seq_id for s in state.sessions if s.priority is Priority.BACKGROUND}
         inter = [s for s in state.sessions if s.priority is Priority.INTERACTIVE]
         back = [s for s in state.sessions if s.priority is Priority.BACKGROUND]
+        back_ids = {s.seq_id for s in back}
         inter_dec = [s for s in inter if s.phase is Phase.DECODE]
         back_dec = [s for s in back if s.phase is Phase.DECODE]
         mem = self._remember(state, bool(inter_dec))
@@ -167,6 +167,7 @@ class SloPolicy:
         line_ms = max(budget, target_ms / max(jitter, state.prompt_noise))
         under_ms = pause_to_ms = 0.0  # what this tick may spend beyond its own spare time:
         # under the line, or past it (a pause) where nothing fits under it
+        pauses = self._pause_share(state) * self.pause_window  # of the window's ticks
         if inter_dec and not mem.hold:  # the hold protects interactive streams
             spare_ms *= mem.ramp
             # Saved time is spent in a tick that stays under the line; in one past it (a
@@ -179,7 +180,7 @@ class SloPolicy:
             # line). Pauses come second: each is a gap past the target, where a tick under the
             # line is one only by chance.
             under_ms = max(0.0, min(mem.credit_ms, line_ms - decode_ms - spare_ms))
-            rare = mem.over_mask.bit_count() + 1 <= self._pause_share(state) * self.pause_window
+            rare = mem.over_mask.bit_count() + 1 <= pauses
             if rare or any(s.phase is Phase.PREFILL for s in inter):
                 pause_to_ms = max(0.0, min(mem.credit_ms, pause_ms - spare_ms))
         elif inter_dec:
@@ -195,8 +196,7 @@ class SloPolicy:
         if not inter_dec:
             floor_ms = spare_ms if served else math.inf
         # The largest chunk any tick may take: a pause's, where pauses are allowed at all.
-        largest_ms = pause_ms if self._pause_share(state) * self.pause_window >= 1 \
-            else max(spare_ms, line_ms - decode_ms)
+        largest_ms = pause_ms if pauses >= 1 else max(spare_ms, line_ms - decode_ms)
         prefill = self._prefill(waiting, cost, spare_ms + under_ms, floor_ms, largest_ms, cap,
                                 room, rescue_ms)
         if pause_to_ms > under_ms and not any(i.seq_id in back_ids for i in prefill):
