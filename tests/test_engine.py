@@ -208,6 +208,14 @@ def test_token_id_prompts_and_seeds(engine):
     assert a.token_ids == b.token_ids != c.token_ids
 
 
+def test_temperatures_too_small_for_the_samplers_floats_are_greedy(engine):
+    greedy = engine.generate("seeded sampling", max_tokens=12, ignore_eos=True)
+    for t in (5e-324, 1e-40, 1e-30, 9e-6):  # 1/t overflows a 32-bit float, or nearly
+        tiny = engine.generate("seeded sampling", max_tokens=12, ignore_eos=True,
+                               temperature=t, seed=5)
+        assert tiny.token_ids == greedy.token_ids
+
+
 @pytest.mark.parametrize(
     ("prompt", "options", "match"),
     [

@@ -12,13 +12,35 @@ from dataclasses import dataclass, field
 
 from uma.errors import InvalidRequestError
 
+# The native sampler holds its options as 32-bit floats; every bound below keeps the values,
+# and what it computes from them (logits / temperature, logits / repeat_penalty), finite there.
+# A value checked only as a 64-bit float (temperature 1e308) became inf in the sampler.
+MAX_TEMPERATURE = 100.0  # far past the point where sampling is uniform noise
+GREEDY_BELOW = 1e-5  # a temperature this low is greedy decoding (1/temperature stays finite)
+REPEAT_PENALTY_RANGE = (0.01, 100.0)
+MAX_PENALTY_LAST_N = 1 << 20
+_INT32_LIMIT = 1 << 31
+
 
 def _number(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidRequestError(f"{name} must be a number, not {type(value).__name__}")
-    if not math.isfinite(value):
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond any float: 10**400
+        raise InvalidRequestError(f"{name} must be a finite number, not an integer of "
+                                  f"{value.bit_length()} bits") from None
+    if not math.isfinite(number):
         raise InvalidRequestError(f"{name} must be finite, not {value}")
-    return float(value)
+    return number
+
+
+def _in_range(name: str, value: object, low: float, high: float, note: str = "") -> float:
+    """value as a float, if low <= value <= high."""
+    number = _number(name, value)
+    if not low <= number <= high:
+        raise InvalidRequestError(f"{name} must be in [{low:g}, {high:g}]{note}, not {value}")
+    return number
 
 
 def _integer(name: str, value: object) -> int:
@@ -39,25 +61,21 @@ def check_sampling(
     penalty_last_n: int,
     seed: int,
 ) -> None:
-    """Raises InvalidRequestError naming the first sampler option out of range."""
-    if _number("temperature", temperature) < 0:
-        raise InvalidRequestError(f"temperature must be >= 0, not {temperature}")
-    if not 0 <= _integer("top_k", top_k) < 1 << 31:
+    """Raises InvalidRequestError naming the first sampler option out of range: the ranges the
+    native sampler can hold and compute with (32-bit floats, C ints, a 64-bit seed)."""
+    _in_range("temperature", temperature, 0.0, MAX_TEMPERATURE, " (0 is greedy)")
+    if not 0 <= _integer("top_k", top_k) < _INT32_LIMIT:
         raise InvalidRequestError(f"top_k must be in [0, 2**31) (0 disables it), not {top_k}")
     if not 0.0 < _number("top_p", top_p) <= 1.0:
         raise InvalidRequestError(f"top_p must be in (0, 1], not {top_p}")
-    if not 0.0 <= _number("min_p", min_p) <= 1.0:
-        raise InvalidRequestError(f"min_p must be in [0, 1], not {min_p}")
-    if _number("repeat_penalty", repeat_penalty) <= 0:
+    _in_range("min_p", min_p, 0.0, 1.0)
+    _in_range("repeat_penalty", repeat_penalty, *REPEAT_PENALTY_RANGE, " (1 disables it)")
+    _in_range("frequency_penalty", frequency_penalty, -2.0, 2.0)
+    _in_range("presence_penalty", presence_penalty, -2.0, 2.0)
+    if not 0 <= _integer("penalty_last_n", penalty_last_n) <= MAX_PENALTY_LAST_N:
         raise InvalidRequestError(
-            f"repeat_penalty must be > 0 (1 disables it), not {repeat_penalty}")
-    if abs(_number("frequency_penalty", frequency_penalty)) > 2:
-        raise InvalidRequestError(f"frequency_penalty must be in [-2, 2], not {frequency_penalty}")
-    if abs(_number("presence_penalty", presence_penalty)) > 2:
-        raise InvalidRequestError(f"presence_penalty must be in [-2, 2], not {presence_penalty}")
-    if not 0 <= _integer("penalty_last_n", penalty_last_n) <= 1 << 20:
-        raise InvalidRequestError(f"penalty_last_n must be in [0, 1048576], not {penalty_last_n}")
-    if _integer("seed", seed) < 0 or seed >= 1 << 64:
+            f"penalty_last_n must be in [0, {MAX_PENALTY_LAST_N}], not {penalty_last_n}")
+    if not 0 <= _integer("seed", seed) < 1 << 64:
         raise InvalidRequestError(f"seed must be in [0, 2**64), not {seed}")
 
 
@@ -80,7 +98,7 @@ class SamplingParams:
     logprobs: bool = False
 
     def __post_init__(self) -> None:
-        check_sampling(**self.sampler_options())
+        check_sampling(**{name: getattr(self, name) for name in _SAMPLER_OPTIONS})
         if _integer("max_tokens", self.max_tokens) < 1:
             raise InvalidRequestError(f"max_tokens must be >= 1, not {self.max_tokens}")
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
@@ -94,14 +112,16 @@ class SamplingParams:
                 raise InvalidRequestError(f"{name} must be a boolean")
 
     def sampler_options(self) -> dict[str, float | int]:
-        """The fields the native sampler takes (uma._core.Sampler.configure)."""
-        return {
-            "temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
-            "min_p": self.min_p, "repeat_penalty": self.repeat_penalty,
-            "frequency_penalty": self.frequency_penalty,
-            "presence_penalty": self.presence_penalty, "penalty_last_n": self.penalty_last_n,
-            "seed": self.seed,
-        }
+        """The fields the native sampler takes (uma._core.Sampler.configure). A temperature
+        below GREEDY_BELOW is greedy: dividing logits by it would overflow a 32-bit float."""
+        options = {name: getattr(self, name) for name in _SAMPLER_OPTIONS}
+        if self.temperature < GREEDY_BELOW:
+            options["temperature"] = 0.0
+        return options
+
+
+_SAMPLER_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty",
+                    "frequency_penalty", "presence_penalty", "penalty_last_n", "seed")
 
 
 _KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
@@ -134,17 +154,20 @@ class EngineConfig:
         if not isinstance(self.model, str) or not self.model:
             raise InvalidRequestError("model must be a path to a GGUF file")
         for name in ("n_ctx", "n_seq_max", "n_batch", "max_queue"):
-            if _integer(name, getattr(self, name)) < 1:
-                raise InvalidRequestError(f"{name} must be >= 1, not {getattr(self, name)}")
+            if not 1 <= _integer(name, getattr(self, name)) < _INT32_LIMIT:  # C ints
+                raise InvalidRequestError(
+                    f"{name} must be in [1, 2**31), not {getattr(self, name)}")
         ubatch = self.n_ubatch
         if ubatch is not None and not 1 <= _integer("n_ubatch", ubatch) <= self.n_batch:
             raise InvalidRequestError(
                 f"n_ubatch must be in [1, n_batch={self.n_batch}], not {ubatch}")
         for name in ("n_threads", "n_threads_batch"):
             value = getattr(self, name)
-            if value is not None and _integer(name, value) < 1:
-                raise InvalidRequestError(f"{name} must be >= 1, not {value}")
-        _integer("n_gpu_layers", self.n_gpu_layers)
+            if value is not None and not 1 <= _integer(name, value) < _INT32_LIMIT:
+                raise InvalidRequestError(f"{name} must be in [1, 2**31), not {value}")
+        if not -1 <= _integer("n_gpu_layers", self.n_gpu_layers) < _INT32_LIMIT:
+            raise InvalidRequestError(
+                f"n_gpu_layers must be in [-1, 2**31) (-1: all), not {self.n_gpu_layers}")
         for name in ("type_k", "type_v"):
             if getattr(self, name) not in _KV_TYPES:
                 raise InvalidRequestError(

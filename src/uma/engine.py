@@ -222,9 +222,14 @@ class Engine:
                 return
             try:
                 ex.step()
-            except Exception as exc:  # a bug must fail the requests in flight, not hang them
+            except Exception as exc:  # noqa: BLE001 - a bug must end requests, not hang them
+                # The executor ends what fails for one request alone; what reaches here broke
+                # the tick itself (the policy, say): no request can be blamed, so all in
+                # flight end with the cause named, their KV is freed, and serving goes on.
                 log.exception("tick failed")
-                ex.release_all("error", UmaError(f"internal error: {exc!r}"))
+                ex.release_all("error", UmaError(
+                    f"internal error in the engine's tick, which ended every request in "
+                    f"flight: {exc!r}"))
 
     # --- status and shutdown -------------------------------------------------------------------
 

@@ -4,10 +4,15 @@ The compute thread only decides tokens; detokenising, stop-string matching and w
 run here, overlapping the next decode (which releases the GIL). A stop string found here is
 reported back through `Request.stop_hit`; the compute thread then frees the sequence, and any
 token it sampled in between is dropped, never shown.
+
+What fails here for one request (detokenising, stop-string matching, the consumer's listener)
+ends that request alone: the stage stops its output and sets `Request.failure`, and the compute
+thread ends it with that error at its next tick. The other requests' output goes on unchanged.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import queue
 import threading
@@ -17,6 +22,8 @@ from uma.errors import UmaError
 from uma.handle import Result, Timings, TokenEvent, Usage
 from uma.request import Request
 from uma.text import StopMatcher, TextStream
+
+log = logging.getLogger("uma.output")
 
 _TOKEN, _END, _QUIT = 0, 1, 2
 
@@ -64,10 +71,36 @@ class OutputStage:
             kind, req, a, b, t_ns, hidden = self._queue.get()
             if kind == _QUIT:
                 return
-            if kind == _TOKEN:
-                self._publish_token(req, a, b, t_ns, hidden)
-            else:
-                self._publish_end(req, a, b, t_ns)
+            try:
+                if kind == _TOKEN:
+                    self._publish_token(req, a, b, t_ns, hidden)
+                else:
+                    self._publish_end(req, a, b, t_ns)
+            except Exception as exc:  # noqa: BLE001 - this request's alone
+                self._failed(req, kind == _END, exc, t_ns)
+
+    def _failed(self, req: Request, ended: bool, exc: Exception, t_ns: int) -> None:
+        """Ends one request's output after a failure producing it."""
+        if req.failure is None:
+            log.error("output of request %d failed", req.rid, exc_info=exc)
+            req.failure = UmaError(f"internal error producing this request's output: {exc!r}")
+        if not ended:
+            st = self._streams.get(req.rid)
+            if st is not None:
+                st.stopped = True  # no more of its tokens are shown
+            self._on_stop()
+            return
+        self._streams.pop(req.rid, None)
+        if not req.handle.done:  # the failure came before its result was set
+            result = Result(
+                text="", token_ids=(), finish_reason="error", usage=Usage(req.n_prompt, 0),
+                timings=Timings(req.admitted_ns, math.nan, math.nan,
+                                (t_ns - req.arrival_ns) / 1e6),
+                error=req.failure)
+            try:
+                req.handle._push(result=result)
+            except Exception:  # noqa: BLE001 - the result is set; its listener failed again
+                log.exception("listener of request %d failed", req.rid)
 
     def _stream(self, req: Request) -> _Stream:
         st = self._streams.get(req.rid)
@@ -95,6 +128,8 @@ class OutputStage:
         req.handle._push(TokenEvent(text, (token,), lp))
 
     def _publish_end(self, req: Request, reason: str, error: UmaError | None, t_ns: int) -> None:
+        if req.failure is not None:  # its output failed after the compute thread ended it
+            reason, error = "error", req.failure
         st = self._streams.pop(req.rid, None) or _Stream(self._model, req)
         if not st.stopped:
             tail = st.stops.flush() + st.text.flush()

@@ -15,7 +15,7 @@ class Request:
     __slots__ = (
         "rid", "handle", "params", "priority", "prompt", "tokens", "generated", "seq_id",
         "n_prefilled", "n_past", "n_sampled", "last_token", "arrival_ns", "admitted_ns",
-        "first_token_ns", "last_token_ns", "cancelled", "stop_hit", "done",
+        "first_token_ns", "last_token_ns", "cancelled", "stop_hit", "failure", "done",
     )
 
     def __init__(self, rid: int, tokens: np.ndarray, params: SamplingParams,
@@ -38,6 +38,9 @@ class Request:
         self.last_token_ns = 0
         self.cancelled = False  # set by any thread: cancel() or a client going away
         self.stop_hit = False  # set by the output thread: a stop string was reached
+        # set by the output thread: producing this request's output failed (detokenising, a
+        # stop string, the consumer's callback); the compute thread then ends it with this
+        self.failure: BaseException | None = None
         self.done = False  # set by the compute thread once the request has been released
 
     @property

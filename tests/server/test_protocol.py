@@ -200,7 +200,25 @@ BAD_FIELDS = [
     ("priority", "urgent"), ("priority", 1), ("priority", ["background"]),
     ("stop", 5), ("stop", [1]), ("stop", [""]), ("stop", ""), ("stop", {"a": 1}),
     ("stop", ["x"] * 17), ("stop", ["x" * 257]),
+    # Finite as 64-bit floats, but past what the native sampler's 32-bit floats hold (1e308
+    # once reached the sampler as inf and failed every request in flight).
+    ("temperature", 1e308), ("temperature", 3.5e38), ("temperature", 2**64),
+    ("temperature", 10**400), ("repeat_penalty", 1e308), ("repeat_penalty", 5e-324),
+    ("repeat_penalty", -0.0), ("frequency_penalty", 1e308), ("presence_penalty", -1e308),
+    ("min_p", 1e308), ("top_p", 1e308), ("top_p", -0.0), ("top_k", 2**63),
+    ("penalty_last_n", 2**63), ("seed", 2**65),
 ]
+
+EDGE_BUT_VALID = [
+    ("temperature", -0.0), ("temperature", 5e-324), ("temperature", 1e-300),
+    ("min_p", 5e-324), ("top_p", 5e-324), ("seed", 2**64 - 1), ("seed", 2**63),
+    ("frequency_penalty", -2), ("top_k", 2**31 - 1),
+]
+
+
+@pytest.mark.parametrize("field, value", EDGE_BUT_VALID)
+def test_edge_values_inside_the_ranges_are_accepted(field, value):
+    assert getattr(parse(gen(**{field: value})).params, field) == value
 
 
 @pytest.mark.parametrize("field, value", BAD_FIELDS)

@@ -8,6 +8,13 @@
 The executor decides nothing: which sequences run and how many prompt tokens they get is the
 policy's plan. It owns the KV sequences (one per running request) and keeps them consistent:
 a request that ends, is cancelled or fails has its KV cleared before its result is published.
+
+Requests are isolated from each other at every step that handles one of them: what goes wrong
+while admitting, batching, decoding, sampling or accepting a token for one request ends that
+request alone, with its own error, and the tick goes on with the others. A decode call is
+shared, so a failed one is retried in halves, with the cache rolled back in between, until the
+request whose tokens fail on their own is found (a fault of the context itself ends each
+request it touches with that honest error, and the engine keeps serving).
 """
 
 from __future__ import annotations
@@ -15,20 +22,23 @@ from __future__ import annotations
 import collections
 import dataclasses
 import heapq
+import logging
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from uma import _core
-from uma.errors import DecodeError, NoKVSlotError, UmaError
+from uma.errors import NoKVSlotError, UmaError
 from uma.metrics import Registry
 from uma.output import OutputStage
 from uma.request import Request
 from uma.sched.bmt import BmtModel
 from uma.sched.cost import CostModel, attended
 from uma.sched.policy import BatchPolicy
-from uma.sched.state import Phase, Plan, Priority, SchedulerState
+from uma.sched.state import BatchItem, Phase, Plan, Priority, SchedulerState
+
+log = logging.getLogger("uma.executor")
 
 
 class TickMetrics:
@@ -277,10 +287,27 @@ class Executor:
             while q:
                 self.release(q.popleft(), reason, error)
 
+    def fail(self, req: Request, exc: BaseException) -> None:
+        """Ends one request with an error of its own; every other request goes on. An error
+        that is not a UmaError is a bug: logged with its traceback, reported as internal."""
+        if req.done:
+            return
+        if isinstance(exc, UmaError):
+            error = exc
+        else:
+            log.error("request %d failed", req.rid, exc_info=exc)
+            error = UmaError(f"internal error: {exc!r}")
+        self.release(req, "error", error)
+
     def _reap(self) -> None:
-        """Releases what was cancelled or hit a stop string since the last tick."""
-        for req in [r for r in self.running.values() if r.cancelled or r.stop_hit]:
-            self.release(req, "stop" if req.stop_hit else "cancelled")
+        """Releases what was cancelled, hit a stop string or failed on the output thread since
+        the last tick."""
+        for req in [r for r in self.running.values()
+                    if r.cancelled or r.stop_hit or r.failure is not None]:
+            if req.failure is not None:
+                self.fail(req, req.failure)
+            else:
+                self.release(req, "stop" if req.stop_hit else "cancelled")
         for q in self.waiting.values():
             if any(r.cancelled for r in q):
                 for req in [r for r in q if r.cancelled]:
@@ -296,10 +323,13 @@ class Executor:
                 req.seq_id = heapq.heappop(self.free_seqs)
                 req.admitted_ns = req.admitted_ns or time.monotonic_ns()
                 self.running[req.seq_id] = req
-                self.sampler.configure(req.seq_id, **req.params.sampler_options())
-                if req.params.repeat_penalty != 1 or req.params.frequency_penalty \
-                        or req.params.presence_penalty:
-                    self.sampler.accept(req.seq_id, req.tokens)
+                try:
+                    self.sampler.configure(req.seq_id, **req.params.sampler_options())
+                    if req.params.repeat_penalty != 1 or req.params.frequency_penalty \
+                            or req.params.presence_penalty:
+                        self.sampler.accept(req.seq_id, req.tokens)
+                except Exception as exc:  # noqa: BLE001 - this request's alone
+                    self.fail(req, exc)
 
     # --- the tick ---------------------------------------------------------------------------
 
@@ -308,7 +338,7 @@ class Executor:
         plan = self.plan()
         if not plan.items:
             return False
-        self.build(plan)
+        plan = self.build(plan)
         ran = self.run(plan)
         self.apply(ran)
         return True
@@ -340,13 +370,14 @@ class Executor:
         )
         return self.policy.schedule_tick(state)
 
-    def build(self, plan: Plan) -> None:
-        batch = self.batch
-        batch.clear()
+    def build(self, plan: Plan) -> Plan:
+        """Fills the batch with the plan's items; returns the plan as built (without the items
+        of requests that failed on the way, or were released since the plan was made)."""
         # Layout, not policy: decode rows go first and in ascending sequence order. With
         # per-sequence KV (kv_unified=False) llama.cpp gathers out-of-order sequences, which
         # made a decode step a third slower (134M model, 8 streams, 2 CPU threads).
-        items = sorted(plan.items, key=lambda i: (i.phase is not Phase.DECODE, i.seq_id))
+        items = self._fill(sorted(plan.items, key=lambda i: (i.phase is not Phase.DECODE,
+                                                             i.seq_id)))
         # the cost model's attention features for this batch: cache positions read (decode
         # rows' whole caches, prompt chunks' caches before them), prompt tokens' attention
         self._cache_read = self._prompt_attended = 0
@@ -357,21 +388,47 @@ class Executor:
             solo_kv += attended(req.n_past, 1)
             if item.phase is Phase.DECODE:
                 self._cache_read += attended(req.n_past, 1)
-                batch.add(req.last_token, req.n_past, item.seq_id, True)
             else:
                 self._cache_read += req.n_past
                 self._prompt_attended += attended(req.n_past, item.n_tokens)
                 self._background_prompt |= req.priority is Priority.BACKGROUND
-                start = req.n_prefilled
-                batch.add_sequence(req.tokens[start:start + item.n_tokens], start, item.seq_id,
-                                   logits_last=item.logits)
         self._solo = (len(items), solo_kv)
+        if len(items) != len(plan.items):
+            plan = dataclasses.replace(plan, items=tuple(items))
+        return plan
+
+    def _fill(self, items: list[BatchItem] | tuple[BatchItem, ...]) -> list[BatchItem]:
+        """Puts items in the batch, in order; an item whose request fails to go in ends that
+        request alone. Returns the items that went in."""
+        batch = self.batch
+        batch.clear()
+        added = []
+        for item in items:
+            req = self.running.get(item.seq_id)
+            if req is None:
+                continue
+            try:
+                if item.phase is Phase.DECODE:
+                    batch.add(req.last_token, req.n_past, item.seq_id, True)
+                else:
+                    start = req.n_prefilled
+                    batch.add_sequence(req.tokens[start:start + item.n_tokens], start,
+                                       item.seq_id, logits_last=item.logits)
+            except Exception as exc:  # noqa: BLE001 - this request's alone
+                self.fail(req, exc)
+                # Again without it: a failed add may have left part of its tokens behind.
+                return self._fill([i for i in items if i.seq_id in self.running])
+            added.append(item)
+        return added
 
     def run(self, plan: Plan) -> Ran:
         """Decodes the batch and samples its logits rows. On a full KV cache it sheds load
-        (prompt chunks, then whole requests) and tries again."""
+        (prompt chunks, then whole requests) and tries again; on any other failure it finds
+        the requests that fail on their own (`_isolate`)."""
         t0 = time.perf_counter()
         while True:
+            if not plan.items:
+                return Ran(plan, time.perf_counter() - t0)
             try:
                 n_out = self.ctx.decode(self.batch)
                 break
@@ -380,21 +437,89 @@ class Executor:
                 plan = self._shed(plan)
                 if not plan.items:
                     return Ran(plan, time.perf_counter() - t0)
-                self.build(plan)
-            except DecodeError as exc:
-                for item in plan.items:
-                    if item.seq_id in self.running:
-                        self.release(self.running[item.seq_id], "error", exc)
-                return Ran(Plan.empty(), time.perf_counter() - t0)
+                plan = self.build(plan)
+            except UmaError as exc:
+                return self._isolate(plan, exc, t0)
         t1 = time.perf_counter()
         if n_out == 0:  # only prompt chunks that do not end their prompt
             return Ran(plan, t1 - t0)
-        seqs = self.ctx.output_seqs
-        want_lp = any(self.running[s].params.logprobs for s in seqs.tolist())
-        sampled = self.sampler.sample(self.ctx, np.arange(n_out, dtype=np.int32), seqs,
-                                      logprobs=want_lp)
-        tokens, logprobs = sampled if want_lp else (sampled, None)
+        seqs, tokens, logprobs = self._sample(self.ctx.output_seqs)
+        if len(seqs) != n_out:  # some rows failed to sample: their requests have ended
+            plan = dataclasses.replace(plan, items=self._live(plan.items))
         return Ran(plan, t1 - t0, time.perf_counter() - t1, seqs, tokens, logprobs)
+
+    def _live(self, items: tuple[BatchItem, ...]) -> tuple[BatchItem, ...]:
+        return tuple(i for i in items if i.seq_id in self.running)
+
+    def _sample(self, seqs: np.ndarray, logprobs: bool | None = None
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Samples every logits row of the last decode: (sequence ids, tokens, log-probs).
+        If the batched call fails, each row is sampled on its own and only the rows that
+        fail alone end their requests."""
+        if logprobs is None:
+            logprobs = any(self.running[s].params.logprobs for s in seqs.tolist())
+        rows = np.arange(len(seqs), dtype=np.int32)
+        try:
+            sampled = self.sampler.sample(self.ctx, rows, seqs, logprobs=logprobs)
+        except Exception:  # noqa: BLE001 - narrowed down row by row below
+            keep, tokens, lps = [], [], []
+            for row, seq in zip(rows.tolist(), seqs.tolist(), strict=True):
+                try:
+                    token, lp = self.sampler.sample(self.ctx, [row], [seq], logprobs=True)
+                except Exception as exc:  # noqa: BLE001 - this request's alone
+                    self.fail(self.running[seq], exc)
+                    continue
+                keep.append(seq)
+                tokens.append(token[0])
+                lps.append(lp[0])
+            return (np.array(keep, np.int32), np.array(tokens, np.int32),
+                    np.array(lps, np.float32) if logprobs else None)
+        return (seqs, *sampled) if logprobs else (seqs, sampled, None)
+
+    def _isolate(self, plan: Plan, exc: UmaError, t0: float) -> Ran:
+        """After a failed decode: finds the requests that fail on their own and ends only
+        those. The plan's sequences are rolled back to where the tick found them (a failed
+        decode may have kept its first micro-batches), then each half of the plan is decoded
+        and sampled alone, halving again where a half fails; a lone item that fails ends its
+        request with the error. At most 2n - 1 decodes for n items, only after a failure."""
+        parts: list[tuple[tuple[BatchItem, ...], np.ndarray, np.ndarray, np.ndarray]] = []
+        todo = [(plan.items, exc)]
+        while todo:
+            items, error = todo.pop()
+            for item in items:
+                req = self.running.get(item.seq_id)
+                if req is not None:
+                    self.ctx.seq_rm(item.seq_id, req.n_past)
+            items = self._live(items)
+            if not items:
+                continue
+            if len(items) == 1:
+                log.warning("request %d failed its decode: %s",
+                            self.running[items[0].seq_id].rid, error)
+                self.fail(self.running[items[0].seq_id], error)
+                continue
+            half = len(items) // 2
+            for part in (items[half:], items[:half]):  # popped in batch order
+                part = tuple(self._fill(part))
+                try:
+                    n_out = self.ctx.decode(self.batch) if part else 0
+                except UmaError as sub:
+                    todo.append((part, sub))
+                    continue
+                if n_out:
+                    parts.append((part, *self._sample(self.ctx.output_seqs, logprobs=True)))
+                elif part:
+                    parts.append((part, np.empty(0, np.int32), np.empty(0, np.int32),
+                                  np.empty(0, np.float32)))
+        decode_s = time.perf_counter() - t0
+        if not parts:
+            return Ran(Plan.empty(), decode_s)
+        return Ran(dataclasses.replace(plan, items=self._live(
+                       tuple(i for part in parts for i in part[0]))),
+                   decode_s,
+                   seqs=np.concatenate([p[1] for p in parts]),
+                   tokens=np.concatenate([p[2] for p in parts]),
+                   logprobs=np.concatenate([p[3] for p in parts]))
 
     def _shed(self, plan: Plan) -> Plan:
         """A smaller plan after 'no KV slot': first without prompt chunks; if decode steps
@@ -439,7 +564,10 @@ class Executor:
             req = self.running.get(seq)
             if req is not None:
                 lp = None if ran.logprobs is None else float(ran.logprobs[k])
-                self._accept(req, int(ran.tokens[k]), lp, now)
+                try:
+                    self._accept(req, int(ran.tokens[k]), lp, now)
+                except Exception as exc:  # noqa: BLE001 - this request's alone
+                    self.fail(req, exc)
         self._record(ran)
 
     def _accept(self, req: Request, token: int, logprob: float | None, now: int) -> None:
