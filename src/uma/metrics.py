@@ -40,7 +40,9 @@ class Gauge:
 
 
 class Histogram:
-    """Fixed buckets (upper bounds); quantiles interpolate within a bucket."""
+    """Fixed buckets (upper bounds). A quantile is found by rank: the bucket holding the q-th
+    fraction of the samples, interpolated linearly within it, and never above the largest
+    sample seen (the top bucket's bound can be far above it)."""
 
     __slots__ = ("name", "help", "bounds", "counts", "count", "sum", "max")
 
@@ -67,8 +69,8 @@ class Histogram:
         for i, c in enumerate(self.counts):
             if c and seen + c >= rank:
                 lo = self.bounds[i - 1] if i > 0 else 0.0
-                hi = self.bounds[i] if i < len(self.bounds) else self.max
-                return lo + (hi - lo) * ((rank - seen) / c)
+                hi = min(self.bounds[i], self.max) if i < len(self.bounds) else self.max
+                return min(lo + (hi - lo) * ((rank - seen) / c), self.max)
             seen += c
         return self.max
 
