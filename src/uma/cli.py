@@ -56,6 +56,12 @@ def run(
     max_tokens: int | None = typer.Option(None, help="cap on a request's max_tokens [4096]"),
     idle_timeout: float | None = typer.Option(None, help="seconds before an idle client is "
                                                          "closed [300]"),
+    max_frame_bytes: int | None = typer.Option(
+        None, help="largest request frame [2 x max-prompt-bytes + 64 KiB]"),
+    max_input_bytes: int | None = typer.Option(
+        None, help="request bytes buffered across all connections [32 MiB]"),
+    frame_timeout: float | None = typer.Option(
+        None, help="seconds a request frame may take to arrive whole [30]"),
     grace: float | None = typer.Option(None, help="seconds in-flight requests get on "
                                                   "SIGTERM [5]"),
     log_level: str | None = typer.Option(None, help="none, error, warn, info or debug [warn]"),
@@ -68,6 +74,14 @@ def run(
     api_key_file: str | None = typer.Option(None, help="read the API key from this file"),
     allow_public: bool = typer.Option(
         False, "--allow-public", help="allow --http beyond loopback without an API key"),
+    http_max_connections: int | None = typer.Option(
+        None, help="HTTP connections at once; more are answered 503 [64]"),
+    http_header_timeout: float | None = typer.Option(
+        None, help="seconds a request's headers may take to arrive [10]"),
+    http_body_timeout: float | None = typer.Option(
+        None, help="seconds a request's body may take to arrive [30]"),
+    http_max_body_bytes: int | None = typer.Option(
+        None, help="largest request body [2 x max-prompt-bytes + 64 KiB]"),
 ) -> None:
     """Serve a model to every app on this machine over a Unix socket (and HTTP, with --http)."""
     from uma.errors import UmaError

@@ -201,12 +201,21 @@ class ServerConfig:
     max_tokens: int = 4096  # cap on a request's max_tokens (more is refused, not clamped)
     default_max_tokens: int = 256  # for requests that name none
     idle_timeout_s: float = 300.0  # close connections with no request for this long
-    max_frame_bytes: int = 16 << 20  # largest request frame
+    max_frame_bytes: int | None = None  # largest request frame; None: request_bytes_limit()
+    # Request bytes buffered across all connections: a frame's length is reserved from this
+    # when its prefix arrives, and a connection whose frame does not fit is not read until
+    # earlier frames are done (docs/PROTOCOL.md, "Limits").
+    max_input_bytes: int = 32 << 20
+    frame_timeout_s: float = 30.0  # a frame must arrive whole this long after it began
     max_outbuf_bytes: int = 8 << 20  # output a slow reader may fall behind before it is dropped
     grace_s: float = 5.0  # on SIGTERM/SIGINT: time in-flight requests get to finish
     http: str | None = None  # "host:port" of the OpenAI-compatible HTTP gateway; None: off
     api_key: str | None = field(default=None, repr=False)  # required as a Bearer token on /v1
     allow_public: bool = False  # serve HTTP beyond loopback without an api_key
+    http_max_connections: int = 64  # more are answered 503 and closed
+    http_header_timeout_s: float = 10.0  # a request's headers must arrive within this
+    http_body_timeout_s: float = 30.0  # its body, within this once the headers are in
+    http_max_body_bytes: int | None = None  # largest request body; None: request_bytes_limit()
 
     def __post_init__(self) -> None:
         if not isinstance(self.socket, str) or not self.socket:
@@ -214,11 +223,21 @@ class ServerConfig:
         if len(self.socket.encode()) > 100:
             raise InvalidRequestError(
                 f"socket path is {len(self.socket.encode())} bytes; Unix sockets allow ~100")
+        for name in ("max_frame_bytes", "http_max_body_bytes"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, request_bytes_limit(self.max_prompt_bytes))
         for name in ("max_connections", "max_inflight", "max_prompt_bytes", "max_tokens",
-                     "default_max_tokens", "max_frame_bytes", "max_outbuf_bytes"):
-            if _integer(name, getattr(self, name)) < 1:
-                raise InvalidRequestError(f"{name} must be >= 1, not {getattr(self, name)}")
-        for name in ("idle_timeout_s", "grace_s"):
+                     "default_max_tokens", "max_frame_bytes", "max_input_bytes",
+                     "max_outbuf_bytes", "http_max_connections", "http_max_body_bytes"):
+            if not 1 <= _integer(name, getattr(self, name)) < 1 << 32:
+                raise InvalidRequestError(
+                    f"{name} must be in [1, 2**32), not {getattr(self, name)}")
+        if self.max_input_bytes < self.max_frame_bytes:
+            raise InvalidRequestError(
+                f"max_input_bytes ({self.max_input_bytes}) must be at least max_frame_bytes "
+                f"({self.max_frame_bytes}): the largest frame must fit in the input budget")
+        for name in ("idle_timeout_s", "frame_timeout_s", "grace_s", "http_header_timeout_s",
+                     "http_body_timeout_s"):
             if _number(name, getattr(self, name)) <= 0:
                 raise InvalidRequestError(f"{name} must be > 0, not {getattr(self, name)}")
         if self.api_key is not None and (
@@ -234,6 +253,13 @@ class ServerConfig:
                     f"refusing to serve HTTP on {self.http} (beyond this machine) without an API "
                     f"key; give --api-key-file (or --api-key), or --allow-public to serve it "
                     f"to anyone who can reach it")
+
+
+def request_bytes_limit(max_prompt_bytes: int) -> int:
+    """The default size limit of one request (a socket frame, an HTTP body): room for a prompt
+    of max_prompt_bytes written with escapes ("\\n", "\\u00e9" take two bytes and more), and
+    for the fields around it."""
+    return 2 * max_prompt_bytes + (64 << 10)
 
 
 def parse_http_address(address: object) -> tuple[str, int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -32,10 +33,17 @@ class DaemonProcess:
     proc: subprocess.Popen
     socket: str
     stderr: list[str] = field(default_factory=list)  # lines so far (a reader thread appends)
+    ready_line: str = ""
 
     @property
     def pid(self) -> int:
         return self.proc.pid
+
+    @property
+    def http_url(self) -> str | None:
+        """The HTTP gateway's base URL, as the ready line gives it (with --http)."""
+        match = re.search(r" and (http://\S+) ", self.ready_line)
+        return match.group(1) if match else None
 
     def terminate(self, timeout: float = 30.0) -> int:
         """SIGTERM, then the exit code (SIGKILL if it does not exit within timeout)."""
@@ -88,6 +96,7 @@ def run_daemon(model: str | os.PathLike | None = None, *args: str, socket: str |
                 raise RuntimeError(f"uma run exited with {proc.wait()}: "
                                    f"{''.join(daemon.stderr)[-2000:]}")
             if line.startswith("uma: serving"):
+                daemon.ready_line = line
                 break
         yield daemon
     finally:

@@ -323,3 +323,100 @@ def test_idle_connections_are_closed_with_a_reason(tiny_path):
         assert [e["code"] for e in got] == ["E_IDLE_001"]
         with Client(d.socket) as fresh:
             assert fresh.generate("still served", max_tokens=3).usage.completion_tokens == 3
+
+
+def test_a_frame_cut_short_by_the_client_closing_gets_an_error_event(daemon):
+    whole = encode({"type": "generate", "id": "t", "prompt": "never finished"})
+    events = raw_exchange(daemon.socket, whole[:-3])  # then the client shuts its write side
+    assert [(e["id"], e["code"]) for e in events] == [(None, "E_PROTO_002")]
+    assert f"{len(whole) - 3} bytes into a frame of {len(whole)}" in events[0]["message"]
+
+
+def read_events(sock: socket.socket, decoder: FrameDecoder, until) -> list[dict]:
+    events = []
+    while not until(events):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        events += decoder.feed(chunk)
+    return events
+
+
+LIMITS = {"UMA_MAX_PROMPT_BYTES": "4096", "UMA_MAX_FRAME_BYTES": str(1 << 20),
+          "UMA_MAX_INPUT_BYTES": str(3 << 19)}  # room for one largest frame, not two
+
+
+def test_frames_wait_for_room_in_the_input_budget_and_each_must_arrive_in_time(tiny_path):
+    env = {**LIMITS, "UMA_FRAME_TIMEOUT": "2"}
+    with testing.run_daemon(tiny_path, env=env) as d, Client(d.socket) as watcher:
+        big = encode({"type": "generate", "id": "big", "prompt": "x" * ((1 << 20) - 64)})
+        first = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        second = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        for s in (first, second):
+            s.settimeout(30)
+            s.connect(d.socket)
+        first.sendall(big[:1000])  # a largest frame in progress holds most of the budget
+        wait_for(lambda: watcher.metrics()["input_bytes_reserved"] == len(big))
+        second.sendall(big[:1000])  # another does not fit: not read until there is room
+        wait_for(lambda: watcher.metrics()["connections_paused"] == 1)
+        first.sendall(big[1000:])
+        events = read_events(first, FrameDecoder(), lambda ev: ev)
+        assert [e["code"] for e in events] == ["E_LIMIT_001"]  # whole, then judged
+        wait_for(lambda: watcher.metrics()["connections_paused"] == 0)
+        # The second was resumed; it never sends the rest, so its time runs out.
+        events = read_events(second, FrameDecoder(), lambda ev: ev)
+        assert [(e["id"], e["code"]) for e in events] == [(None, "E_IDLE_001")]
+        assert "still incomplete 2 s after it began" in events[0]["message"]
+        wait_for(lambda: watcher.metrics()["input_bytes_reserved"] == 0)
+        first.close()
+        second.close()
+        assert watcher.generate("still served", max_tokens=3).usage.completion_tokens == 3
+
+
+def peak_rss_since_reset(pid: int):
+    """Resets the process's peak RSS (VmHWM) and returns a function reading the new peak."""
+    with open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5")
+
+    def peak() -> int:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+        raise AssertionError("no VmHWM")
+    return peak
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_every_connection_sending_its_largest_frame_stays_within_the_memory_bound(tiny_path):
+    # docs/PROTOCOL.md, "Limits": input buffers stay under max_input_bytes plus one 64 KiB
+    # read per connection, plus the one frame being decoded. Without the budget, 32 such
+    # frames in flight hold 32 MiB and more.
+    n = 32
+    frame_bytes, budget = 1 << 20, 3 << 19
+    env = {**LIMITS, "UMA_MAX_CONNECTIONS": str(n + 1)}
+    with testing.run_daemon(tiny_path, env=env) as d, Client(d.socket) as watcher:
+        assert watcher.generate("warm up", max_tokens=2).usage.completion_tokens == 2
+        base = rss_bytes(d.pid)
+        peak = peak_rss_since_reset(d.pid)
+        big = encode({"type": "generate", "id": "big", "prompt": "x" * (frame_bytes - 64)})
+        answers: list[list[dict]] = []
+
+        def flood() -> None:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(60)
+                s.connect(d.socket)
+                s.sendall(big)
+                answers.append(read_events(s, FrameDecoder(), lambda ev: ev))
+
+        threads = [threading.Thread(target=flood) for _ in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert len(answers) == n and all([e["code"] for e in a] == ["E_LIMIT_001"]
+                                         for a in answers)
+        grew = peak() - base
+        bound = budget + n * (64 << 10) + 3 * frame_bytes  # the frame decoded: bytes + str
+        assert grew < bound + (8 << 20), f"peak RSS grew {grew >> 20} MiB"
+        assert watcher.metrics()["input_bytes_reserved"] == 0

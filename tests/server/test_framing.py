@@ -121,6 +121,20 @@ def test_any_split_gives_the_same_messages(messages, data):
     assert decoder.buffered == 0
 
 
+def test_pending_is_what_the_frame_in_progress_will_hold():
+    first, second = encode({"a": "x" * 100}), encode({"b": 1})
+    decoder = FrameDecoder()
+    assert decoder.pending == 0
+    decoder.feed(first[:2])
+    assert decoder.pending == 2  # the length prefix is still incomplete
+    decoder.feed(first[2:10])
+    assert decoder.pending == len(first)  # known before the body arrives
+    assert decoder.feed(first[10:] + second[:5]) == [{"a": "x" * 100}]
+    assert decoder.pending == len(second)
+    decoder.feed(second[5:])
+    assert decoder.pending == decoder.buffered == 0
+
+
 # --- length errors ---------------------------------------------------------------------------
 
 

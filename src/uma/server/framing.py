@@ -59,6 +59,16 @@ class FrameDecoder:
         """Bytes received but not yet part of a returned message."""
         return len(self._buf) - self._pos
 
+    @property
+    def pending(self) -> int:
+        """What the buffer will hold once the frame in progress is complete: its length
+        prefix and body, or the bytes buffered while the prefix is still incomplete (0 between
+        frames). A server budgets memory by this before the body arrives."""
+        buffered = len(self._buf) - self._pos
+        if buffered < 4:
+            return buffered
+        return max(buffered, 4 + _HEADER.unpack_from(self._buf, self._pos)[0])
+
     def feed(self, data: bytes | bytearray | memoryview) -> list[dict]:
         """Takes the next bytes of the stream and returns every message they complete.
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import json
 import logging
@@ -36,6 +37,7 @@ from uma.errors import InvalidRequestError, UmaError
 from uma.handle import RequestHandle, Result
 from uma.sched.state import Priority
 from uma.server import prometheus
+from uma.server.http_limits import LimitedH11Protocol
 from uma.server.openai_api import (
     ApiError,
     ApiRequest,
@@ -49,9 +51,6 @@ from uma.server.protocol import RequestLimits
 
 log = logging.getLogger("uma.http")
 
-# Room in a body for JSON around the prompt: the prompt limit itself applies after parsing.
-# Twice the prompt bytes covers JSON's escapes of typical text ("\n", "\"", "\u00e9").
-_BODY_OVERHEAD = 64 << 10
 _DONE = b"data: [DONE]\n\n"
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
@@ -86,7 +85,8 @@ class _Api:
             max_prompt_bytes=config.max_prompt_bytes, max_prompt_tokens=engine.n_ctx_seq,
             max_tokens=config.max_tokens,
             default_max_tokens=min(config.default_max_tokens, config.max_tokens))
-        self.max_body = 2 * config.max_prompt_bytes + _BODY_OVERHEAD
+        self.max_body = config.http_max_body_bytes
+        self.body_timeout_s = config.http_body_timeout_s
         self.model_id = Path(engine.config.model).stem
         self.model_created = int(os.path.getmtime(engine.config.model))
         self.metrics_source = engine.metrics if metrics_source is None else metrics_source
@@ -114,7 +114,7 @@ class _Api:
             if self.stopping:
                 raise ApiError(503, "the server is shutting down", type="server_error",
                                code="shutting_down")
-            body = await _read_json(request, self.max_body)
+            body = await _read_json(request, self.max_body, self.body_timeout_s)
             api_req = parse(body, model_id=self.model_id, limits=self.limits,
                                         default_priority=_header_priority(request))
             gen = api_req.generate
@@ -269,6 +269,8 @@ class HttpGateway:
         self.host, self.port = parse_http_address(config.http)
         self.app = create_app(engine, config, metrics_source)
         self._grace = config.grace_s
+        self._max_connections = config.http_max_connections
+        self._header_timeout_s = config.http_header_timeout_s
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
@@ -286,6 +288,8 @@ class HttpGateway:
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(
             self.app, lifespan="off", log_config=None, log_level="warning", access_log=False,
+            http=functools.partial(LimitedH11Protocol, max_connections=self._max_connections,
+                                   header_timeout_s=self._header_timeout_s),
             # Past the grace period cancel_all ends the requests; their last chunks need a
             # moment to go out before uvicorn cuts what is left.
             server_header=False, timeout_graceful_shutdown=self._grace + 2.0)
@@ -353,22 +357,31 @@ class _Server(uvicorn.Server):
 # --- helpers ---------------------------------------------------------------------------------
 
 
-async def _read_json(request: Request, limit: int) -> object:
+async def _read_json(request: Request, limit: int, timeout_s: float) -> object:
     """The body as JSON. Bodies over `limit` are refused before more than `limit` bytes are
-    held, whether or not they declare their length."""
+    held, whether or not they declare their length; one not in whole within timeout_s is
+    answered 408."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise _too_large(int(declared), limit)
     chunks = []
     size = 0
-    try:
+
+    async def read() -> None:
+        nonlocal size
         async for chunk in request.stream():
             size += len(chunk)
             if size > limit:
                 raise _too_large(size, limit)
             chunks.append(chunk)
+
+    try:
+        await asyncio.wait_for(read(), timeout_s)
     except ClientDisconnect:
         raise ApiError(400, "the client went away while sending the body") from None
+    except asyncio.TimeoutError:
+        raise ApiError(408, f"the body did not arrive whole within {timeout_s:g} s ({size} "
+                            f"bytes came)", code="request_timeout") from None
     try:
         return json.loads(b"".join(chunks))
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError

@@ -29,7 +29,7 @@ from uma.sched.state import Priority
 # --- wire error codes --------------------------------------------------------------------------
 
 E_PROTO_001 = "E_PROTO_001"  # bad msgpack / invalid payload
-E_PROTO_002 = "E_PROTO_002"  # bad frame length / frame too large
+E_PROTO_002 = "E_PROTO_002"  # bad frame length / frame too large / closed mid-frame
 E_PROTO_003 = "E_PROTO_003"  # schema error: missing field, wrong type, unknown field or type
 E_PROTO_004 = "E_PROTO_004"  # unknown or duplicate request id on this connection
 E_LIMIT_001 = "E_LIMIT_001"  # prompt too large (bytes, or tokens longer than the context)
@@ -40,7 +40,7 @@ E_MODEL_001 = "E_MODEL_001"  # model problem (no chat template, load failure)
 E_RUNTIME_001 = "E_RUNTIME_001"  # decode failure / internal error
 E_IO_001 = "E_IO_001"  # output buffer overflow (slow reader dropped) or socket error
 E_BUSY_001 = "E_BUSY_001"  # server busy or shutting down
-E_IDLE_001 = "E_IDLE_001"  # idle timeout
+E_IDLE_001 = "E_IDLE_001"  # idle timeout, or a frame that took too long to arrive
 
 MAX_ID_CHARS = 128  # request ids are client-chosen strings of 1..128 characters
 MAX_STOP_STRINGS = 16

@@ -42,6 +42,10 @@ _SERVER = {
     "default_max_tokens": "default_max_tokens", "idle_timeout": "idle_timeout_s",
     "max_frame_bytes": "max_frame_bytes", "max_outbuf_bytes": "max_outbuf_bytes",
     "grace": "grace_s", "http": "http", "api_key": "api_key", "allow_public": "allow_public",
+    "max_input_bytes": "max_input_bytes", "frame_timeout": "frame_timeout_s",
+    "http_max_connections": "http_max_connections",
+    "http_header_timeout": "http_header_timeout_s", "http_body_timeout": "http_body_timeout_s",
+    "http_max_body_bytes": "http_max_body_bytes",
 }
 # kv_type sets type_k and type_v; log_level is the CLI's; api_key_file is read into api_key.
 _OTHER = {"kv_type", "log_level", "api_key_file"}
