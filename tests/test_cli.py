@@ -33,7 +33,7 @@ def test_generate_exit_codes(daemon, tmp_path):
     r = uma("generate", "-p", "x", "--temp", "-1", "--socket", daemon.socket)
     assert r.returncode == 2 and "temperature" in r.stderr
     r = uma("generate", "-p", "x", "--socket", str(tmp_path / "none.sock"))
-    assert r.returncode == 3 and "uma run" in r.stderr
+    assert r.returncode == 5 and "uma run" in r.stderr
 
 
 def test_generate_finds_the_socket_in_the_environment(daemon):
@@ -53,13 +53,13 @@ def test_run_rejects_bad_settings(tmp_path, tiny_path):
     conf = tmp_path / "uma.toml"
     conf.write_text('ctx = 4096\nparalel = 8\n')
     r = uma("run", str(tiny_path), "--config", str(conf))
-    assert r.returncode == 1 and "paralel" in r.stderr
+    assert r.returncode == 4 and "paralel" in r.stderr
     r = uma("run", str(tiny_path), "--parallel", "0", "--socket", testing.short_socket_path())
-    assert r.returncode == 1 and "n_seq_max" in r.stderr
+    assert r.returncode == 4 and "invalid --parallel: must be in [1, 2**31), not 0" in r.stderr
     r = uma("run", str(tmp_path / "missing.gguf"), "--socket", testing.short_socket_path())
     assert r.returncode == 1 and "not found" in r.stderr
     r = uma("run", str(tiny_path), env={"UMA_CTX": "lots"},)
-    assert r.returncode == 1 and "n_ctx" in r.stderr
+    assert r.returncode == 4 and "invalid UMA_CTX: must be an integer, not 'lots'" in r.stderr
 
 
 def test_model_synth_and_info(tmp_path):

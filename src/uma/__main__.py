@@ -1,5 +1,7 @@
 """python -m uma: the same as the `uma` command."""
 
+import sys
+
 from uma.cli import main
 
-main()
+sys.exit(main())

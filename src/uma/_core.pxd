@@ -82,6 +82,7 @@ cdef class Context:
     cdef bint _closing
     cdef object _output_seqs
     cdef long long _decode_ns
+    cdef int _abort  # read by ggml's compute threads between graph nodes (abort())
 
     cdef void _free(self) noexcept
     cdef void _free_if_idle(self) noexcept

@@ -90,6 +90,11 @@ cdef cbool _on_progress(float progress, void * user_data) noexcept with gil:
         return False
 
 
+cdef cbool _should_abort(void * data) noexcept nogil:
+    # ggml's compute threads ask between graph nodes; Context.abort() sets the flag.
+    return (<int *>data)[0] != 0
+
+
 # --- Model -------------------------------------------------------------------------------------
 
 cdef class Model:
@@ -661,6 +666,9 @@ cdef class Context:
         params.n_threads = threads
         params.n_threads_batch = threads_batch
         params.no_perf = True
+        self._abort = 0
+        params.abort_callback = _should_abort
+        params.abort_callback_data = <void *>&self._abort
         log_clear_problem()
         with nogil:
             self._ctx = L.llama_init_from_model(model._model, params)
@@ -750,6 +758,13 @@ cdef class Context:
         if n_threads <= 0 or n_threads_batch <= 0:
             raise errors.InvalidRequestError("thread counts must be positive")
         L.llama_set_n_threads(self._ctx, n_threads, n_threads_batch)
+
+    def abort(self, bint on=True):
+        """Makes decodes end early with DecodeAbortedError until abort(False); a decode already
+        running on another thread stops at its next graph node (CPU backend), and llama.cpp
+        removes what its unfinished micro-batch added to the cache. For shutting down: a long
+        prompt's decode can take a minute on a CPU. The one method safe from any thread."""
+        self._abort = 1 if on else 0
 
     # decode ----------------------------------------------------------------------------------
 

@@ -1,4 +1,8 @@
-"""The `uma` command line (typer)."""
+"""The `uma` command line (typer).
+
+Every command exits with a code from one table (EXIT_*; docs/CONFIG.md, "Exit codes"), and
+every error names the flag, environment variable or config-file key the user set.
+"""
 
 from __future__ import annotations
 
@@ -6,201 +10,174 @@ import contextlib
 import dataclasses
 import json
 import os
+import sys
+import time
 from pathlib import Path
 
 import typer
 
+import uma
 from uma import synth
+from uma.server.settings import BY_NAME
+from uma.server.settings import DEMO_MODEL as _DEMO
+
+# Exit codes: the design notes' 0, 2 and 3, with usage and not-running added.
+EXIT_OK = 0
+EXIT_FAILED = 1  # the command failed on this machine: the daemon could not start, a bad file
+EXIT_SERVER_ERROR = 2  # the daemon refused or failed the request
+EXIT_PROTOCOL_ERROR = 3  # the daemon broke the protocol or dropped the connection mid-request
+EXIT_USAGE = 4  # a bad command line, environment variable or config file value
+EXIT_NOT_RUNNING = 5  # no daemon answers on the socket
+EXIT_INTERRUPTED = 130  # Ctrl-C in a client command
 
 app = typer.Typer(
     help="UMA Serve: one llama.cpp model, many local apps.",
     no_args_is_help=True,
-    add_completion=False,
+    rich_markup_mode=None,  # help text is plain: "[f16]" must not be read as markup
 )
-model_app = typer.Typer(help="Inspect models and write synthetic ones.", no_args_is_help=True)
+model_app = typer.Typer(help="Inspect models and write synthetic ones.", no_args_is_help=True,
+                        rich_markup_mode=None)
+service_app = typer.Typer(help="Start the daemon at login (systemd user unit, LaunchAgent).",
+                          no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(model_app, name="model")
-
+app.add_typer(service_app, name="service")
 
 DEMO_PRESET = "small"
+SOCKET_HELP = "daemon socket (env UMA_SOCKET; default $XDG_RUNTIME_DIR/uma.sock)"
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"uma-serve {uma.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="print the version and exit")) -> None:
+    """UMA Serve: one llama.cpp model, many local apps."""
+
+
+def _opt(name: str, *decls: str):
+    """A `uma run` option from the settings table: its help, and its default shown."""
+    s = BY_NAME[name]
+    # In the help text, not show_default: click puts a string default in parentheses.
+    return typer.Option(None, *decls, help=f"{s.help}; env {s.env}  [default: {s.default}]",
+                        show_default=False)
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    typer.echo(f"uma: {message}", err=True)
+    return typer.Exit(code)
 
 
 @app.command()
 def run(
     model: str | None = typer.Argument(
-        None, help="GGUF model to serve (default: a small built-in demo model)"),
-    socket: str | None = typer.Option(None, help="Unix socket path [env UMA_SOCKET]"),
+        None, help="GGUF model to serve  [default: a small built-in demo model with random "
+                   "weights]", show_default=False),
     config: Path | None = typer.Option(None, "--config", "-c", help="TOML settings file"),
-    ctx: int | None = typer.Option(None, help="KV cache size in tokens [4096]"),
-    parallel: int | None = typer.Option(None, help="requests decoded at once [8]"),
-    batch: int | None = typer.Option(None, help="most tokens per decode call [512]"),
-    ubatch: int | None = typer.Option(None, help="most tokens per compute step [= batch]"),
-    threads: int | None = typer.Option(None, help="CPU threads [the cores available]"),
-    gpu_layers: int | None = typer.Option(None, help="layers offloaded to the GPU [-1: all]"),
-    kv_type: str | None = typer.Option(None, help="KV cache type: f16, q8_0, q4_0, ... [f16]"),
-    kv_unified: bool | None = typer.Option(
-        None, "--kv-unified/--no-kv-unified", help="one KV buffer for all requests [on]"),
-    flash_attn: str | None = typer.Option(None, help="auto, on or off [auto]"),
-    tick_ms: float | None = typer.Option(None, help="baseline policy: tick time budget in ms "
-                                                    "[30]"),
-    policy: str | None = typer.Option(None, help="scheduling policy: slo or baseline "
-                                                 "[slo]"),
-    latency_cap: float | None = typer.Option(
-        None, help="slo: interactive tick time allowed relative to their own [1.2]"),
-    tick_budget_ms: float | None = typer.Option(
-        None, help="slo: a fixed tick budget in ms instead of the cap"),
-    bmt_budget: float | None = typer.Option(
-        None, help="slo: memory bandwidth for ticks in GB/s [probed on CPU; 0: off]"),
-    max_connections: int | None = typer.Option(None, help="[64]"),
-    max_inflight: int | None = typer.Option(None, help="requests in flight per connection [16]"),
-    max_prompt_bytes: int | None = typer.Option(None, help="[1 MiB]"),
-    max_tokens: int | None = typer.Option(None, help="cap on a request's max_tokens [4096]"),
-    idle_timeout: float | None = typer.Option(None, help="seconds before an idle client is "
-                                                         "closed [300]"),
-    max_frame_bytes: int | None = typer.Option(
-        None, help="largest request frame [2 x max-prompt-bytes + 64 KiB]"),
-    max_input_bytes: int | None = typer.Option(
-        None, help="request bytes buffered across all connections [32 MiB]"),
-    frame_timeout: float | None = typer.Option(
-        None, help="seconds a request frame may take to arrive whole [30]"),
-    grace: float | None = typer.Option(None, help="seconds in-flight requests get on "
-                                                  "SIGTERM [5]"),
-    log_level: str | None = typer.Option(None, help="none, error, warn, info or debug [warn]"),
-    http: str | None = typer.Option(
-        None, help="also serve the OpenAI-compatible HTTP API on HOST:PORT, e.g. "
-                   "127.0.0.1:8080 (off by default)"),
-    api_key: str | None = typer.Option(
-        None, help="require 'Authorization: Bearer KEY' on /v1 (visible in ps: prefer "
-                   "--api-key-file or UMA_API_KEY)"),
-    api_key_file: str | None = typer.Option(None, help="read the API key from this file"),
-    allow_public: bool = typer.Option(
-        False, "--allow-public", help="allow --http beyond loopback without an API key"),
-    http_max_connections: int | None = typer.Option(
-        None, help="HTTP connections at once; more are answered 503 [64]"),
-    http_header_timeout: float | None = typer.Option(
-        None, help="seconds a request's headers may take to arrive [10]"),
-    http_body_timeout: float | None = typer.Option(
-        None, help="seconds a request's body may take to arrive [30]"),
-    http_max_body_bytes: int | None = typer.Option(
-        None, help="largest request body [2 x max-prompt-bytes + 64 KiB]"),
+    socket: str | None = _opt("socket"),
+    ctx: int | None = _opt("ctx"),
+    parallel: int | None = _opt("parallel"),
+    batch: int | None = _opt("batch"),
+    ubatch: int | None = _opt("ubatch"),
+    threads: int | None = _opt("threads"),
+    gpu_layers: int | None = _opt("gpu_layers"),
+    kv_type: str | None = _opt("kv_type"),
+    kv_unified: bool | None = _opt("kv_unified", "--kv-unified/--no-kv-unified"),
+    flash_attn: str | None = _opt("flash_attn"),
+    policy: str | None = _opt("policy"),
+    tick_ms: float | None = _opt("tick_ms"),
+    latency_cap: float | None = _opt("latency_cap"),
+    tick_budget_ms: float | None = _opt("tick_budget_ms"),
+    bmt_budget: float | None = _opt("bmt_budget"),
+    max_connections: int | None = _opt("max_connections"),
+    max_inflight: int | None = _opt("max_inflight"),
+    max_prompt_bytes: int | None = _opt("max_prompt_bytes"),
+    max_tokens: int | None = _opt("max_tokens"),
+    idle_timeout: float | None = _opt("idle_timeout"),
+    max_frame_bytes: int | None = _opt("max_frame_bytes"),
+    max_input_bytes: int | None = _opt("max_input_bytes"),
+    frame_timeout: float | None = _opt("frame_timeout"),
+    grace: float | None = _opt("grace"),
+    log_level: str | None = _opt("log_level"),
+    http: str | None = _opt("http"),
+    api_key: str | None = _opt("api_key"),
+    api_key_file: str | None = _opt("api_key_file"),
+    allow_public: bool | None = _opt("allow_public", "--allow-public/--no-allow-public"),
+    http_max_connections: int | None = _opt("http_max_connections"),
+    http_header_timeout: float | None = _opt("http_header_timeout"),
+    http_body_timeout: float | None = _opt("http_body_timeout"),
+    http_max_body_bytes: int | None = _opt("http_max_body_bytes"),
 ) -> None:
-    """Serve a model to every app on this machine over a Unix socket (and HTTP, with --http)."""
+    """Serve a model to every app on this machine over a Unix socket (and HTTP, with --http).
+    It prints 'uma: serving ...' once it answers requests."""
+    from uma.server.main import serve
+
+    conf = _settings(config, locals())
+    if conf.engine.model == _DEMO:
+        path = str(synth.cached_model(DEMO_PRESET))
+        conf = dataclasses.replace(conf, engine=dataclasses.replace(conf.engine, model=path))
+        typer.echo("uma: no model given; serving the built-in demo model. It has random "
+                   "weights: its text is gibberish. Serve a real one with "
+                   "`uma run path/to/model.gguf`.", err=True)
+    raise typer.Exit(serve(conf, say=lambda text: typer.echo(text, err=True)))
+
+
+def _settings(config: Path | None, given: dict):
+    """The checked settings from the file, the environment and the flags; a usage error
+    naming the setting otherwise."""
     from uma.errors import UmaError
     from uma.server import settings
 
-    flags = {k: v for k, v in locals().items() if k in settings.NAMES}
-    flags["allow_public"] = allow_public or None  # an absent flag leaves file and env to decide
     try:
         sources = [settings.read_file(config)] if config else []
-        sources += [settings.from_environment(), flags]
-        demo = None
-        if not any(s.get("model") for s in sources):
-            demo = str(synth.cached_model(DEMO_PRESET))
-            typer.echo("uma: no model given; serving the built-in demo model. It has random "
-                       "weights: its text is gibberish. Serve a real one with "
-                       "`uma run path/to/model.gguf`.", err=True)
-        conf = settings.resolve(sources, demo_model=demo)
+        sources += [settings.from_environment(), settings.flags(given)]
+        return settings.resolve(sources, demo_model=_DEMO)
     except UmaError as exc:
-        typer.echo(f"uma: {exc}", err=True)
-        raise typer.Exit(1) from exc
-    raise typer.Exit(_serve(conf))
+        raise _fail(str(exc), EXIT_USAGE) from exc
 
 
-def _serve(conf) -> int:
-    """Loads the model (with a progress bar), serves until a signal, returns the exit code."""
-    import logging
-    import signal
-
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from uma import _core
-    from uma.engine import Engine
-    from uma.errors import UmaError
-    from uma.server.daemon import Daemon
-
-    level = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
-             "error": logging.ERROR, "none": logging.CRITICAL}.get(conf.log_level)
-    if level is None:
-        typer.echo(f"uma: unknown log level {conf.log_level!r}", err=True)
-        return 1
-    logging.basicConfig(level=level, format="uma: %(levelname)s %(name)s: %(message)s")
-    _core.set_log_level(conf.log_level if conf.log_level != "warn" else "error")
-    name = Path(conf.engine.model).name
-    try:
-        with Progress(TextColumn(f"loading {name}"), BarColumn(), TimeElapsedColumn(),
-                      transient=True, console=_stderr_console()) as bar:
-            task = bar.add_task("load", total=1.0)
-            engine = Engine.from_config(
-                conf.engine, progress=lambda f: bar.update(task, completed=f))
-    except UmaError as exc:
-        typer.echo(f"uma: {exc}", err=True)
-        return 1
-    daemon = Daemon(engine, conf.server)
-    gateway = None
-    if conf.server.http:
-        from uma.server.http import HttpGateway  # starlette and uvicorn load only when used
-
-        gateway = HttpGateway(engine, conf.server)
-    try:
-        if gateway is not None:
-            gateway.start()
-        daemon.bind()
-    except (UmaError, OSError) as exc:
-        if gateway is not None:
-            gateway.stop()
-        engine.close()
-        typer.echo(f"uma: {exc}", err=True)
-        return 1
-
-    def stop(*_) -> None:
-        # Both doors drain at once, each with the grace period.
-        daemon.stop()
-        if gateway is not None:
-            gateway.stop_soon()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, stop)
-    where = conf.server.socket + (f" and {gateway.url}" if gateway is not None else "")
-    typer.echo(f"uma: serving {name} on {where} (ctx {engine.ctx.n_ctx}, "
-               f"parallel {conf.engine.n_seq_max}, backends {','.join(_core.backends())}, "
-               f"pid {os.getpid()})", err=True)
-    try:
-        daemon.serve_forever()
-    finally:
-        if gateway is not None:
-            try:
-                gateway.stop()
-            except TimeoutError as exc:
-                typer.echo(f"uma: {exc}; closing anyway", err=True)
-        engine.close()
-    typer.echo("uma: stopped", err=True)
-    return 0
-
-
-# Exit codes of the client commands (the seed tracker's): a request the server refused or that
-# failed there, and a daemon that cannot be reached or broke the protocol.
-EXIT_SERVER_ERROR = 2
-EXIT_CONNECTION_ERROR = 3
+@app.command("config")
+def config_(
+    config: Path | None = typer.Option(None, "--config", "-c", help="TOML settings file"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """Print the settings `uma run` would use (file, environment, defaults) and where each came
+    from. Flags given to `uma run` override these."""
+    conf = _settings(config, {})
+    rows = [(name, "built-in demo model" if value == _DEMO else value, where)
+            for name, value, where in conf.table()]
+    if as_json:
+        typer.echo(json.dumps({name: {"value": value, "from": where}
+                               for name, value, where in rows}, indent=2, default=str))
+        return
+    width = max(len(name) for name, _, _ in rows)
+    for name, value, where in rows:
+        shown = "none" if value is None else value
+        typer.echo(f"{name:<{width}}  {shown}" + ("" if where == "default" else f"  ({where})"))
 
 
 @contextlib.contextmanager
 def _client_errors():
     """Turns a client command's failures into a message and its exit code."""
-    from uma.client import ConnectionLost, ServerError
+    from uma.client import ConnectionLost, DaemonNotRunning, ServerError
     from uma.errors import InvalidRequestError
 
     try:
         yield
+    except DaemonNotRunning as exc:
+        raise _fail(str(exc), EXIT_NOT_RUNNING) from exc
     except (ServerError, InvalidRequestError) as exc:
-        typer.echo(f"uma: {exc}", err=True)
-        raise typer.Exit(EXIT_SERVER_ERROR) from exc
+        raise _fail(str(exc), EXIT_SERVER_ERROR) from exc
     except ConnectionLost as exc:
-        typer.echo(f"uma: {exc}", err=True)
-        raise typer.Exit(EXIT_CONNECTION_ERROR) from exc
+        raise _fail(str(exc), EXIT_PROTOCOL_ERROR) from exc
 
 
 @app.command()
 def generate(
-    prompt: str = typer.Option(..., "--prompt", "-p", help="the prompt text"),
+    prompt: str = typer.Option(..., "--prompt", "-p", help="the prompt text; - reads stdin"),
     max_tokens: int = typer.Option(256, help="most tokens to generate"),
     temp: float = typer.Option(0.0, "--temp", help="temperature (0: greedy)"),
     top_p: float = typer.Option(1.0, help="nucleus sampling mass"),
@@ -209,17 +186,24 @@ def generate(
     stop: list[str] | None = typer.Option(None, help="stop string (repeatable)"),
     priority: str = typer.Option("interactive", help="interactive or background"),
     no_stream: bool = typer.Option(False, "--no-stream", help="print the text when done"),
-    socket: str | None = typer.Option(None, help="daemon socket [env UMA_SOCKET]"),
+    socket: str | None = typer.Option(None, help=SOCKET_HELP),
 ) -> None:
     """Generate text with the running daemon, streaming it to stdout."""
     from uma.client import Client
 
+    if prompt == "-":
+        prompt = sys.stdin.read()
     with _client_errors(), Client(socket) as client:
         stream = client.submit(prompt, max_tokens=max_tokens, temperature=temp, top_p=top_p,
                                top_k=top_k, seed=seed, stop=stop or (), priority=priority,
                                stream=not no_stream)
-        for event in stream:
-            typer.echo(event.text, nl=False)
+        try:
+            for event in stream:
+                typer.echo(event.text, nl=False)
+        except KeyboardInterrupt:
+            stream.cancel()
+            typer.echo()
+            raise typer.Exit(EXIT_INTERRUPTED) from None
         result = stream.result()
         if no_stream:
             typer.echo(result.text, nl=False)
@@ -227,11 +211,102 @@ def generate(
 
 
 @app.command()
+def chat(
+    system: str | None = typer.Option(None, "--system", "-s", help="a system prompt"),
+    max_tokens: int = typer.Option(512, help="most tokens per answer"),
+    temp: float = typer.Option(0.7, "--temp", help="temperature (0: greedy)"),
+    top_p: float = typer.Option(0.95, help="nucleus sampling mass"),
+    seed: int = typer.Option(0, help="sampling seed"),
+    socket: str | None = typer.Option(None, help=SOCKET_HELP),
+) -> None:
+    """Chat with the running daemon's model: a streaming conversation rendered with the
+    model's chat template. /reset starts over, /exit (or Ctrl-D) leaves; Ctrl-C stops an
+    answer."""
+    from uma.chat import ChatSession
+    from uma.client import Client
+
+    with _client_errors(), Client(socket) as client:
+        session = ChatSession(client, system=system, max_tokens=max_tokens, temperature=temp,
+                              top_p=top_p, seed=seed)
+        raise typer.Exit(session.repl(sys.stdin, sys.stdout))
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.0f} MiB"
+
+
+@app.command()
+def status(
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+    socket: str | None = typer.Option(None, help=SOCKET_HELP),
+) -> None:
+    """Show the running daemon: model, uptime, slots, queue, load and memory."""
+    from uma.client import Client
+
+    with _client_errors(), Client(socket) as client:
+        h = client.health()
+    if as_json:
+        typer.echo(json.dumps(h, indent=2))
+        return
+    mem, kv = h["memory"], h["kv_cells"]
+    lines = [
+        ("status", f"{h['status']} (pid {h['pid']}, uma-serve {h.get('version', '?')})"),
+        ("model", h["model"]),
+        ("socket", h.get("socket", socket or "")),
+        ("uptime", f"{h['uptime_s']:.0f} s"),
+        ("slots", f"{h['running']} of {h['slots']} busy, {h['queued']} queued"),
+        ("load", f"{100 * h['load']:.0f} % of the last 10 s computing"),
+        ("kv cache", f"{kv['used']} of {kv['total']} positions"),
+        ("memory", f"{_gib(mem['rss_bytes'])} resident (model {_gib(mem['model_bytes'])}, "
+                   f"KV cache {_gib(mem['kv_bytes'])})"),
+        ("clients", f"{h['connections']} connected, {h['requests_in_flight']} requests"),
+        ("backends", ", ".join(h["backends"])),
+    ]
+    for name, value in lines:
+        typer.echo(f"{name:<9} {value}")
+
+
+@app.command()
+def stop(
+    timeout: float = typer.Option(60.0, help="seconds to wait for it to exit"),
+    socket: str | None = typer.Option(None, help=SOCKET_HELP),
+) -> None:
+    """Stop the running daemon gracefully, as SIGTERM does: requests in flight get its grace
+    period. Waits until it has exited."""
+    from uma.client import Client
+
+    with _client_errors(), Client(socket) as client:
+        path = client.socket_path
+        pid = client.stop()["pid"]
+    deadline = time.monotonic() + timeout
+    while _alive(pid):  # another process: nothing to wait on but its pid
+        if time.monotonic() > deadline:
+            raise _fail(f"the daemon at {path} (pid {pid}) did not stop within {timeout:g} s",
+                        EXIT_FAILED)
+        time.sleep(0.05)
+    typer.echo(f"uma: stopped the daemon at {path} (pid {pid})", err=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # an exited process its parent has not reaped yet is a zombie: gone for us
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+@app.command()
 def metrics(
     as_json: bool = typer.Option(False, "--json", help="print the raw snapshot as JSON"),
-    socket: str | None = typer.Option(None, help="daemon socket [env UMA_SOCKET]"),
+    socket: str | None = typer.Option(None, help=SOCKET_HELP),
 ) -> None:
-    """Print the daemon's metrics."""
+    """Print the daemon's metrics (docs/METRICS.md)."""
     from uma.client import Client
 
     with _client_errors(), Client(socket) as client:
@@ -256,45 +331,86 @@ def metrics(
     Console().print(table)
 
 
-def _stderr_console():
-    from rich.console import Console
-
-    return Console(stderr=True)
-
-
 @app.command()
 def info() -> None:
     """The backends compiled into this build and llama.cpp's view of the machine."""
     from uma import _core
 
-    typer.echo(json.dumps({"backends": _core.backends(), "system": _core.system_info()}, indent=2))
+    typer.echo(json.dumps({"version": uma.__version__, "backends": _core.backends(),
+                           "system": _core.system_info()}, indent=2))
+
+
+@service_app.command("install")
+def service_install(
+    model: str | None = typer.Argument(None, help="GGUF model to serve",
+                                       show_default="the config file's, or the demo model"),
+    config: Path | None = typer.Option(None, "--config", "-c",
+                                       help="TOML settings file the daemon reads"),
+    print_only: bool = typer.Option(False, "--print", help="print the unit instead of "
+                                                           "writing it"),
+) -> None:
+    """Write a systemd user unit (Linux) or a LaunchAgent (macOS) that starts `uma run` at
+    login with your settings, and say how to enable it."""
+    from uma import service
+
+    if config is not None and not config.is_file():
+        raise _fail(f"invalid --config: {config} is not a file", EXIT_USAGE)
+    args = [os.path.abspath(model)] if model else []
+    if config is not None:
+        args += ["--config", str(config.resolve())]
+    unit = service.unit_for(sys.platform, [sys.executable, "-m", "uma", "run", *args])
+    if print_only:
+        typer.echo(unit.text, nl=False)
+        return
+    try:
+        unit.path.parent.mkdir(parents=True, exist_ok=True)
+        unit.path.write_text(unit.text)
+    except OSError as exc:
+        raise _fail(f"cannot write {unit.path}: {exc.strerror}", EXIT_FAILED) from exc
+    typer.echo(f"wrote {unit.path}\nstart it now and at every login with:\n  {unit.enable}")
+
+
+@service_app.command("uninstall")
+def service_uninstall() -> None:
+    """Remove the unit `uma service install` wrote (stop the daemon first, as shown)."""
+    from uma import service
+
+    unit = service.unit_for(sys.platform, [])
+    if not unit.path.exists():
+        raise _fail(f"no service installed ({unit.path} does not exist)", EXIT_FAILED)
+    unit.path.unlink()
+    typer.echo(f"removed {unit.path}\nif it is running, stop it with:\n  {unit.disable}")
 
 
 @model_app.command("synth")
 def model_synth(
-    preset: str = typer.Argument("tiny", help=f"One of: {', '.join(synth.PRESETS)}"),
+    preset: str = typer.Argument("tiny", help=f"one of: {', '.join(synth.PRESETS)}"),
     output: Path | None = typer.Option(
-        None, "--output", "-o", help="Where to write it (default: the model cache)"
-    ),
-    seed: int | None = typer.Option(None, help="Seed of the random weights"),
-    dtype: str | None = typer.Option(None, help="Weight type: f32, f16 or q8_0"),
+        None, "--output", "-o", help="where to write it", show_default="the model cache"),
+    seed: int | None = typer.Option(None, help="seed of the random weights",
+                                    show_default="the preset's"),
+    dtype: str | None = typer.Option(None, help="weight type: f32, f16 or q8_0",
+                                     show_default="the preset's"),
 ) -> None:
     """Write a synthetic GGUF model: a real architecture and tokenizer with seeded random
     weights. It runs at the speed of a real model of its shape; its text is gibberish."""
     if preset not in synth.PRESETS:
-        choices = ", ".join(synth.PRESETS)
-        raise typer.BadParameter(f"unknown preset {preset!r}; choose from {choices}")
+        raise _fail(f"unknown preset {preset!r}; choose from {', '.join(synth.PRESETS)}",
+                    EXIT_USAGE)
     changes = {k: v for k, v in (("seed", seed), ("dtype", dtype)) if v is not None}
     try:
         spec = dataclasses.replace(synth.PRESETS[preset], **changes)
     except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
-    path = synth.write_model(output, spec) if output else synth.cached_model(spec)
+        raise _fail(str(exc), EXIT_USAGE) from exc
+    try:
+        path = synth.write_model(output, spec) if output else synth.cached_model(spec)
+    except OSError as exc:
+        raise _fail(f"cannot write the model: {exc}", EXIT_FAILED) from exc
     typer.echo(str(path))
 
 
 @model_app.command("info")
-def model_info(path: Path = typer.Argument(..., help="A GGUF file")) -> None:
+def model_info(path: Path = typer.Argument(..., help="a GGUF file")) -> None:
     """Print a model's metadata as JSON."""
     from uma import _core
     from uma.errors import ModelLoadError
@@ -303,13 +419,31 @@ def model_info(path: Path = typer.Argument(..., help="A GGUF file")) -> None:
         with _core.Model(path) as model:
             typer.echo(json.dumps(model.info(), indent=2))
     except ModelLoadError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from exc
+        raise _fail(str(exc), EXIT_FAILED) from exc
 
 
-def main() -> None:
-    app()
+# click's exception classes, which newer typers vendor under a private name: BadParameter is
+# exported by every typer and is a UsageError, itself a ClickException.
+_UsageError = typer.BadParameter.__mro__[1]
+_ClickException = _UsageError.__mro__[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The `uma` console script. Usage errors exit EXIT_USAGE (click's own 2 is the design
+    notes' server error)."""
+    try:
+        code = app(args=argv, prog_name="uma", standalone_mode=False)
+    except _UsageError as exc:
+        exc.show()
+        code = EXIT_USAGE
+    except _ClickException as exc:
+        exc.show()
+        code = EXIT_FAILED
+    except (typer.Abort, KeyboardInterrupt):
+        typer.echo("", err=True)
+        code = EXIT_INTERRUPTED
+    return code if isinstance(code, int) else EXIT_OK
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -207,6 +207,10 @@ def _number(timings: dict, key: str) -> float:
     return _NAN if value is None else float(value)
 
 
+class DaemonNotRunning(ConnectionLost):
+    """No daemon answers at the socket path (no file, or one a dead daemon left)."""
+
+
 def _decode(decoder: FrameDecoder, data: bytes) -> list[dict]:
     try:
         return decoder.feed(data)
@@ -218,8 +222,8 @@ def _decode(decoder: FrameDecoder, data: bytes) -> list[dict]:
 def _no_daemon(path: str, exc: OSError) -> ConnectionLost:
     # Refused: a socket file left behind by a daemon that is gone.
     if isinstance(exc, (FileNotFoundError, ConnectionRefusedError)):
-        return ConnectionLost(f"no UMA daemon at {path}: start one with `uma run`")
-    return ConnectionLost(f"cannot connect to the UMA daemon at {path}: {exc}")
+        return DaemonNotRunning(f"no UMA daemon at {path}: start one with `uma run`")
+    return DaemonNotRunning(f"cannot connect to the UMA daemon at {path}: {exc}")
 
 
 class _Demux:
@@ -406,12 +410,17 @@ class Client(_Demux):
 
     # --- moving frames -------------------------------------------------------------------------
 
-    def _ask(self, kind: str) -> dict:
+    def stop(self) -> dict:
+        """Asks the daemon to stop gracefully, as SIGTERM does: in-flight requests get its grace
+        period. Returns its health as it begins to drain; it exits once drained."""
+        return self._ask("stop", "health")
+
+    def _ask(self, kind: str, answer: str | None = None) -> dict:
         with self._send_lock:
             rid = self._new_id(None)
             waiter = self._start(ClientStream(self, rid), {"type": kind, "id": rid})
         self._wait(lambda: waiter.done)
-        return waiter._reply(kind)
+        return waiter._reply(answer or kind)
 
     def _start(self, stream: ClientStream, msg: dict) -> ClientStream:
         # Registered before sending: another thread may read the answer at once.

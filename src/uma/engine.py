@@ -41,6 +41,19 @@ from uma.sched.state import Priority
 
 log = logging.getLogger("uma.engine")
 
+
+def rss_bytes() -> int:
+    """This process's resident memory: /proc on Linux, the peak (getrusage) elsewhere."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        import resource
+        import sys
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB else
+
 Prompt = str | Sequence[int] | np.ndarray | Sequence[dict]
 
 
@@ -90,6 +103,7 @@ class Engine:
                                   bmt=BmtModel.of(self.model, config.type_k),
                                   bmt_budget_gbps=self._bandwidth(config))
         self._submitted = self.metrics.counter("requests_submitted_total", "requests accepted")
+        self._ready = threading.Event()  # set once calibrated: requests are then served at once
         self._thread = threading.Thread(target=self._compute, name="uma-compute", daemon=True)
         self._thread.start()
 
@@ -204,6 +218,7 @@ class Engine:
         # decodes, and calibrating from the constructor's thread left a second pool behind
         # that made every later decode ~25 % slower (134M, 2 threads).
         ex.calibrate()
+        self._ready.set()
         while True:
             with self._cond:
                 while not (self._inbox or self._poked or self._closing or self._reprioritize
@@ -233,6 +248,16 @@ class Engine:
 
     # --- status and shutdown -------------------------------------------------------------------
 
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Waits until the engine has timed the device (a few seconds at start, see
+        `calibration`); requests submitted before then wait for it. True once ready."""
+        return self._ready.wait(timeout)
+
+    @property
+    def calibration(self) -> tuple[int, int]:
+        """(scratch decodes done, planned) of the start-up calibration, for progress."""
+        return self._executor.calibration
+
     def snapshot(self) -> dict[str, object]:
         """All metrics as a plain dict."""
         snap = self.metrics.snapshot()
@@ -240,6 +265,22 @@ class Engine:
         snap["n_ctx"] = self.ctx.n_ctx if not self.ctx.closed else 0
         snap["n_seq_max"] = self.config.n_seq_max
         return snap
+
+    def status(self) -> dict[str, object]:
+        """What `uma status` shows: slots, queue, load and memory. Safe from any thread."""
+        ex = self._executor
+        n_ctx = self.ctx.n_ctx if not self.ctx.closed else 0
+        return {
+            "model": os.path.basename(self.config.model),
+            "ready": self._ready.is_set(),
+            "slots": self.config.n_seq_max,
+            "running": len(ex.running),
+            "queued": ex.n_waiting + len(self._inbox),
+            "load": round(ex.load.value(time.monotonic()), 3),
+            "kv_cells": {"used": int(ex.m.kv_cells.value), "total": n_ctx},
+            "memory": {"rss_bytes": rss_bytes(), "model_bytes": self.model.size_bytes,
+                       "kv_bytes": int(ex.bmt.kv_bytes_per_pos * n_ctx) if ex.bmt else 0},
+        }
 
     def close(self, *, cancel: bool = True, timeout: float | None = None) -> None:
         """Stops the engine: in-flight requests end as 'cancelled' (or, with cancel=False,
@@ -249,6 +290,8 @@ class Engine:
                 return
             self._closing = "cancel" if cancel else "drain"
             self._cond.notify()
+        if cancel:  # a decode in flight (a long prompt on a CPU: up to a minute) stops now
+            self.ctx.abort()
         self._thread.join(timeout)
         if self._thread.is_alive():
             raise TimeoutError("the engine did not stop in time")

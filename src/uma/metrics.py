@@ -82,6 +82,32 @@ class Histogram:
         }
 
 
+class LoadMeter:
+    """The share of recent wall time spent busy, over a window of whole seconds: per-second
+    sums, so recording is two list writes (per tick) and reading sums the window."""
+
+    __slots__ = ("window", "_busy", "_second")
+
+    def __init__(self, window_s: int = 10) -> None:
+        self.window = window_s
+        self._busy = [0.0] * window_s
+        self._second = [-1] * window_s  # which second each slot holds
+
+    def add(self, busy_s: float, now: float) -> None:
+        second = int(now)
+        i = second % self.window
+        if self._second[i] != second:
+            self._second[i], self._busy[i] = second, 0.0
+        self._busy[i] += busy_s
+
+    def value(self, now: float) -> float:
+        """Busy share of the last `window` seconds (the current one counted in full)."""
+        second = int(now)
+        busy = sum(b for b, s in zip(self._busy, self._second, strict=True)
+                   if second - self.window < s <= second)
+        return min(1.0, busy / self.window)
+
+
 class Registry:
     """Named metrics; creating one twice returns the first."""
 

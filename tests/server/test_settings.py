@@ -28,8 +28,10 @@ def test_demo_model_and_default_socket(monkeypatch):
 
 @pytest.mark.parametrize(
     ("text", "match"),
-    [("ctx = [1]", "n_ctx"), ("nonsense = 1", "nonsense"), ("ctx = ", "TOML"),
-     ("max_tokens = 0", "max_tokens"), ("grace = -1", "grace_s")],
+    [("ctx = [1]", "invalid ctx in .*bad.toml: must be an integer"),
+     ("nonsense = 1", "nonsense"), ("ctx = ", "TOML"),
+     ("max_tokens = 0", "invalid max_tokens in .*bad.toml: must be in"),
+     ("grace = -1", "invalid grace in .*bad.toml: must be > 0")],
 )
 def test_bad_files_name_the_problem(tmp_path, text, match):
     conf = tmp_path / "bad.toml"
@@ -42,4 +44,4 @@ def test_missing_file_and_missing_model(tmp_path):
     with pytest.raises(InvalidRequestError, match="not found"):
         settings.read_file(tmp_path / "none.toml")
     with pytest.raises(InvalidRequestError, match="no model"):
-        settings.resolve([{"socket": "/tmp/s"}])
+        settings.resolve([{"socket": "/tmp/s"}], demo_model=None)

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from uma import _core
-from uma.errors import NoKVSlotError, UmaError
-from uma.metrics import Registry
+from uma.errors import DecodeAbortedError, NoKVSlotError, UmaError
+from uma.metrics import LoadMeter, Registry
 from uma.output import OutputStage
 from uma.request import Request
 from uma.sched.bmt import BmtModel
@@ -168,6 +168,8 @@ class Executor:
         self._cache_read = self._prompt_attended = 0
         self._background_prompt = False
         self.spread = TickSpread()
+        self.load = LoadMeter()  # the compute thread's busy share (uma status)
+        self.calibration = (0, 0)  # scratch decodes done and planned (calibrate's progress)
         # The batch's sequences as decode rows, and their attention: what the streams' ticks
         # alone are measured against (a stream's new prompt counted as the row it will be).
         self._solo = (0, 0)
@@ -175,6 +177,10 @@ class Executor:
         # Set to a list to record (prefill tokens, decode tokens, decode s, sample s, tick s,
         # llama_decode s, plan) of every tick, for profiling and tests; None costs nothing.
         self.trace: list[tuple] | None = None
+
+    # A device this slow at one decode row gets the short calibration (a 1B f16 model on two
+    # CPU cores: ~60 ms a row, 11.5 s for the full schedule, 3 s for the short one).
+    SLOW_ROW_MS = 30.0
 
     def calibrate(self, passes: int = 2) -> None:
         """Times scratch batches of a few shapes (decode rows; one-token, short and long prompt
@@ -193,29 +199,44 @@ class Executor:
         small = min(8, chunk)
         depth = max(0, min(4 * chunk, self.batch.capacity, self.n_ctx_seq - chunk - 1))
         tokens = (np.arange(max(chunk, depth), dtype=np.int32) * 7919 + 1) % self.model.n_vocab
+        shallow = [(0, 1), (0, n_rows), (1, 0), (small, 0), (chunk, 0)]
+        deep = [(1, 0), (small, 0), (0, 1)]
+        runs = 3
+        self.calibration = (0, 2 + passes * runs * (len(shallow) + len(deep)) + 1)
         ticks = []
         try:
-            ticks += self._time_shapes(
-                tokens, [(0, 1), (0, n_rows), (1, 0), (small, 0), (chunk, 0)], passes)
+            # On a slow device (an 8B model on a laptop CPU: ~1 s a decode row) the full
+            # schedule took 50 s before the first request could be answered: there, each shape
+            # runs twice in one pass (no graph capture to wait out on a CPU), not so deep. The
+            # probe's first decode pays one-off costs, its second does not.
+            probe = [self._scratch(tokens[:0], 1, 0) for _ in range(2)]
+            if probe[-1] > self.SLOW_ROW_MS:
+                passes, runs = 1, 2
+                chunk = min(chunk, 32)
+                depth = min(depth, 2 * chunk)
+                shallow[-1] = (chunk, 0)
+                self.calibration = (2, 2 + passes * runs * (len(shallow) + len(deep)) + 1)
+            ticks += self._time_shapes(tokens, shallow, passes, runs)
             if depth:  # sequence 0 holds `depth` positions while the deep shapes run
                 self._scratch(tokens[:depth], 0, 0, keep=True)
-                ticks += self._time_shapes(tokens, [(1, 0), (small, 0), (0, 1)], passes, depth)
+                ticks += self._time_shapes(tokens, deep, passes, runs, depth)
         except UmaError:
-            return  # a context too small to try: the generic prior stays
+            return  # a context too small to try, or the engine closing: the generic prior
         finally:
             self.ctx.seq_rm(0)
+            self.calibration = (self.calibration[1], self.calibration[1])
         self.cost.calibrate(ticks)
 
     def _time_shapes(self, tokens: np.ndarray, shapes: list[tuple[int, int]], passes: int,
-                     depth: int = 0) -> list[tuple[int, int, int, int, float]]:
+                     runs: int, depth: int = 0) -> list[tuple[int, int, int, int, float]]:
         """(prompt tokens, decode rows, cache positions read, prompt's attended, ms) of each shape,
         `passes` times, with sequence 0 `depth` positions deep."""
         ticks = []
         for _ in range(passes):
             for n_prompt, rows in shapes:
                 # A shape's first runs pay for what a new shape costs once (allocation, a
-                # GPU's graph capture); its third is what steady ticks of it take.
-                for _ in range(3):
+                # GPU's graph capture); its last is what steady ticks of it take.
+                for _ in range(runs):
                     ms = self._scratch(tokens[:n_prompt], rows, depth)
                 read = (attended(depth, 1) + rows - 1 if rows else 0) + (depth if n_prompt else 0)
                 ticks.append((n_prompt, rows, read, attended(depth, n_prompt), ms))
@@ -236,6 +257,7 @@ class Executor:
             self.ctx.decode(batch)
             return (time.perf_counter() - t0) * 1e3
         finally:
+            self.calibration = (self.calibration[0] + 1, self.calibration[1])
             if not keep:
                 for seq in range(max(rows, 1)):
                     self.ctx.seq_rm(seq, depth if seq == 0 else -1)
@@ -438,6 +460,10 @@ class Executor:
                 if not plan.items:
                     return Ran(plan, time.perf_counter() - t0)
                 plan = self.build(plan)
+            except DecodeAbortedError:
+                # The engine is shutting down (Context.abort): nothing ran, nobody is to blame.
+                self._roll_back(plan.items)
+                return Ran(Plan.empty(), time.perf_counter() - t0)
             except UmaError as exc:
                 return self._isolate(plan, exc, t0)
         t1 = time.perf_counter()
@@ -447,6 +473,14 @@ class Executor:
         if len(seqs) != n_out:  # some rows failed to sample: their requests have ended
             plan = dataclasses.replace(plan, items=self._live(plan.items))
         return Ran(plan, t1 - t0, time.perf_counter() - t1, seqs, tokens, logprobs)
+
+    def _roll_back(self, items: tuple[BatchItem, ...]) -> None:
+        """Removes from the cache what a failed decode of items may have kept (its first
+        micro-batches): each sequence is left where the tick found it."""
+        for item in items:
+            req = self.running.get(item.seq_id)
+            if req is not None:
+                self.ctx.seq_rm(item.seq_id, req.n_past)
 
     def _live(self, items: tuple[BatchItem, ...]) -> tuple[BatchItem, ...]:
         return tuple(i for i in items if i.seq_id in self.running)
@@ -486,10 +520,7 @@ class Executor:
         todo = [(plan.items, exc)]
         while todo:
             items, error = todo.pop()
-            for item in items:
-                req = self.running.get(item.seq_id)
-                if req is not None:
-                    self.ctx.seq_rm(item.seq_id, req.n_past)
+            self._roll_back(items)
             items = self._live(items)
             if not items:
                 continue
@@ -503,6 +534,9 @@ class Executor:
                 part = tuple(self._fill(part))
                 try:
                     n_out = self.ctx.decode(self.batch) if part else 0
+                except DecodeAbortedError:
+                    self._roll_back(part)  # shutting down: left as it was
+                    continue
                 except UmaError as sub:
                     todo.append((part, sub))
                     continue
@@ -628,6 +662,7 @@ class Executor:
         m.decode_time.inc(decode_s)
         m.sample_time.inc(sample_s)
         m.tick_time.inc(tick_s)
+        self.load.add(tick_s, time.monotonic())
         m.tokens_decode.set(n_decode)
         m.tokens_prefill.set(n_prefill)
         m.batch_tokens.observe(plan.n_tokens)

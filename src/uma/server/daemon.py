@@ -18,10 +18,12 @@ import selectors
 import socket
 import stat
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import uma
 from uma import _core
 from uma.config import ServerConfig
 from uma.engine import Engine
@@ -38,6 +40,10 @@ _READ_CHUNK = 1 << 16
 
 class SocketInUseError(UmaError):
     """Another daemon is serving on the socket path, or the path is not a socket."""
+
+
+class SocketPathError(UmaError):
+    """The socket cannot be created where it was asked for."""
 
 
 class _Entry:
@@ -80,7 +86,10 @@ class _Stats:
 class Daemon:
     """Serves `engine` on `config.socket` until stop() (or a signal that calls it)."""
 
-    def __init__(self, engine: Engine, config: ServerConfig) -> None:
+    def __init__(self, engine: Engine, config: ServerConfig,
+                 listener: socket.socket | None = None) -> None:
+        """listener: the socket from bind_socket(config.socket), bound before the model
+        loaded; None binds it in bind()."""
         self.engine = engine
         self.config = config
         self.limits = P.RequestLimits(
@@ -95,7 +104,8 @@ class Daemon:
         self._wake_pending = False
         self._wake_r, self._wake_w = _make_waker()
         self._stopping = False
-        self._listener: socket.socket | None = None
+        self._listener = listener
+        self._registered = False
         self._submitter = ThreadPoolExecutor(2, thread_name_prefix="uma-submit")
         self._started = time.monotonic()
         self.stats = _Stats()
@@ -103,34 +113,12 @@ class Daemon:
     # --- lifecycle ---------------------------------------------------------------------------
 
     def bind(self) -> None:
-        """Creates the socket (mode 0600). A stale file from a dead daemon is replaced; a live
-        daemon's socket, or a path that is not a socket, is left alone with an error."""
-        path = self.config.socket
-        if os.path.lexists(path):
-            if not stat.S_ISSOCK(os.lstat(path).st_mode):
-                raise SocketInUseError(f"{path} exists and is not a socket; not touching it")
-            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                probe.connect(path)
-            except (ConnectionRefusedError, FileNotFoundError):
-                os.unlink(path)  # nobody listens: left over by a daemon that died
-            else:
-                raise SocketInUseError(f"another UMA daemon is serving on {path}")
-            finally:
-                probe.close()
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old = os.umask(0o177)  # the socket file is born 0600: no window where others may connect
-        try:
-            sock.bind(path)
-        finally:
-            os.umask(old)
-        os.chmod(path, 0o600)
-        sock.listen(128)
-        sock.setblocking(False)
-        self._listener = sock
-        self._sel.register(sock, selectors.EVENT_READ, "accept")
+        """Creates the socket now (bind_socket), unless it was given."""
+        if self._listener is None:
+            self._listener = bind_socket(self.config.socket)
+        self._sel.register(self._listener, selectors.EVENT_READ, "accept")
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._registered = True
 
     def stop(self) -> None:
         """Begins a graceful shutdown. Safe from signal handlers and other threads."""
@@ -138,7 +126,7 @@ class Daemon:
         self._wake()
 
     def serve_forever(self) -> None:
-        if self._listener is None:
+        if not self._registered:
             self.bind()
         # The compute thread needs the GIL back after every decode; with the poll loop, the
         # output thread and the HTTP gateway runnable, Python's default 5 ms switch interval
@@ -318,6 +306,10 @@ class Daemon:
         elif isinstance(req, P.MetricsRequest):
             self._send(conn, P.metrics_event(req.id, self.metrics()))
         elif isinstance(req, P.HealthRequest):
+            self._send(conn, P.health_event(req.id, self.health()))
+        elif isinstance(req, P.StopRequest):
+            log.info("stop requested over the socket")
+            self.stop()
             self._send(conn, P.health_event(req.id, self.health()))
 
     def _entry(self, conn: _Connection, request_id: str) -> _Entry | None:
@@ -508,12 +500,15 @@ class Daemon:
         return snap
 
     def health(self) -> dict:
+        """Whether it serves, and what `uma status` shows: the engine's slots, queue, load
+        and memory, with the daemon's own figures."""
         return {
+            **self.engine.status(),
             "status": "draining" if self._stopping else "ok",
-            "model": os.path.basename(self.engine.config.model),
             "uptime_s": round(time.monotonic() - self._started, 3),
             "connections": len(self._conns), "requests_in_flight": self._in_flight(),
             "backends": list(_core.backends()), "pid": os.getpid(),
+            "socket": self.config.socket, "version": uma.__version__,
         }
 
     def _in_flight(self) -> int:
@@ -574,6 +569,61 @@ class Daemon:
                 os.eventfd_write(self._wake_w, 1)
             else:
                 os.write(self._wake_w, b"\0")
+
+
+def bind_socket(path: str) -> socket.socket:
+    """The daemon's listening socket at path, mode 0600, non-blocking. A stale file from a dead
+    daemon is replaced; a live daemon's socket, or a path that is not a socket, is left alone
+    with an error. A missing parent directory is created (0700) only where it is the user's
+    own: under their home, their runtime directory or the temporary directory."""
+    if os.path.lexists(path):
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise SocketInUseError(f"{path} exists and is not a socket; not touching it")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(path)
+        except (ConnectionRefusedError, FileNotFoundError):
+            os.unlink(path)  # nobody listens: left over by a daemon that died
+        else:
+            raise SocketInUseError(f"another UMA daemon is serving on {path}")
+        finally:
+            probe.close()
+    _make_socket_dir(os.path.dirname(os.path.abspath(path)))
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)  # the socket file is born 0600: no window where others may connect
+    try:
+        sock.bind(path)
+    except OSError as exc:
+        sock.close()
+        raise SocketPathError(f"cannot create the socket {path}: {exc.strerror}") from None
+    finally:
+        os.umask(old)
+    os.chmod(path, 0o600)
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+def _make_socket_dir(directory: str) -> None:
+    if os.path.isdir(directory):
+        return
+    own = [os.path.expanduser("~"), os.environ.get("XDG_RUNTIME_DIR"), tempfile.gettempdir()]
+    if not any(root and _inside(directory, root) for root in own):
+        raise SocketPathError(
+            f"the socket's directory {directory} does not exist; create it, or choose a socket "
+            f"path in an existing directory (it is created only under your home, your runtime "
+            f"directory or {tempfile.gettempdir()})")
+    try:
+        os.makedirs(directory, mode=0o700)
+    except OSError as exc:
+        raise SocketPathError(f"cannot create the socket's directory {directory}: "
+                              f"{exc.strerror}") from None
+
+
+def _inside(path: str, root: str) -> bool:
+    root = os.path.realpath(root)
+    return os.path.commonpath([os.path.realpath(path), root]) == root and \
+        os.path.realpath(path) != root
 
 
 def _make_waker() -> tuple[int, int]:

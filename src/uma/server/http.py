@@ -263,10 +263,16 @@ class HttpGateway:
     config.grace_s, then are cancelled) and joins the thread."""
 
     def __init__(self, engine: Engine, config: ServerConfig,
-                 metrics_source: Iterable[prometheus.Metric] | None = None) -> None:
+                 metrics_source: Iterable[prometheus.Metric] | None = None,
+                 sock: socket.socket | None = None) -> None:
+        """sock: the listening socket from bind_http(config.http), bound before the model
+        loaded; None binds it in start()."""
         if config.http is None:
             raise InvalidRequestError("the config has no http address")
         self.host, self.port = parse_http_address(config.http)
+        self._sock = sock
+        if sock is not None:
+            self.port = sock.getsockname()[1]
         self.app = create_app(engine, config, metrics_source)
         self._grace = config.grace_s
         self._max_connections = config.http_max_connections
@@ -281,10 +287,11 @@ class HttpGateway:
         return f"http://{host}:{self.port}"
 
     def start(self, timeout: float = 30.0) -> None:
-        """Binds (OSError if the port is taken) and starts serving."""
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        """Binds unless bound already (OSError if the port is taken) and starts serving."""
         # Bound here, not on the thread, so a taken port fails the caller and port 0 is known.
-        sock = socket.create_server((self.host, self.port), family=family)
+        sock = self._sock or bind_http(f"[{self.host}]:{self.port}" if ":" in self.host
+                                       else f"{self.host}:{self.port}")
+        self._sock = None
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(
             self.app, lifespan="off", log_config=None, log_level="warning", access_log=False,
@@ -352,6 +359,13 @@ class _Server(uvicorn.Server):
         await super().startup(sockets)
         self.loop = asyncio.get_running_loop()
         self.ready.set()
+
+
+def bind_http(address: str) -> socket.socket:
+    """A listening TCP socket on 'host:port' (OSError if the port is taken)."""
+    host, port = parse_http_address(address)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family)
 
 
 # --- helpers ---------------------------------------------------------------------------------

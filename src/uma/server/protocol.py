@@ -169,8 +169,16 @@ class HealthRequest:
     id: str | None = None  # echoed in the answer when given
 
 
+@dataclass(frozen=True, slots=True)
+class StopRequest:
+    """Stop the daemon gracefully, as SIGTERM does (`uma stop`); answered with a health event
+    (status 'draining'). Only the socket's owner can connect, so only they can stop it."""
+
+    id: str | None = None  # echoed in the answer when given
+
+
 Request = (GenerateRequest | CancelRequest | PriorityRequest | ConfigureRequest | MetricsRequest
-           | HealthRequest)
+           | HealthRequest | StopRequest)
 
 _SAMPLER_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "frequency_penalty",
@@ -187,6 +195,7 @@ _FIELDS = {
     "configure": frozenset({"type", "priority"}),
     "metrics": frozenset({"type", "id"}),
     "health": frozenset({"type", "id"}),
+    "stop": frozenset({"type", "id"}),
 }
 _MESSAGE_FIELDS = ("role", "content")
 
@@ -222,6 +231,8 @@ def parse_request(msg: dict, limits: RequestLimits,
             return ConfigureRequest(_required_priority(msg))
         if kind == "metrics":
             return MetricsRequest(_id(msg, required=False))
+        if kind == "stop":
+            return StopRequest(_id(msg, required=False))
         return HealthRequest(_id(msg, required=False))
     except ProtocolError as exc:
         exc.request_id = request_id

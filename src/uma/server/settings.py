@@ -1,5 +1,6 @@
-"""The daemon's settings from a TOML file, environment variables and flags, in that order of
-increasing precedence, checked and split into an EngineConfig and a ServerConfig.
+"""The daemon's settings: one table of every setting, read from a TOML file, environment
+variables and flags, in that order of increasing precedence, checked and split into an
+EngineConfig and a ServerConfig.
 
 Every source uses the same names (the `uma run` options with underscores), e.g.::
 
@@ -9,6 +10,10 @@ Every source uses the same names (the `uma run` options with underscores), e.g.:
     parallel = 8
     socket = "/run/user/1000/uma.sock"
     max_tokens = 2048
+
+The table (SETTINGS) is where `uma run --help`, `uma config`, the environment's parsing and the
+errors get their names, types and defaults; docs/CONFIG.md is checked against it. An error
+names the setting as the user gave it: `--ctx`, `UMA_CTX` or `ctx in uma.toml`.
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from uma.client import default_socket_path
 from uma.config import EngineConfig, ServerConfig
@@ -27,115 +33,293 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-# setting name -> (which config, its field)
-_ENGINE = {
-    "model": "model", "ctx": "n_ctx", "parallel": "n_seq_max", "batch": "n_batch",
-    "ubatch": "n_ubatch", "threads": "n_threads", "threads_batch": "n_threads_batch",
-    "gpu_layers": "n_gpu_layers", "kv_unified": "kv_unified", "type_k": "type_k",
-    "type_v": "type_v", "flash_attn": "flash_attn", "policy": "policy",
-    "tick_ms": "tick_target_ms", "max_queue": "max_queue", "latency_cap": "latency_cap",
-    "tick_budget_ms": "tick_budget_ms", "bmt_budget": "bmt_budget_gbps",
-}
-_SERVER = {
-    "socket": "socket", "max_connections": "max_connections", "max_inflight": "max_inflight",
-    "max_prompt_bytes": "max_prompt_bytes", "max_tokens": "max_tokens",
-    "default_max_tokens": "default_max_tokens", "idle_timeout": "idle_timeout_s",
-    "max_frame_bytes": "max_frame_bytes", "max_outbuf_bytes": "max_outbuf_bytes",
-    "grace": "grace_s", "http": "http", "api_key": "api_key", "allow_public": "allow_public",
-    "max_input_bytes": "max_input_bytes", "frame_timeout": "frame_timeout_s",
-    "http_max_connections": "http_max_connections",
-    "http_header_timeout": "http_header_timeout_s", "http_body_timeout": "http_body_timeout_s",
-    "http_max_body_bytes": "http_max_body_bytes",
-}
-# kv_type sets type_k and type_v; log_level is the CLI's; api_key_file is read into api_key.
-_OTHER = {"kv_type", "log_level", "api_key_file"}
-# Kept as given in the environment: an API key or address of digits is still text.
-_TEXT = {"api_key", "api_key_file", "http"}
-NAMES = frozenset(_ENGINE) | frozenset(_SERVER) | _OTHER
+
+@dataclass(frozen=True)
+class Setting:
+    name: str  # TOML key; UMA_<NAME> in the environment; --name (dashes) as a flag
+    kind: type  # int, float, bool or str
+    default: str  # as shown in --help, `uma config` and docs/CONFIG.md
+    help: str
+    config: str = ""  # "engine" or "server": the dataclass it fills; "" for the CLI's own
+    field: str = ""  # that dataclass's field (default: the name)
+    flag: bool = True  # has a `uma run` flag
+
+    @property
+    def env(self) -> str:
+        return f"UMA_{self.name.upper()}"
+
+    @property
+    def option(self) -> str:
+        return "--" + self.name.replace("_", "-")
 
 
-@dataclasses.dataclass(frozen=True)
+def _e(name, kind, default, help, field="", flag=True):
+    return Setting(name, kind, default, help, "engine", field or name, flag)
+
+
+def _s(name, kind, default, help, field="", flag=True):
+    return Setting(name, kind, default, help, "server", field or name, flag)
+
+
+SETTINGS: tuple[Setting, ...] = (
+    _e("model", str, "the built-in demo model", "GGUF model file to serve", flag=False),
+    _e("ctx", int, "4096", "KV cache positions in all", "n_ctx"),
+    _e("parallel", int, "8", "requests decoded at once", "n_seq_max"),
+    _e("batch", int, "512", "most tokens per decode call", "n_batch"),
+    _e("ubatch", int, "= batch", "most tokens per compute step", "n_ubatch"),
+    _e("threads", int, "the cores available, at most 16", "CPU threads", "n_threads"),
+    _e("threads_batch", int, "= threads", "CPU threads for prompt batches", "n_threads_batch",
+       flag=False),
+    _e("gpu_layers", int, "-1 (all)", "layers offloaded to the GPU", "n_gpu_layers"),
+    Setting("kv_type", str, "f16", "KV cache type: f32, f16, bf16, q8_0, q5_1, q5_0, q4_1 or "
+            "q4_0 (sets type_k and type_v)"),
+    _e("type_k", str, "f16", "K cache type (kv_type sets both)", flag=False),
+    _e("type_v", str, "f16", "V cache type (kv_type sets both)", flag=False),
+    _e("kv_unified", bool, "on", "one KV buffer shared by all requests"),
+    _e("flash_attn", str, "auto", "flash attention: auto, on or off"),
+    _e("policy", str, "slo", "scheduling policy: slo or baseline"),
+    _e("tick_ms", float, "30", "baseline policy: tick time budget in ms", "tick_target_ms"),
+    _e("latency_cap", float, "1.2",
+       "slo: interactive tick time allowed relative to their own"),
+    _e("tick_budget_ms", float, "none", "slo: a fixed tick budget in ms instead of the cap"),
+    _e("bmt_budget", float, "probed on CPU, off on GPUs",
+       "slo: memory bandwidth for ticks in GB/s (0: off)", "bmt_budget_gbps"),
+    _e("max_queue", int, "1024", "requests waiting beyond this are refused", flag=False),
+    _s("socket", str, "$XDG_RUNTIME_DIR/uma.sock, else /tmp/uma-$UID.sock",
+       "Unix socket path"),
+    _s("max_connections", int, "64", "socket connections at once"),
+    _s("max_inflight", int, "16", "requests in flight per connection"),
+    _s("max_prompt_bytes", int, "1048576", "UTF-8 bytes of a prompt"),
+    _s("max_tokens", int, "4096", "cap on a request's max_tokens"),
+    _s("default_max_tokens", int, "256", "max_tokens of requests that name none", flag=False),
+    _s("idle_timeout", float, "300", "seconds before a client with no request is closed",
+       "idle_timeout_s"),
+    _s("max_frame_bytes", int, "2 x max_prompt_bytes + 64 KiB", "largest request frame"),
+    _s("max_input_bytes", int, "33554432",
+       "request bytes buffered across all connections"),
+    _s("frame_timeout", float, "30", "seconds a request frame may take to arrive whole",
+       "frame_timeout_s"),
+    _s("max_outbuf_bytes", int, "8388608",
+       "output a slow reader may fall behind before it is dropped", flag=False),
+    _s("grace", float, "5", "seconds in-flight requests get on SIGINT/SIGTERM", "grace_s"),
+    Setting("log_level", str, "warn", "none, error, warn, info or debug"),
+    _s("http", str, "off", "also serve the OpenAI-compatible HTTP API on HOST:PORT"),
+    _s("api_key", str, "none", "require 'Authorization: Bearer KEY' on /v1 (visible in ps: "
+       "prefer --api-key-file or UMA_API_KEY)"),
+    Setting("api_key_file", str, "none", "read the API key from this file"),
+    _s("allow_public", bool, "off", "allow --http beyond loopback without an API key"),
+    _s("http_max_connections", int, "64", "HTTP connections at once; more are answered 503"),
+    _s("http_header_timeout", float, "10", "seconds a request's headers may take to arrive",
+       "http_header_timeout_s"),
+    _s("http_body_timeout", float, "30", "seconds a request's body may take to arrive",
+       "http_body_timeout_s"),
+    _s("http_max_body_bytes", int, "2 x max_prompt_bytes + 64 KiB", "largest request body"),
+)
+BY_NAME = {s.name: s for s in SETTINGS}
+NAMES = frozenset(BY_NAME)
+DEMO_MODEL = "<the built-in demo model>"  # stands for it until the settings are valid
+
+
+@dataclass(frozen=True)
+class Source:
+    """Settings from one place. kind: 'file', 'env' or 'flag'; where: the file's path."""
+
+    kind: str
+    values: Mapping[str, object]
+    where: str = ""
+
+    def label(self, name: str) -> str:
+        """How the user wrote the setting here, for messages and `uma config`."""
+        if self.kind == "file":
+            return f"{name} in {self.where}"
+        if self.kind == "env":
+            return BY_NAME[name].env
+        return BY_NAME[name].option
+
+
+DEFAULT = Source("default", {})
+
+
+@dataclass(frozen=True)
 class Settings:
     engine: EngineConfig
     server: ServerConfig
     log_level: str = "warn"
+    origins: Mapping[str, Source] = dataclasses.field(default_factory=dict)  # per setting
+
+    def table(self) -> list[tuple[str, object, str]]:
+        """(setting, effective value, where it came from) for every setting."""
+        rows = []
+        for s in SETTINGS:
+            if s.name in ("kv_type", "api_key_file"):
+                continue  # shown as type_k/type_v and api_key
+            if s.config:
+                value = getattr(self.engine if s.config == "engine" else self.server, s.field)
+            else:
+                value = self.log_level
+            if s.name == "api_key" and value is not None:
+                value = "(set)"
+            origin = self.origins.get(s.name, DEFAULT)
+            where = "default" if origin.kind == "default" else origin.label(
+                _given_as(s.name, origin))
+            rows.append((s.name, value, where))
+        return rows
 
 
-def read_file(path: str | os.PathLike) -> dict[str, object]:
-    """A TOML settings file as a dict; unknown keys are errors that name the key."""
+def flags(values: Mapping[str, object]) -> Source:
+    """`uma run`'s flags (None: not given)."""
+    return Source("flag", {k: v for k, v in values.items() if k in NAMES and v is not None})
+
+
+def read_file(path: str | os.PathLike) -> Source:
+    """A TOML settings file; unknown keys are errors that name the key."""
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
     except FileNotFoundError:
         raise InvalidRequestError(f"config file not found: {path}") from None
+    except IsADirectoryError:
+        raise InvalidRequestError(f"config file {path} is a directory") from None
     except tomllib.TOMLDecodeError as exc:
         raise InvalidRequestError(f"{path} is not valid TOML: {exc}") from None
     unknown = sorted(set(data) - NAMES)
     if unknown:
         raise InvalidRequestError(
             f"{path}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(NAMES))}")
-    return data
+    source = Source("file", data, os.fspath(path))
+    for name, value in data.items():
+        _check_kind(name, value, source)
+    return source
 
 
-def resolve(sources: list[Mapping[str, object]], demo_model: str | None = None) -> Settings:
-    """Merges sources (later ones win; None values are 'not given') into checked configs."""
+def from_environment(environ: Mapping[str, str] = os.environ) -> Source:
+    """UMA_<NAME> variables (UMA_CTX=8192, UMA_SOCKET=...), each read as its setting's type."""
+    source = Source("env", {})
+    values = {}
+    for s in SETTINGS:
+        raw = environ.get(s.env)
+        if raw is not None:
+            values[s.name] = _parse(s, raw, source)
+    return dataclasses.replace(source, values=values)
+
+
+def resolve(sources: Iterable[Source | Mapping[str, object]],
+            demo_model: str | None = DEMO_MODEL) -> Settings:
+    """Merges sources (later ones win) into checked configs. A plain mapping counts as flags.
+    Without a model, demo_model (None: 'no model given' is an error)."""
     merged: dict[str, object] = {}
+    origins: dict[str, Source] = {}
     for source in sources:
-        merged.update({k: v for k, v in source.items() if v is not None})
+        if not isinstance(source, Source):
+            source = flags(source)
+        for name, value in source.values.items():
+            if value is not None:
+                merged[name], origins[name] = value, source
     if "kv_type" in merged:
         kv = merged.pop("kv_type")
-        merged.setdefault("type_k", kv)
-        merged.setdefault("type_v", kv)
-    if "model" not in merged and demo_model is not None:
-        merged["model"] = demo_model
+        for name in ("type_k", "type_v"):
+            if name not in merged:
+                merged[name], origins[name] = kv, origins["kv_type"]
     if "model" not in merged:
-        raise InvalidRequestError("no model given")
+        if demo_model is None:
+            raise InvalidRequestError("no model given")
+        merged["model"] = demo_model
     merged["model"] = os.path.expanduser(str(merged["model"]))
     merged.setdefault("socket", default_socket_path())
     merged["socket"] = os.path.expanduser(str(merged["socket"]))
     log_level = str(merged.pop("log_level", "warn"))
+    if log_level not in ("none", "error", "warn", "info", "debug"):
+        raise _named("log_level", origins, "must be none, error, warn, info or debug, "
+                                           f"not {log_level!r}")
     if "api_key_file" in merged:
         if "api_key" in merged:
-            raise InvalidRequestError("give api_key or api_key_file, not both")
-        merged["api_key"] = _read_key(str(merged.pop("api_key_file")))
-    engine = EngineConfig(**{_ENGINE[k]: v for k, v in merged.items() if k in _ENGINE})
-    server = ServerConfig(**{_SERVER[k]: v for k, v in merged.items() if k in _SERVER})
-    return Settings(engine, server, log_level)
+            raise InvalidRequestError(
+                f"give {_label('api_key', origins)} or {_label('api_key_file', origins)}, "
+                f"not both")
+        merged["api_key"] = _read_key(str(merged.pop("api_key_file")), origins)
+        origins["api_key"] = origins["api_key_file"]
+    configs = {}
+    for which, cls in (("engine", EngineConfig), ("server", ServerConfig)):
+        fields = {s.field: merged[s.name] for s in SETTINGS
+                  if s.config == which and s.name in merged}
+        try:
+            configs[which] = cls(**fields)
+        except InvalidRequestError as exc:
+            raise _rename(str(exc), which, origins) from None
+    return Settings(configs["engine"], configs["server"], log_level, origins)
 
 
-def from_environment(environ: Mapping[str, str] = os.environ) -> dict[str, object]:
-    """UMA_<NAME> variables (UMA_CTX=8192, UMA_SOCKET=...), converted like the file's values:
-    integers, floats, true/false, or text."""
-    out: dict[str, object] = {}
-    for name in NAMES:
-        raw = environ.get(f"UMA_{name.upper()}")
-        if raw is not None:
-            out[name] = raw if name in _TEXT else _parse_scalar(raw)
-    return out
+# --- helpers -------------------------------------------------------------------------------------
 
 
-def _read_key(path: str) -> str:
+def _given_as(name: str, origin: Source) -> str:
+    # type_k and type_v set through kv_type are shown as the user wrote them
+    if name in ("type_k", "type_v") and "kv_type" in origin.values and name not in origin.values:
+        return "kv_type"
+    if name == "api_key" and "api_key_file" in origin.values:
+        return "api_key_file"
+    return name
+
+
+def _label(name: str, origins: Mapping[str, Source]) -> str:
+    origin = origins.get(name)
+    return name if origin is None else origin.label(_given_as(name, origin))
+
+
+def _named(name: str, origins: Mapping[str, Source], problem: str) -> InvalidRequestError:
+    return InvalidRequestError(f"invalid {_label(name, origins)}: {problem}")
+
+
+def _rename(message: str, which: str, origins: Mapping[str, Source]) -> InvalidRequestError:
+    """A config dataclass's message ('n_ctx must be ...') in the user's words ('invalid --ctx:
+    must be ...')."""
+    word = message.split(" ", 1)[0]
+    for s in SETTINGS:
+        if s.config == which and s.field == word:
+            return _named(s.name, origins, message[len(word):].strip())
+    return InvalidRequestError(message)
+
+
+def _check_kind(name: str, value: object, source: Source) -> None:
+    kind = BY_NAME[name].kind
+    ok = (type(value) is kind) or (kind is float and type(value) is int)
+    if not ok:
+        expected = {int: "an integer", float: "a number", bool: "true or false",
+                    str: "text"}[kind]
+        raise InvalidRequestError(f"invalid {source.label(name)}: must be {expected}, not "
+                                  f"{value!r}")
+
+
+def _parse(setting: Setting, raw: str, source: Source) -> object:
+    text = raw.strip()
+    try:
+        if setting.kind is bool:
+            lowered = text.lower()
+            if lowered in ("true", "yes", "on", "1"):
+                return True
+            if lowered in ("false", "no", "off", "0"):
+                return False
+            raise ValueError
+        if setting.kind is int:
+            return int(text)
+        if setting.kind is float:
+            return float(text)
+    except ValueError:
+        expected = {int: "an integer", float: "a number", bool: "true or false"}[setting.kind]
+        raise InvalidRequestError(f"invalid {source.label(setting.name)}: must be {expected}, "
+                                  f"not {raw!r}") from None
+    return raw
+
+
+def _read_key(path: str, origins: Mapping[str, Source]) -> str:
     """The API key in a file (a key file keeps it out of `ps` and shell history); the trailing
     newline an editor adds is not part of it."""
     try:
         with open(os.path.expanduser(path), encoding="utf-8") as f:
             key = f.read().strip()
     except OSError as exc:
-        raise InvalidRequestError(f"cannot read the API key file {path}: {exc.strerror}") from None
+        raise _named("api_key_file", origins,
+                     f"cannot read the API key file {path}: {exc.strerror}") from None
     if not key:
-        raise InvalidRequestError(f"the API key file {path} is empty")
+        raise _named("api_key_file", origins, f"the API key file {path} is empty")
     return key
-
-
-def _parse_scalar(raw: str) -> object:
-    lowered = raw.strip().lower()
-    if lowered in ("true", "yes", "on"):
-        return True
-    if lowered in ("false", "no", "off"):
-        return False
-    for convert in (int, float):
-        try:
-            return convert(raw)
-        except ValueError:
-            pass
-    return raw

@@ -1,0 +1,182 @@
+"""`uma run`: the daemon's life from checked settings to exit.
+
+The order is what makes the ready line true: the socket (and the HTTP port) are bound first, so
+a second daemon or a taken port fails in a moment rather than after a minute of loading; then
+the model loads and the engine times the device, each with progress on stderr; only then is
+`uma: serving ...` printed (and systemd told READY=1), and the first request is answered at
+warm speed. SIGINT and SIGTERM are honoured at every step: while loading (the load is
+cancelled), while timing (the decode in flight is aborted) and while serving (in-flight
+requests get the grace period).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+
+from uma import _core
+from uma.errors import UmaError
+from uma.server.settings import Settings
+
+log = logging.getLogger("uma.main")
+
+_LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WARNING,
+               "error": logging.ERROR, "none": logging.CRITICAL}
+
+
+def serve(conf: Settings, say=None) -> int:
+    """Runs the daemon until a signal; returns the exit code (0 after a clean stop, also when
+    stopped before it was ready; 1 when it could not start). say(text) writes a line to the
+    user (stderr)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from uma.engine import Engine
+    from uma.server.daemon import Daemon, bind_socket
+
+    say = say or (lambda text: print(text, file=sys.stderr, flush=True))
+    logging.basicConfig(level=_LOG_LEVELS[conf.log_level],
+                        format="uma: %(levelname)s %(name)s: %(message)s")
+    _core.set_log_level(conf.log_level if conf.log_level != "warn" else "error")
+    stopping = threading.Event()
+    engine = None
+
+    def on_signal(*_) -> None:
+        stopping.set()
+        if engine is not None:
+            _core.set_log_level("none")  # llama.cpp logs the aborted decode as an error
+            engine.ctx.abort()  # a calibration decode in flight ends now
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    # 1. The doors, before anything slow: a taken socket or port fails at once.
+    try:
+        listener = bind_socket(conf.server.socket)
+    except (UmaError, OSError) as exc:
+        say(f"uma: {exc}")
+        return 1
+    http_sock = None
+    if conf.server.http:
+        from uma.server.http import bind_http
+
+        try:
+            http_sock = bind_http(conf.server.http)
+        except OSError as exc:
+            _close_listener(listener, conf.server.socket)
+            say(f"uma: cannot serve HTTP on {conf.server.http}: {exc.strerror or exc}")
+            return 1
+
+    def abandon(code: int) -> int:
+        if http_sock is not None:
+            http_sock.close()
+        _close_listener(listener, conf.server.socket)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if code == 0:
+            say("uma: stopped before it was ready")
+        return code
+
+    # 2. The model and the device's timing, with progress: bars on a terminal, a line each
+    # in a log.
+    name = Path(conf.engine.model).name
+    console = Console(stderr=True)
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                      transient=True, console=console, disable=not console.is_terminal) as bar:
+            if not console.is_terminal:
+                say(f"uma: loading {name}")
+            load = bar.add_task(f"loading {name}", total=1.0)
+
+            def loading(fraction: float) -> bool:
+                bar.update(load, completed=fraction)
+                return not stopping.is_set()  # False cancels the load
+            engine = Engine.from_config(conf.engine, progress=loading)
+            if stopping.is_set():
+                engine.ctx.abort()
+            if not console.is_terminal:
+                say("uma: timing the device")
+            timing = bar.add_task("timing the device", total=1.0)
+            while not engine.wait_ready(0.1):
+                done, total = engine.calibration
+                bar.update(timing, completed=done / max(total, 1))
+    except UmaError as exc:
+        if stopping.is_set():
+            return abandon(0)
+        say(f"uma: {exc}")
+        return abandon(1)
+    if stopping.is_set():
+        engine.close()
+        return abandon(0)
+
+    # 3. Serving.
+    daemon = Daemon(engine, conf.server, listener=listener)
+    gateway = None
+    try:
+        if http_sock is not None:
+            from uma.server.http import HttpGateway
+
+            gateway = HttpGateway(engine, conf.server, sock=http_sock)
+            gateway.start()
+        daemon.bind()
+    except (UmaError, OSError) as exc:
+        engine.close()
+        say(f"uma: {exc}")
+        return abandon(1)
+
+    def stop(*_) -> None:
+        # Both doors drain at once, each with the grace period.
+        daemon.stop()
+        if gateway is not None:
+            gateway.stop_soon()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
+    if stopping.is_set():  # a signal between the last check and here
+        stop()
+    where = conf.server.socket + (f" and {gateway.url}" if gateway is not None else "")
+    say(f"uma: serving {name} on {where} (ctx {engine.ctx.n_ctx}, "
+        f"parallel {conf.engine.n_seq_max}, backends {','.join(_core.backends())}, "
+        f"pid {os.getpid()})")
+    notify_systemd("READY=1")
+    try:
+        daemon.serve_forever()
+    finally:
+        notify_systemd("STOPPING=1")
+        if gateway is not None:
+            try:
+                gateway.stop()
+            except TimeoutError as exc:
+                say(f"uma: {exc}; closing anyway")
+        engine.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    say("uma: stopped")
+    return 0
+
+
+def _close_listener(listener: socket.socket, path: str) -> None:
+    listener.close()
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def notify_systemd(state: str) -> None:
+    """Tells systemd (Type=notify units, uma service install) what the daemon is doing; a no-op
+    elsewhere. The protocol is one datagram to $NOTIFY_SOCKET (sd_notify(3))."""
+    path = os.environ.get("NOTIFY_SOCKET")
+    if not path:
+        return
+    if path.startswith("@"):  # an abstract socket
+        path = "\0" + path[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.connect(path)
+            sock.sendall(state.encode())
+    except OSError as exc:
+        log.warning("could not notify systemd (%s): %s", state, exc)
