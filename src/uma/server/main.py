@@ -11,6 +11,7 @@ requests get the grace period).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -160,10 +161,8 @@ def serve(conf: Settings, say=None) -> int:
 
 def _close_listener(listener: socket.socket, path: str) -> None:
     listener.close()
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 def notify_systemd(state: str) -> None:
