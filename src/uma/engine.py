@@ -103,6 +103,9 @@ class Engine:
                                   bmt=BmtModel.of(self.model, config.type_k),
                                   bmt_budget_gbps=self._bandwidth(config))
         self._submitted = self.metrics.counter("requests_submitted_total", "requests accepted")
+        self.metrics.gauge("slots_total", "requests decoded at once (KV sequences)").set(
+            config.n_seq_max)
+        self.metrics.gauge("kv_cells_total", "KV cache positions in all").set(self.ctx.n_ctx)
         self._ready = threading.Event()  # set once calibrated: requests are then served at once
         self._thread = threading.Thread(target=self._compute, name="uma-compute", daemon=True)
         self._thread.start()
@@ -261,9 +264,7 @@ class Engine:
     def snapshot(self) -> dict[str, object]:
         """All metrics as a plain dict."""
         snap = self.metrics.snapshot()
-        snap["model"] = os.path.basename(self.config.model)
-        snap["n_ctx"] = self.ctx.n_ctx if not self.ctx.closed else 0
-        snap["n_seq_max"] = self.config.n_seq_max
+        snap["model"] = os.path.basename(self.config.model)  # the one field not a metric
         return snap
 
     def status(self) -> dict[str, object]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 # Latency buckets in milliseconds: fine around interactive inter-token times (5-100 ms), coarse
 # out to the multi-second pauses that stock servers show under a long prompt.
@@ -30,13 +30,20 @@ class Counter:
 
 
 class Gauge:
-    __slots__ = ("name", "help", "value")
+    """A value that goes up and down: set by its owner, or read from `fn` when given (for
+    what is cheaper to count when asked than to track, e.g. open connections)."""
 
-    def __init__(self, name: str, help: str) -> None:
-        self.name, self.help, self.value = name, help, 0.0
+    __slots__ = ("name", "help", "_value", "fn")
+
+    def __init__(self, name: str, help: str, fn: Callable[[], float] | None = None) -> None:
+        self.name, self.help, self._value, self.fn = name, help, 0.0, fn
 
     def set(self, value: float) -> None:
-        self.value = value
+        self._value = value
+
+    @property
+    def value(self) -> float:
+        return self.fn() if self.fn is not None else self._value
 
 
 class Histogram:
@@ -125,8 +132,8 @@ class Registry:
     def counter(self, name: str, help: str) -> Counter:
         return self._get(Counter, name, help)
 
-    def gauge(self, name: str, help: str) -> Gauge:
-        return self._get(Gauge, name, help)
+    def gauge(self, name: str, help: str, fn: Callable[[], float] | None = None) -> Gauge:
+        return self._get(Gauge, name, help, fn)
 
     def histogram(
         self, name: str, help: str, bounds: Iterable[float] = LATENCY_BUCKETS_MS

@@ -21,7 +21,6 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import uma
 from uma import _core
@@ -29,6 +28,7 @@ from uma.config import ServerConfig
 from uma.engine import Engine
 from uma.errors import UmaError
 from uma.handle import RequestHandle, Result
+from uma.metrics import Registry
 from uma.sched.state import Priority
 from uma.server import protocol as P
 from uma.server.framing import FrameDecoder, FrameError, encode
@@ -76,11 +76,23 @@ class _Connection:
         self.frame_started = 0.0  # when the frame in progress began (or was resumed)
 
 
-@dataclass
 class _Stats:
-    accepted: int = 0
-    dropped_slow: int = 0
-    protocol_errors: int = 0
+    """The daemon's own metrics, in the engine's registry (so /metrics and `uma metrics`
+    show the same names)."""
+
+    def __init__(self, reg: Registry, daemon: Daemon) -> None:
+        self.accepted = reg.counter("connections_accepted_total", "socket connections accepted")
+        self.dropped_slow = reg.counter("connections_dropped_slow_total",
+                                        "socket clients dropped for reading too slowly")
+        self.protocol_errors = reg.counter("protocol_errors_total",
+                                           "socket frames and requests refused as malformed")
+        reg.gauge("connections", "open socket connections", lambda: len(daemon._conns))
+        reg.gauge("requests_in_flight", "socket requests not yet answered in full",
+                  daemon._in_flight)
+        reg.gauge("input_bytes_reserved", "input budget held by frames still arriving",
+                  lambda: daemon._input_reserved)
+        reg.gauge("connections_paused", "socket connections waiting for the input budget",
+                  lambda: sum(c.paused for c in daemon._conns.values()))
 
 
 class Daemon:
@@ -108,7 +120,7 @@ class Daemon:
         self._registered = False
         self._submitter = ThreadPoolExecutor(2, thread_name_prefix="uma-submit")
         self._started = time.monotonic()
-        self.stats = _Stats()
+        self.stats = _Stats(engine.metrics, self)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -193,7 +205,7 @@ class Daemon:
                 return
             sock.setblocking(False)
             conn = _Connection(sock, self.config.max_frame_bytes)
-            self.stats.accepted += 1
+            self.stats.accepted.inc()
             self._conns[sock.fileno()] = conn
             self._sel.register(sock, selectors.EVENT_READ, conn)
             if len(self._conns) > self.config.max_connections:
@@ -211,7 +223,7 @@ class Daemon:
             conn.peer_gone = True
             if conn.decoder.buffered and not conn.closing:
                 # The client closed its side mid-frame: say so, in case it still reads.
-                self.stats.protocol_errors += 1
+                self.stats.protocol_errors.inc()
                 self._fail(conn, P.E_PROTO_002, f"the connection closed {conn.decoder.buffered}"
                                                 f" bytes into a frame of {conn.decoder.pending}")
             else:
@@ -224,7 +236,7 @@ class Daemon:
         try:
             messages = conn.decoder.feed(data)
         except FrameError as exc:
-            self.stats.protocol_errors += 1
+            self.stats.protocol_errors.inc()
             for msg in exc.messages:
                 self._dispatch(conn, msg)
             self._fail(conn, exc.code, str(exc))
@@ -283,7 +295,7 @@ class Daemon:
         try:
             req = P.parse_request(msg, self.limits, conn.default_priority)
         except P.ProtocolError as exc:
-            self.stats.protocol_errors += 1
+            self.stats.protocol_errors.inc()
             self._send(conn, P.error_event(exc.request_id, exc.code, str(exc)))
             return
         if isinstance(req, P.GenerateRequest):
@@ -411,7 +423,7 @@ class Daemon:
         if len(conn.out) > self.config.max_outbuf_bytes and not conn.closing:
             # The client reads too slowly: drop it rather than buffer without bound. The reason
             # replaces the backlog, in case it still reads that much.
-            self.stats.dropped_slow += 1
+            self.stats.dropped_slow.inc()
             mib = len(conn.out) / (1 << 20)
             conn.out = bytearray()
             self._fail(conn, P.E_IO_001, f"dropped: the client fell {mib:.1f} MiB behind")
@@ -488,16 +500,8 @@ class Daemon:
     # --- status --------------------------------------------------------------------------------
 
     def metrics(self) -> dict:
-        snap = self.engine.snapshot()
-        snap.update({
-            "connections": len(self._conns), "connections_accepted_total": self.stats.accepted,
-            "connections_dropped_slow_total": self.stats.dropped_slow,
-            "protocol_errors_total": self.stats.protocol_errors,
-            "requests_in_flight": self._in_flight(),
-            "input_bytes_reserved": self._input_reserved,
-            "connections_paused": sum(c.paused for c in self._conns.values()),
-        })
-        return snap
+        """The registry's snapshot, the daemon's own metrics in it (docs/METRICS.md)."""
+        return self.engine.snapshot()
 
     def health(self) -> dict:
         """Whether it serves, and what `uma status` shows: the engine's slots, queue, load
