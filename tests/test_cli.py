@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import io
+import json
 import os
+import plistlib
+import re
+import shutil
+import signal
+import stat
+import statistics
 import subprocess
 import sys
+import time
 
 import pytest
 
-from uma import testing
+import uma as uma_pkg
+from uma import service, synth, testing
+from uma.chat import ChatSession
+from uma.client import Client
+from uma.server import settings
 
 
 def uma(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -70,3 +83,208 @@ def test_model_synth_and_info(tmp_path):
     assert r.returncode == 0 and '"n_layer": 2' in r.stdout
     r = uma("model", "synth", "huge")
     assert r.returncode != 0 and "unknown preset" in r.stderr
+
+
+# --- everyday commands ---------------------------------------------------------------------------
+
+
+def test_version():
+    r = uma("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"uma-serve {uma_pkg.__version__}"
+
+
+def test_shell_completion_is_offered():
+    r = uma("--help")
+    assert r.returncode == 0 and "--install-completion" in r.stdout
+
+
+def test_every_run_option_shows_its_default_and_variable():
+    text = " ".join(uma("run", "--help").stdout.split())  # unwrapped
+    for s in settings.SETTINGS:
+        if s.flag:
+            # the option with its metavar (or its --no- twin), up to the next option
+            head = rf" {re.escape(s.option)}(?: <\w+>| / --no-[\w-]+) "
+            after = re.split(r" --(?!no-)", re.split(head, text, maxsplit=1)[1], maxsplit=1)[0]
+            assert f"env {s.env}" in after and f"[default: {s.default}]" in after, s.name
+
+
+def test_status_and_stop(tiny_path):
+    with testing.run_daemon(tiny_path) as d:
+        r = uma("status", "--json", "--socket", d.socket)
+        status = json.loads(r.stdout)
+        assert r.returncode == 0 and status["status"] == "ok" and status["pid"] == d.pid
+        assert status["slots"] == 8 and status["queued"] == 0 and 0 <= status["load"] <= 1
+        assert status["memory"]["model_bytes"] > 0 and status["memory"]["rss_bytes"] > 0
+        r = uma("status", "--socket", d.socket)
+        assert r.returncode == 0 and "slots" in r.stdout and tiny_path.name in r.stdout
+        r = uma("stop", "--socket", d.socket)
+        assert r.returncode == 0 and f"pid {d.pid}" in r.stderr
+        assert d.proc.wait(30) == 0 and not os.path.exists(d.socket)
+
+
+def test_generate_reads_the_prompt_from_stdin(daemon):
+    args = ("--max-tokens", "6", "--socket", daemon.socket)
+    direct = uma("generate", "-p", "Once upon a time", *args)
+    piped = subprocess.run([sys.executable, "-m", "uma", "generate", "-p", "-", *args],
+                           input="Once upon a time", capture_output=True, text=True, timeout=60)
+    assert piped.returncode == 0 and piped.stdout == direct.stdout
+
+
+def test_chat_keeps_the_conversation_and_resets_it(daemon):
+    with Client(daemon.socket) as client:
+        session = ChatSession(client, system="Be brief.", max_tokens=4, temperature=0.0)
+        out = io.StringIO()
+        code = session.repl(io.StringIO("Hi!\n\nTell me more\n/reset\n/exit\nignored\n"), out)
+        assert code == 0 and "(conversation reset)" in out.getvalue()
+        assert session.messages == [{"role": "system", "content": "Be brief."}]
+        first = session.ask("Hi!", io.StringIO())
+        again = client.chat([{"role": "system", "content": "Be brief."},
+                             {"role": "user", "content": "Hi!"}], max_tokens=4)
+        assert first == again.text  # the model's chat template, greedy: the same answer
+        session.ask("Tell me more", io.StringIO())
+        assert [m["role"] for m in session.messages] == [
+            "system", "user", "assistant", "user", "assistant"]
+    r = subprocess.run([sys.executable, "-m", "uma", "chat", "--max-tokens", "3", "--temp",
+                        "0", "--socket", daemon.socket], input="Hello\n", capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip()
+
+
+def test_config_shows_each_setting_and_where_it_came_from(tmp_path):
+    conf = tmp_path / "uma.toml"
+    conf.write_text("ctx = 2048\nkv_type = \"q8_0\"\n")
+    r = uma("config", "-c", str(conf), "--json", env={"UMA_PARALLEL": "3"})
+    shown = json.loads(r.stdout)
+    assert r.returncode == 0
+    assert shown["ctx"] == {"value": 2048, "from": f"ctx in {conf}"}
+    assert shown["type_k"] == {"value": "q8_0", "from": f"kv_type in {conf}"}
+    assert shown["parallel"] == {"value": 3, "from": "UMA_PARALLEL"}
+    assert shown["batch"] == {"value": 512, "from": "default"}
+    assert shown["model"]["value"] == "built-in demo model"
+    r = uma("config", env={"UMA_FLASH_ATTN": "on"})  # documented values are text, not booleans
+    assert r.returncode == 0 and "flash_attn" in r.stdout and "on  (UMA_FLASH_ATTN)" in r.stdout
+
+
+# --- exit codes: docs/CONFIG.md, "Exit codes" ------------------------------------------------
+
+
+@pytest.mark.parametrize(("args", "env", "code", "words"), [
+    (("run", "--ctx", "-5"), {}, 4, "invalid --ctx: must be in [1, 2**31), not -5"),
+    (("run", "--kv-type", "q7"), {}, 4, "invalid --kv-type: must be one of"),
+    (("run", "--bogus"), {}, 4, "No such option"),
+    (("run",), {"UMA_GRACE": "-1"}, 4, "invalid UMA_GRACE: must be > 0"),
+    (("run",), {"UMA_KV_UNIFIED": "maybe"}, 4, "invalid UMA_KV_UNIFIED: must be true or false"),
+    (("generate",), {}, 4, "Missing option"),
+    (("status", "--socket", "/tmp/uma-nobody-here.sock"), {}, 5, "no UMA daemon"),
+    (("stop", "--socket", "/tmp/uma-nobody-here.sock"), {}, 5, "no UMA daemon"),
+    (("model", "synth", "huge"), {}, 4, "unknown preset"),
+])
+def test_exit_codes_and_errors_name_the_setting(args, env, code, words):
+    r = uma(*args, env=env)
+    assert r.returncode == code, r.stderr
+    assert words in r.stderr
+    assert "serving" not in r.stderr  # nothing about serving before the settings are valid
+
+
+def test_model_errors_exit_1(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a model")
+    r = uma("model", "info", str(bad))
+    assert r.returncode == 1 and "not a GGUF file" in r.stderr and r.stderr.startswith("uma: ")
+
+
+def test_a_socket_directory_is_created_only_where_it_belongs_to_the_user(tiny_path, tmp_path):
+    r = uma("run", str(tiny_path), "--socket", "/uma-no-such-dir/sub/uma.sock")
+    assert r.returncode == 1 and "/uma-no-such-dir/sub does not exist; create it" in r.stderr
+    assert not os.path.exists("/uma-no-such-dir")
+    socket = tmp_path / "new" / "uma.sock"  # under the temporary directory: the user's
+    with testing.run_daemon(tiny_path, socket=str(socket)):
+        assert stat.S_IMODE(os.stat(socket.parent).st_mode) == 0o700
+
+
+# --- start-up --------------------------------------------------------------------------------
+
+
+def test_the_first_request_after_the_ready_line_is_served_at_warm_speed():
+    # The demo model's size: the engine times the device before saying it serves, so the
+    # first request does not wait for that (it took 549 ms against 24 ms warm on 134M).
+    with testing.run_daemon(synth.cached_model("small")) as d, Client(d.socket) as c:
+        def timed() -> float:
+            t0 = time.perf_counter()
+            c.generate("Hello", max_tokens=32, ignore_eos=True)
+            return time.perf_counter() - t0
+        first = timed()
+        warm = statistics.median(timed() for _ in range(5))
+    assert first < 1.5 * warm, f"first {first * 1e3:.0f} ms, warm {warm * 1e3:.0f} ms"
+
+
+def test_sigint_while_starting_exits_within_the_grace_period():
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "uma", "run", str(synth.cached_model("134m")), "--socket",
+         testing.short_socket_path(), "--grace", "5"], stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr.readline().startswith("uma: loading")
+        proc.send_signal(signal.SIGINT)  # while loading or timing the device
+        t0 = time.monotonic()
+        assert proc.wait(30) == 0
+        assert time.monotonic() - t0 < 5
+        rest = proc.stderr.read()
+        assert "stopped" in rest and "Traceback" not in rest
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+# --- the service ----------------------------------------------------------------------------
+
+
+def unit_file(text: str) -> dict[str, dict[str, list[str]]]:
+    """A systemd unit's sections and keys (a key may repeat, as Environment= does)."""
+    sections: dict[str, dict[str, list[str]]] = {}
+    current = None
+    for line in text.splitlines():
+        if line.startswith("[") and line.endswith("]"):
+            current = sections.setdefault(line[1:-1], {})
+        elif line.strip():
+            key, _, value = line.partition("=")
+            current.setdefault(key, []).append(value)
+    return sections
+
+
+def test_service_install_writes_a_unit_that_runs_uma_with_the_users_settings(tmp_path):
+    conf = tmp_path / "uma.toml"
+    conf.write_text("ctx = 2048\n")
+    env = {"XDG_CONFIG_HOME": str(tmp_path / "config"), "UMA_PARALLEL": "4",
+           "UMA_API_KEY": "secret"}
+    r = uma("service", "install", "model.gguf", "--config", str(conf), env=env)
+    path = tmp_path / "config" / "systemd" / "user" / "uma.service"
+    assert r.returncode == 0 and str(path) in r.stdout and "systemctl --user" in r.stdout
+    unit = unit_file(path.read_text())
+    assert unit["Service"]["Type"] == ["notify"]
+    assert unit["Service"]["ExecStart"] == [
+        f"{sys.executable} -m uma run {os.path.abspath('model.gguf')} --config {conf}"]
+    assert "UMA_PARALLEL=4" in unit["Service"]["Environment"]
+    assert "secret" not in path.read_text()  # a key never goes into a readable file
+    assert unit["Install"]["WantedBy"] == ["default.target"]
+    r = uma("service", "uninstall", env=env)
+    assert r.returncode == 0 and not path.exists()
+    r = uma("service", "uninstall", env=env)
+    assert r.returncode == 1 and "no service installed" in r.stderr
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None,
+                    reason="systemd-analyze is not installed here")
+def test_systemd_accepts_the_unit(tmp_path):
+    unit = tmp_path / "uma.service"
+    unit.write_text(service.systemd_unit([sys.executable, "-m", "uma", "run"]).text)
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    r = subprocess.run(["systemd-analyze", "verify", "--user", str(unit)], capture_output=True,
+                       text=True, timeout=60, env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)})
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+def test_the_launch_agent_is_a_valid_plist():
+    agent = service.launch_agent(["/usr/bin/python3", "-m", "uma", "run", "a & b.gguf"])
+    parsed = plistlib.loads(agent.text.encode())
+    assert parsed["ProgramArguments"][-1] == "a & b.gguf" and parsed["RunAtLoad"] is True

@@ -164,6 +164,39 @@ def test_penalties_and_common_extra_fields_pass_through(engine, http, model_id):
     assert r.json()["choices"][0]["text"] == expected.text
 
 
+# What editor assistants and chat front ends send for a chat turn (docs/TOOLS.md): streamed,
+# with usage asked for, stop lists, content parts, empty tool lists and their own extra fields.
+TOOL_BODIES = {
+    "continue": {"messages": [{"role": "system", "content": "You are a helpful assistant."},
+                              {"role": "user", "content": "Explain this code"}],
+                 "max_tokens": 64, "temperature": 0.5, "stream": True,
+                 "stop": ["<|im_end|>", "\n\n\n"]},
+    "zed": {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+            "stream": True, "stream_options": {"include_usage": True}, "temperature": 1.0,
+            "tools": [], "max_completion_tokens": 32},
+    "aider": {"messages": [{"role": "system", "content": "Act as an expert developer."},
+                           {"role": "user", "content": "Fix the bug"}],
+              "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+              "max_tokens": 32},
+    "open-webui": {"messages": [{"role": "user", "content": "Hello"},
+                                {"role": "assistant", "content": "Hi! How can I help?"},
+                                {"role": "user", "content": "Tell me a story"}],
+                   "stream": True, "max_tokens": 32, "metadata": {"chat_id": "c1"}},
+}
+
+
+@pytest.mark.parametrize("tool", TOOL_BODIES)
+def test_what_the_tools_send_is_served(http, model_id, tool):
+    with http.stream("POST", "/v1/chat/completions",
+                     json={"model": model_id, **TOOL_BODIES[tool]}) as r:
+        assert r.status_code == 200, r.read()
+        data = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert all("error" not in c for c in chunks)
+    assert any(c["choices"] and c["choices"][0]["finish_reason"] for c in chunks)
+
+
 def test_stop_strings_end_the_text(engine, http):
     full = engine.generate(PROMPT, max_tokens=12, ignore_eos=True).text
     stop = full[len(full) // 2:][:3]

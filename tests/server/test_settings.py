@@ -1,5 +1,8 @@
 """Settings from file, environment and flags."""
 
+import re
+from pathlib import Path
+
 import pytest
 
 from uma.errors import InvalidRequestError
@@ -45,3 +48,27 @@ def test_missing_file_and_missing_model(tmp_path):
         settings.read_file(tmp_path / "none.toml")
     with pytest.raises(InvalidRequestError, match="no model"):
         settings.resolve([{"socket": "/tmp/s"}], demo_model=None)
+
+
+def test_config_md_lists_every_setting_with_its_flag_and_default():
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "CONFIG.md").read_text()
+    rows = {m[0]: m[1:] for m in re.findall(r"^\| `([a-z_]+)` \| ([^|]*) \| ([^|]*) \|", doc,
+                                           re.M)}
+    for s in settings.SETTINGS:
+        assert s.name in rows, f"{s.name} is not in docs/CONFIG.md"
+        flag, default = rows[s.name]
+        assert default == s.default, s.name
+        assert (s.option in flag) == s.flag or s.name == "model", s.name
+    assert set(rows) == set(settings.NAMES)
+
+
+@pytest.mark.parametrize(("source", "label"), [
+    ({"UMA_CTX": "-5"}, "invalid UMA_CTX: must be in [1, 2**31), not -5"),
+    ({"UMA_KV_TYPE": "q7"}, "invalid UMA_KV_TYPE: must be one of"),
+    ({"UMA_LOG_LEVEL": "loud"}, "invalid UMA_LOG_LEVEL: must be none, error"),
+    ({"UMA_MAX_INPUT_BYTES": "1000"}, "invalid UMA_MAX_INPUT_BYTES: (1000) must be at least"),
+])
+def test_errors_name_the_setting_as_it_was_given(source, label):
+    with pytest.raises(InvalidRequestError) as info:
+        settings.resolve([settings.from_environment(source)])
+    assert str(info.value).startswith(label), str(info.value)
