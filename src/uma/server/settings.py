@@ -104,8 +104,8 @@ SETTINGS: tuple[Setting, ...] = (
     _s("grace", float, "5", "seconds in-flight requests get on SIGINT/SIGTERM", "grace_s"),
     Setting("log_level", str, "warn", "none, error, warn, info or debug"),
     _s("http", str, "off", "also serve the OpenAI-compatible HTTP API on HOST:PORT"),
-    _s("api_key", str, "none", "require 'Authorization: Bearer KEY' on /v1 (a flag is visible in ps: "
-       "prefer a key file or UMA_API_KEY)"),
+    _s("api_key", str, "none", "require 'Authorization: Bearer KEY' on /v1 (a flag is visible "
+       "in ps: prefer a key file or UMA_API_KEY)"),
     Setting("api_key_file", str, "none", "read the API key from this file"),
     _s("allow_public", bool, "off", "allow HTTP beyond loopback without an API key"),
     _s("http_max_connections", int, "64", "HTTP connections at once; more are answered 503"),
