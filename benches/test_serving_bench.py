@@ -9,7 +9,7 @@ import pytest
 import uma
 from uma import synth
 from uma.sched.cost import CostEstimate
-from uma.sched.policy import create_policy
+from uma.sched.policies import create_policy
 from uma.sched.state import Phase, Priority, SchedulerState, SessionView
 from uma.server import framing, protocol
 

@@ -31,7 +31,7 @@ from uma.client import (
 )
 from uma.config import SamplingParams
 from uma.errors import ClosedError, InvalidRequestError
-from uma.sched.state import Priority
+from uma.priority import Priority
 from uma.server import protocol as p
 from uma.server.framing import FrameDecoder, encode
 

@@ -21,31 +21,16 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from uma.config import SamplingParams
+from uma.config import SamplingParams, default_socket_path
 from uma.errors import ClosedError, InvalidRequestError, UmaError
 from uma.handle import Result, Timings, TokenEvent, Usage
-from uma.sched.state import Priority
+from uma.priority import Priority
 from uma.server.framing import FrameDecoder, FrameError, encode
 from uma.server.protocol import MAX_ID_CHARS, ProtocolError, parse_event
 
 _READ_SIZE = 1 << 16
 _DEFAULTS = SamplingParams()
 _NAN = float("nan")
-
-
-def default_socket_path() -> str:
-    """Where the daemon listens unless told otherwise, and so where clients look for it.
-
-    $UMA_SOCKET if set; else uma.sock in $XDG_RUNTIME_DIR (per user, private, emptied at
-    logout); else /tmp/uma-UID.sock. The daemon calls this too, so both meet without settings.
-    """
-    path = os.environ.get("UMA_SOCKET")
-    if path:
-        return path
-    runtime_dir = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime_dir:
-        return os.path.join(runtime_dir, "uma.sock")
-    return f"/tmp/uma-{os.getuid()}.sock"
 
 
 class ServerError(UmaError):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import os
 from dataclasses import dataclass, field
 
 from uma.errors import InvalidRequestError
@@ -253,6 +254,21 @@ class ServerConfig:
                     f"refusing to serve HTTP on {self.http} (beyond this machine) without an API "
                     f"key; give --api-key-file (or --api-key), or --allow-public to serve it "
                     f"to anyone who can reach it")
+
+
+def default_socket_path() -> str:
+    """Where the daemon listens unless told otherwise, and so where clients look for it.
+
+    $UMA_SOCKET if set; else uma.sock in $XDG_RUNTIME_DIR (per user, private, emptied at
+    logout); else /tmp/uma-UID.sock. The daemon calls this too, so both meet without settings.
+    """
+    path = os.environ.get("UMA_SOCKET")
+    if path:
+        return path
+    runtime_dir = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime_dir:
+        return os.path.join(runtime_dir, "uma.sock")
+    return f"/tmp/uma-{os.getuid()}.sock"
 
 
 def request_bytes_limit(max_prompt_bytes: int) -> int:

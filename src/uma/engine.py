@@ -30,14 +30,14 @@ from uma.errors import (
     InvalidRequestError,
     UmaError,
 )
+from uma.executor import Executor
 from uma.handle import RequestHandle, Result
 from uma.metrics import Registry
 from uma.output import OutputStage
+from uma.priority import Priority
 from uma.request import Request
 from uma.sched.bmt import BmtModel, probe_bandwidth_gbps
-from uma.sched.executor import Executor
-from uma.sched.policy import create_policy
-from uma.sched.state import Priority
+from uma.sched.policies import create_policy
 
 log = logging.getLogger("uma.engine")
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from uma import errors
 from uma.config import SamplingParams
-from uma.sched.state import Priority
+from uma.priority import Priority
 from uma.server import protocol as p
 from uma.server.framing import FrameDecoder, encode
 from uma.server.protocol import (

@@ -10,30 +10,16 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from uma.priority import Priority
 from uma.sched.bmt import BmtModel
 from uma.sched.cost import CostEstimate
+
+__all__ = ["BatchItem", "Phase", "Plan", "Priority", "SchedulerState", "SessionView"]
 
 
 class Phase(enum.Enum):
     PREFILL = "prefill"  # prompt tokens still to be put through the model
     DECODE = "decode"  # generating: one token per step
-
-
-class Priority(enum.Enum):
-    INTERACTIVE = "interactive"  # a person is watching the stream
-    BACKGROUND = "background"  # batch jobs, agents: throughput matters, latency less
-
-    @classmethod
-    def parse(cls, value: str | Priority) -> Priority:
-        if isinstance(value, Priority):
-            return value
-        try:
-            return cls(value)
-        except ValueError:
-            from uma.errors import InvalidRequestError
-
-            raise InvalidRequestError(
-                f"priority must be 'interactive' or 'background', not {value!r}") from None
 
 
 @dataclass(frozen=True, slots=True)

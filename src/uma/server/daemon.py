@@ -29,7 +29,7 @@ from uma.engine import Engine
 from uma.errors import UmaError
 from uma.handle import RequestHandle, Result
 from uma.metrics import Registry
-from uma.sched.state import Priority
+from uma.priority import Priority
 from uma.server import protocol as P
 from uma.server.framing import FrameDecoder, FrameError, encode
 

@@ -35,7 +35,7 @@ from uma.config import ServerConfig, parse_http_address
 from uma.engine import Engine
 from uma.errors import InvalidRequestError, UmaError
 from uma.handle import RequestHandle, Result
-from uma.sched.state import Priority
+from uma.priority import Priority
 from uma.server import prometheus
 from uma.server.http_limits import LimitedH11Protocol
 from uma.server.openai_api import (

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from uma.errors import ClosedError, ContextOverflowError
 from uma.handle import Result, TokenEvent
-from uma.sched.state import Priority
+from uma.priority import Priority
 from uma.server import protocol as P
 
 # Sampler options passed through as they are. After OpenAI's own, uma's extensions (the names

@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterable
 
 from uma.metrics import Counter, Gauge, Histogram
-from uma.sched.state import Priority
+from uma.priority import Priority
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PREFIX = "uma_"

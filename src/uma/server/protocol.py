@@ -24,7 +24,7 @@ from uma.errors import (
     NoChatTemplateError,
     UmaError,
 )
-from uma.sched.state import Priority
+from uma.priority import Priority
 
 # --- wire error codes --------------------------------------------------------------------------
 

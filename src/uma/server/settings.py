@@ -24,8 +24,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from uma.client import default_socket_path
-from uma.config import EngineConfig, ServerConfig
+from uma.config import EngineConfig, ServerConfig, default_socket_path
 from uma.errors import InvalidRequestError
 
 if sys.version_info >= (3, 11):

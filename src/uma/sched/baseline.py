@@ -1,0 +1,41 @@
+"""The baseline policy: decode first, then chunked prefill within a time budget."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from uma.sched.policy import chunk_prefills, decode_kv, prefill_order, rotated
+from uma.sched.state import BatchItem, Phase, Plan, SchedulerState
+
+
+@dataclass(frozen=True)
+class BaselinePolicy:
+    """Decode first, then chunked prefill within a time budget (seed tracker, scheduler v0).
+
+    Every decoding sequence gets one token per tick (rotated fairly when more decode than the
+    batch holds). Prompt tokens fill what the learned cost model predicts still fits in
+    `tick_target_ms`, but at least `min_prefill` so prompts always progress.
+    """
+
+    tick_target_ms: float = 30.0
+    min_prefill: int = 16
+    name: str = "baseline"
+
+    @classmethod
+    def from_config(cls, config) -> BaselinePolicy:
+        return cls(tick_target_ms=config.tick_target_ms)
+
+    def schedule_tick(self, state: SchedulerState) -> Plan:
+        decoders = [s for s in state.sessions if s.phase is Phase.DECODE]
+        prefills = [s for s in state.sessions if s.phase is Phase.PREFILL]
+        served = rotated(decoders, state.tick)[: state.n_batch]
+        items = [BatchItem(s.seq_id, Phase.DECODE, 1, logits=True) for s in served]
+        room = state.n_batch - len(items)
+        budget = 0
+        if prefills and room > 0:
+            prefills = prefill_order(prefills)
+            budget = state.cost.max_prefill(self.tick_target_ms, len(items), decode_kv(served),
+                                            depth=prefills[0].n_past)
+            budget = min(room, max(budget, self.min_prefill))
+            items += chunk_prefills(prefills, budget)
+        return Plan(items=tuple(items), token_budget=len(served) + budget)

@@ -1,0 +1,20 @@
+"""The policies by name, for configuration (`--policy`)."""
+
+from __future__ import annotations
+
+from uma.errors import InvalidRequestError
+from uma.sched.baseline import BaselinePolicy
+from uma.sched.policy import BatchPolicy
+from uma.sched.slo import SloPolicy
+
+POLICIES: dict[str, type] = {"baseline": BaselinePolicy, "slo": SloPolicy}
+
+
+def create_policy(name: str, config=None, **options) -> BatchPolicy:
+    """The policy registered under `name`, built from an EngineConfig or from `options`."""
+    try:
+        cls = POLICIES[name]
+    except KeyError:
+        raise InvalidRequestError(
+            f"unknown policy: {name!r} (known: {', '.join(POLICIES)})") from None
+    return cls.from_config(config) if config is not None else cls(**options)
