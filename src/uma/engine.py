@@ -64,17 +64,20 @@ class Engine:
     ...     print(engine.generate("Once upon a time", max_tokens=32).text)
     """
 
-    def __init__(self, model: str | os.PathLike, *, progress=None, **config) -> None:
-        self._start(EngineConfig(model=os.fspath(model), **config), progress)
+    def __init__(self, model: str | os.PathLike, *, progress=None, core=None, **config) -> None:
+        self._start(EngineConfig(model=os.fspath(model), **config), progress, core)
 
     @classmethod
-    def from_config(cls, config: EngineConfig, *, progress=None) -> Engine:
-        """progress: optional callable(fraction) observed while the model loads."""
+    def from_config(cls, config: EngineConfig, *, progress=None, core=None) -> Engine:
+        """progress: optional callable(fraction) observed while the model loads. core: the
+        module with Model, Context, Batch, Sampler and backends (uma._core; tests pass a
+        stand-in, uma.testing.fake_core)."""
         engine = cls.__new__(cls)
-        engine._start(config, progress)
+        engine._start(config, progress, core)
         return engine
 
-    def _start(self, config: EngineConfig, progress) -> None:
+    def _start(self, config: EngineConfig, progress, core) -> None:
+        core = _core if core is None else core
         self.config = config
         self._closed = False
         self._cond = threading.Condition()
@@ -85,10 +88,10 @@ class Engine:
         self._poked = False
         self._rids = itertools.count(1)
         self.metrics = Registry()
-        self.model = _core.Model(config.model, n_gpu_layers=config.n_gpu_layers,
+        self.model = core.Model(config.model, n_gpu_layers=config.n_gpu_layers,
                                  progress=progress)
         try:
-            self.ctx = _core.Context(
+            self.ctx = core.Context(
                 self.model, n_ctx=config.n_ctx, n_batch=config.n_batch, n_ubatch=config.n_ubatch,
                 n_seq_max=config.n_seq_max, kv_unified=config.kv_unified, type_k=config.type_k,
                 type_v=config.type_v, flash_attn=config.flash_attn, n_threads=config.n_threads,
@@ -101,7 +104,7 @@ class Engine:
         policy = create_policy(config.policy, config)
         self._executor = Executor(self.ctx, policy, self._output, self.metrics,
                                   bmt=BmtModel.of(self.model, config.type_k),
-                                  bmt_budget_gbps=self._bandwidth(config))
+                                  bmt_budget_gbps=self._bandwidth(config, core), core=core)
         self._submitted = self.metrics.counter("requests_submitted_total", "requests accepted")
         self.metrics.gauge("slots_total", "requests decoded at once (KV sequences)").set(
             config.n_seq_max)
@@ -111,12 +114,12 @@ class Engine:
         self._thread.start()
 
     @staticmethod
-    def _bandwidth(config: EngineConfig) -> float:
+    def _bandwidth(config: EngineConfig, core) -> float:
         """The ΣBMT budget: as configured, or probed where the model's memory is host memory
         (CPU builds). A discrete GPU's bandwidth cannot be probed from here: off unless given."""
         if config.bmt_budget_gbps is not None:
             return config.bmt_budget_gbps
-        if _core.backends() == ("cpu",) or config.n_gpu_layers == 0:
+        if core.backends() == ("cpu",) or config.n_gpu_layers == 0:
             return probe_bandwidth_gbps()
         return 0.0
 

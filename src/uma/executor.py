@@ -139,14 +139,14 @@ class Executor:
 
     def __init__(self, ctx: _core.Context, policy: BatchPolicy, output: OutputStage,
                  metrics: Registry, bmt: BmtModel | None = None,
-                 bmt_budget_gbps: float = 0.0) -> None:
+                 bmt_budget_gbps: float = 0.0, core=_core) -> None:
         self.ctx = ctx
         self.model = ctx.model
         self.policy = policy
         self.output = output
         self.m = TickMetrics(metrics)
-        self.batch = _core.Batch(ctx.n_batch)
-        self.sampler = _core.Sampler(ctx.n_seq_max, self.model.n_vocab)
+        self.batch = core.Batch(ctx.n_batch)
+        self.sampler = core.Sampler(ctx.n_seq_max, self.model.n_vocab)
         self.n_ctx_seq = ctx.n_ctx_seq
         self.eog = frozenset(int(t) for t in self.model.eog_tokens())
         # Free sequence ids, lowest handed out first, so the sequences decoding together stay a
