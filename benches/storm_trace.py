@@ -28,7 +28,7 @@ import numpy as np
 import uma
 from uma import synth
 from uma.sched.slo import SloPolicy
-from uma.sched.state import Phase, Priority
+from uma.sched.state import Phase, PlanNotes, Priority
 
 
 def parse_variant(text: str, fields: dict[str, dataclasses.Field]) -> tuple[str, dict]:
@@ -117,16 +117,15 @@ class CompactTrace(list):
 
     def append(self, tick: tuple) -> None:
         n_prefill, n_decode, _decode_s, _sample_s, tick_s, native_s, plan = tick
-        notes = plan.notes
-        prompts = {notes.get("prio", {}).get(i.seq_id) for i in plan.items
-                   if i.phase is Phase.PREFILL}
+        notes = plan.notes or PlanNotes()
+        prompts = {Priority.BACKGROUND if i.seq_id in notes.background else Priority.INTERACTIVE
+                   for i in plan.items if i.phase is Phase.PREFILL}
         kind = ("both prompts" if len(prompts) == 2 else "background prompt"
                 if Priority.BACKGROUND in prompts else "interactive prompt" if prompts
                 else "decode only")
         super().append(Tick(kind, n_prefill, n_decode, tick_s * 1e3, native_s * 1e3,
-                            notes.get("predicted_ms", 0.0), notes.get("budget_ms", 0.0),
-                            bool(notes.get("guard_active")), notes.get("overruns", 0),
-                            notes.get("line_ms", 0.0), notes.get("target_ms", 0.0)))
+                            notes.predicted_ms, notes.budget_ms, notes.guard_active,
+                            notes.overruns, notes.line_ms, notes.target_ms))
 
 
 KINDS = ("decode only", "background prompt", "interactive prompt", "both prompts")
@@ -208,7 +207,7 @@ def main() -> int:
     figures = {}
     try:
         for name, knobs in variants:
-            executor.policy = _Labelled(dataclasses.replace(base, **knobs))
+            executor.policy = dataclasses.replace(base, **knobs)
             executor._memory = None
             executor.trace = CompactTrace()
             alone = run_phase(engine, ns, storm=False)
@@ -221,23 +220,6 @@ def main() -> int:
     if ns.out:
         Path(ns.out).write_text(json.dumps(figures, indent=1, default=str))
     return 0
-
-
-@dataclasses.dataclass(frozen=True)
-class _Labelled:
-    """The policy, with each plan's notes also saying which sequences are background (the
-    trace keeps plans, not the snapshots they were planned from)."""
-
-    inner: object
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    def schedule_tick(self, state):
-        plan = self.inner.schedule_tick(state)
-        prio = {s.seq_id: s.priority for s in state.sessions}
-        return dataclasses.replace(plan, notes={**plan.notes, "prio": prio})
 
 
 def report(name: str, knobs: dict, alone: dict, storm: dict, cost) -> None:

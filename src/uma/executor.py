@@ -673,12 +673,12 @@ class Executor:
         self._last_tick_tokens = len(ran.tokens)
         self._memory = plan.memory
         notes = plan.notes
-        if notes:
-            m.served.set(notes.get("served_decoders", n_decode))
-            m.parked.set(notes.get("parked", 0))
-            m.bmt_last.set(notes.get("bmt_bytes", 0.0))
-            m.guard_active.set(1 if notes.get("guard_active") else 0)
-            budget = notes.get("budget_ms", 0.0)
+        if notes is not None:
+            m.served.set(notes.served_decoders)
+            m.parked.set(notes.parked)
+            m.bmt_last.set(notes.bmt_bytes)
+            m.guard_active.set(1 if notes.guard_active else 0)
+            budget = notes.budget_ms
             m.tick_budget.set(budget)
             if budget and tick_s * 1e3 > budget:
                 m.over_budget.inc()

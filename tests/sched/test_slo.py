@@ -68,7 +68,7 @@ def test_interactive_decoders_are_served_every_tick_under_a_prompt_storm():
     solo = COST.predict(0, 3)
     for plan, ms in zip(plans, times, strict=True):
         assert {0, 1, 2} <= decoders(plan, None)
-        assert ms <= 1.2 * solo + 1e-9 or plan.notes["guard_active"] is False
+        assert ms <= 1.2 * solo + 1e-9 or plan.notes.guard_active is False
     assert max(times) <= 1.2 * solo + COST.per_prefill_ms * 16  # at worst a rescue chunk
     # ... and the background prompt still progresses.
     assert sum(i.n_tokens for p in plans for i in p.items if i.seq_id == 10) > 100
@@ -80,14 +80,14 @@ def test_prefill_fits_the_predicted_budget():
     plan = SloPolicy().schedule_tick(state(inter + back))
     n_prefill = sum(i.n_tokens for i in plan.items if i.phase is Phase.PREFILL)
     assert COST.predict(n_prefill, 1) <= 1.2 * COST.predict(0, 1) + 1e-9
-    assert plan.notes["budget_ms"] == 1.2 * COST.predict(0, 1)
+    assert plan.notes.budget_ms == 1.2 * COST.predict(0, 1)
 
 
 def test_an_overrun_holds_prompts_back_then_lets_them_in_gradually():
     policy = SloPolicy(hold_ticks=3, ramp_steps=2)
     sessions = [session(0, INT, Phase.DECODE), session(5, BG, Phase.PREFILL, prompt=5000)]
     first = policy.schedule_tick(state(sessions))
-    budget = first.notes["budget_ms"]
+    budget = first.notes.budget_ms
     memory, prefill = first.memory, []
     for t, last in enumerate([budget * 3] + [budget] * 6):
         plan = policy.schedule_tick(state(sessions, tick=t + 1, memory=memory, last_ms=last))
@@ -102,7 +102,7 @@ def test_a_decode_only_overrun_holds_prompts_only_if_the_policy_says_so():
     # A tick that carried no prompt tokens and still overran is the host's noise: holding
     # prompts back cannot prevent the next one, and wipes the time saved for a pause.
     sessions = [session(0, INT, Phase.DECODE), session(5, BG, Phase.PREFILL, prompt=5000)]
-    budget = SloPolicy().schedule_tick(state(sessions)).notes["budget_ms"]
+    budget = SloPolicy().schedule_tick(state(sessions)).notes.budget_ms
     after = SloMemory(s=8, budget_ms=budget, last_prefill=0, chunk_cap=16, credit_ms=4.0)
     held, kept = (SloPolicy(hold_on_decode_overrun=h).schedule_tick(
         state(sessions, tick=1, memory=after, last_ms=3 * budget)) for h in (True, False))
@@ -226,7 +226,7 @@ def test_moe_starts_from_a_lower_s():
     moe = BmtModel(1e6, 1e6, 8, 2, 0, 0)
     back = [session(i, BG, Phase.DECODE) for i in range(8)]
     plan = SloPolicy().schedule_tick(state(back, bmt=moe))
-    assert plan.notes["s"] == SloPolicy().moe_initial_s
+    assert plan.notes.s == SloPolicy().moe_initial_s
     assert moe.tick_bytes(1, 0) < moe.tick_bytes(4, 0) == moe.tick_bytes(100, 0)
 
 
@@ -267,7 +267,7 @@ def gpu_storm(policy, cost, ticks, alone=()):
         memory = plan.memory
         n = sum(i.n_tokens for i in plan.items if i.seq_id == 10)
         last_ms = cost.predict(n, 8)
-        over.append(last_ms > plan.notes["budget_ms"] + 1e-9)
+        over.append(last_ms > plan.notes.budget_ms + 1e-9)
         assert last_ms <= policy.pause_factor * cost.predict(0, 8) + 1e-9
         chunks.append(n)
         done = sessions[-1].n_prefilled + n
@@ -303,7 +303,7 @@ def test_only_ticks_past_the_line_the_p95_is_judged_at_use_the_pause_share():
         plan = SloPolicy().schedule_tick(dataclasses.replace(
             state(sessions, memory=SloMemory(s=8, credit_ms=credit_ms, chunk_cap=512)),
             cost=cost, alone_p95_ratio=alone, decode_noise=jitter))
-        return plan.notes["predicted_ms"], plan.memory.over_mask & 1
+        return plan.notes.predicted_ms, plan.memory.over_mask & 1
 
     predicted, counted = tick(1.5)
     assert 1.2 * solo < predicted < line and not counted  # past the budget, not the line
@@ -379,7 +379,7 @@ def test_saved_time_is_spent_under_the_p95_line_when_pauses_are_used_up():
             state(sessions + [back], tick=t, memory=memory), cost=CPU, alone_p95_ratio=1.5))
         memory = plan.memory
         n = sum(i.n_tokens for i in plan.items if i.seq_id == 10)
-        assert plan.notes["predicted_ms"] <= line + 1e-9 and not memory.over_mask
+        assert plan.notes.predicted_ms <= line + 1e-9 and not memory.over_mask
         prompt_ms += CPU.prefill_ms(n, back.n_past)
         back = dataclasses.replace(back, n_prefilled=back.n_prefilled + n,
                                    n_past=back.n_past + n)
@@ -415,7 +415,7 @@ def test_background_prompt_ticks_that_stray_further_are_planned_further_under_th
     for noise in (1.0, 1.3):
         plan = SloPolicy().schedule_tick(dataclasses.replace(
             state(sessions, memory=saved), cost=CPU, alone_p95_ratio=1.5, prompt_noise=noise))
-        predicted.append(plan.notes["predicted_ms"])
+        predicted.append(plan.notes.predicted_ms)
     # each up to its line, one more token (under 5 ms here) would cross it
     assert target - 5 < predicted[0] <= target
     assert target / 1.3 - 5 < predicted[1] <= target / 1.3

@@ -108,6 +108,8 @@ def _plain(value):
         return value.value
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
+    if isinstance(value, frozenset):
+        return sorted(value)
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
     return value
@@ -135,17 +137,19 @@ def test_the_policy_decides_what_it_decided_when_recorded(scenario):
     now = [_record(plan) for _, plan in _trace(cost, seed, ticks, options, bmt, gbps)]
     assert len(now) == len(recorded)
     for tick, (got, want) in enumerate(zip(now, recorded, strict=True)):
-        assert got == json.loads(json.dumps(want)), f"{scenario}: tick {tick} differs"
+        # The notes recorded then; figures added since are not in the recording.
+        got["notes"] = {k: v for k, v in got["notes"].items() if k in want["notes"]}
+        assert json.loads(json.dumps(got)) == want, f"{scenario}: tick {tick} differs"
 
 
 def test_the_traces_exercise_the_policys_branches():
     plans = [p for s in SCENARIOS for _, p in _trace(*s[1:])]
     notes = [p.notes for p in plans]
-    assert any(n["guard_active"] for n in notes)  # a hold after an overrun
-    assert any(n["parked"] for n in notes)  # background decoders parked
+    assert any(n.guard_active for n in notes)  # a hold after an overrun
+    assert any(n.parked for n in notes)  # background decoders parked
     assert any(p.memory.starve >= SloPolicy().max_starve_ticks for p in plans)  # a rescue
     assert len({p.memory.s for p in plans}) > 1  # the hill-climb moved S
-    assert any(n["credit_ms"] > 0 for n in notes)  # saved time
+    assert any(n.credit_ms > 0 for n in notes)  # saved time
 
 
 def test_memory_round_trips():

@@ -41,7 +41,15 @@ from dataclasses import dataclass
 
 from uma.sched.cost import CostEstimate
 from uma.sched.policy import decode_kv, prefill_order, rotated
-from uma.sched.state import BatchItem, Phase, Plan, Priority, SchedulerState, SessionView
+from uma.sched.state import (
+    BatchItem,
+    Phase,
+    Plan,
+    PlanNotes,
+    Priority,
+    SchedulerState,
+    SessionView,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,143 +112,14 @@ class SloPolicy:
         return cls(latency_cap=config.latency_cap, tick_budget_ms=config.tick_budget_ms)
 
     def schedule_tick(self, state: SchedulerState) -> Plan:
-        sessions_by_seq = {s.seq_id: s for s in state.sessions}
-        inter = [s for s in state.sessions if s.priority is Priority.INTERACTIVE]
-        back = [s for s in state.sessions if s.priority is Priority.BACKGROUND]
-        back_ids = {s.seq_id for s in back}
-        inter_dec = [s for s in inter if s.phase is Phase.DECODE]
-        back_dec = [s for s in back if s.phase is Phase.DECODE]
-        mem = self._remember(state, bool(inter_dec))
-        cost = state.cost
-
-        solo_ms = cost.predict(0, len(inter_dec), decode_kv(inter_dec))
-        # What the streams see alone, at the 95th percentile, relative to solo_ms: jitter and
-        # their own new prompts. The budget itself stays latency_cap × solo: planning every
-        # tick up to latency_cap × that p95 (less jitter) put the p95 of a CPU storm at 1.46x,
-        # since prompt chunks deep into a long prompt stray further than decode ticks do.
-        jitter = state.decode_noise
-        alone = max(state.alone_p95_ratio, jitter)
-        if self.tick_budget_ms is not None:
-            budget = max(self.tick_budget_ms, solo_ms)
-        elif inter_dec:
-            budget = self.latency_cap * solo_ms
-        else:
-            budget = self.idle_budget_ms
-
-        # 1-2. decoders: interactive always, background up to S, within the budget
-        served = list(inter_dec)
-        k = 1 if inter_dec else mem.k
-        candidates = rotated(back_dec, state.tick // k)[: max(mem.s, 0)]
-        for s in candidates:
-            trial = served + [s]
-            if cost.predict(0, len(trial), decode_kv(trial)) > budget \
-                    and not self._starving(mem):
-                break
-            served.append(s)
-        served = served[: state.n_batch]
-        if back_dec and not any(s.priority is Priority.BACKGROUND for s in served) \
-                and self._starving(mem):
-            served.append(rotated(back_dec, state.tick)[0])
-
-        # 2-3. prompt tokens within what is left of the budget, bandwidth and batch
-        room = state.n_batch - len(served)
-        kv = decode_kv(served)
-        decode_ms = cost.predict(0, len(served), kv)
-        spare_ms = max(0.0, budget - decode_ms)
-        # The longest tick background work may cause: pause_factor × the streams' p95 alone
-        # (rare: see pause_share). New interactive prompts get pause_factor × their jittered
-        # solo time; basing theirs on the p95 alone, which they raise, would feed back.
-        pause_ms = max(budget, self.pause_factor * solo_ms * alone) - decode_ms
-        floor_ms = max(budget, self.pause_factor * solo_ms * jitter) - decode_ms
-        # The p95 target: latency_cap × the streams' p95 alone, relative to the time all
-        # interactive sequences would take to decode, those starting a prompt included (as the
-        # executor measures it alone): one figure for every tick, as the p95 of gaps is.
-        # Relative to each tick's own decoders it came out a fifth lower in ticks where a
-        # stream's new prompt left two of three decoding, the ticks most of the streams' own
-        # tail is made of. The line is the target less how far ticks with background prompt
-        # tokens stray past their plan (at least the decode jitter), so that a tick planned up
-        # to it lands past the target rarely: prompt ticks stray further than decode ticks, and
-        # less only the decode jitter the p95 of a 1B storm on an H100 rose from 1.06x (pauses
-        # alone) to 1.26x, of a 1,500-token storm on CPU to 1.23x.
-        target_ms = self.latency_cap * alone * cost.predict(0, len(inter), decode_kv(inter)) \
-            if inter_dec else 0.0
-        line_ms = max(budget, target_ms / max(jitter, state.prompt_noise))
-        under_ms = pause_to_ms = 0.0  # what this tick may spend beyond its own spare time:
-        # under the line, or past it (a pause) where nothing fits under it
-        pauses = self._pause_share(state) * self.pause_window  # of the window's ticks
-        if inter_dec and not mem.hold:  # the hold protects interactive streams
-            spare_ms *= mem.ramp
-            # Saved time is spent in a tick that stays under the line; in one past it (a
-            # pause, up to pause_ms) only where nothing fits under it, while such ticks stay
-            # under the share the p95 leaves free (_pause_share), or in a tick a new
-            # interactive prompt stretches anyway. Spending it only in pauses starved a
-            # background prompt on CPU: one prompt token deep into it costs more than a tick's
-            # spare, so the prompt moved only in the 1-4 % of ticks that may pause (a
-            # 1,000-token prompt took 256 s, 4.5 % of the time; 119 s with ticks under the
-            # line). Pauses come second: each is a gap past the target, where a tick under the
-            # line is one only by chance.
-            under_ms = max(0.0, min(mem.credit_ms, line_ms - decode_ms - spare_ms))
-            rare = mem.over_mask.bit_count() + 1 <= pauses
-            if rare or any(s.phase is Phase.PREFILL for s in inter):
-                pause_to_ms = max(0.0, min(mem.credit_ms, pause_ms - spare_ms))
-        elif inter_dec:
-            spare_ms = 0.0
-        cap = min(room, mem.chunk_cap, self._bmt_room(state, budget, served, room))
-        rescue_ms = None  # not starving
-        if self._starving(mem):
-            rescue_ms = budget * self.rescue_slack - cost.predict(0, len(served), kv)
-        waiting = prefill_order([s for s in state.sessions if s.phase is Phase.PREFILL])
-        # A new interactive prompt is someone waiting for a first token: it may stretch the
-        # decoders' tick to floor_ms, whatever the hold says; with no decoder to protect, it
-        # goes in whole (chunking it would only delay its first token).
-        if not inter_dec:
-            floor_ms = spare_ms if served else math.inf
-        # The largest chunk any tick may take: a pause's, where pauses are allowed at all.
-        largest_ms = pause_ms if pauses >= 1 else max(spare_ms, line_ms - decode_ms)
-        prefill = self._prefill(waiting, cost, spare_ms + under_ms, floor_ms, largest_ms, cap,
-                                room, rescue_ms)
-        if pause_to_ms > under_ms and not any(i.seq_id in back_ids for i in prefill):
-            prefill = self._prefill(waiting, cost, spare_ms + pause_to_ms, floor_ms, largest_ms,
-                                    cap, room, rescue_ms)
-        items = [BatchItem(s.seq_id, Phase.DECODE, 1, logits=True) for s in served] + prefill
-        prefill_ms = sum(cost.prefill_ms(i.n_tokens, sessions_by_seq[i.seq_id].n_past, k == 0)
-                         for k, i in enumerate(prefill))
-
-        # Unused prompt time carries over while a background prompt waits: one token deep into
-        # a long prompt can cost more than a tick's whole spare (2.75 ms against 1.8 ms on CPU),
-        # and on a GPU the step into prompt work costs more than a tick's spare.
-        credit = min(mem.credit_ms + spare_ms - prefill_ms, pause_ms) if inter_dec and any(
-            s.priority is Priority.BACKGROUND for s in waiting) else 0.0
-        # Only background work counts against the pause share, and not where it rides along:
-        # ticks that new interactive prompts stretch happen as often when the streams run
-        # alone, so they are already part of the tail the share leaves room for, and making
-        # one longer does not add a gap past the p95.
-        # Nor does a tick that stays under the line (latency_cap × the streams' p95 alone, less
-        # the jitter): past the budget but not past the p95 the cap is judged on (on the CPU
-        # mixed load, counting those used the share up while gaps past the line rose only
-        # from 1.9 to 2.4 %). Without the jitter margin, a third of an MoE storm's ticks went
-        # just under the line, their tail over it, and the p95 to 1.34x.
-        back_prompt = any(i.seq_id in back_ids for i in prefill)
-        interactive_prompt = any(i.seq_id not in back_ids for i in prefill)
-        over = decode_ms + prefill_ms > line_ms + 1e-9 and back_prompt and not interactive_prompt
-        back_progress = back_prompt or any(s.priority is Priority.BACKGROUND for s in served)
-        n_prefill = sum(i.n_tokens for i in prefill)
-        mem = dataclasses.replace(
-            mem, budget_ms=max(budget, decode_ms + prefill_ms), credit_ms=max(0.0, credit),
-            over_mask=((mem.over_mask << 1) | over) & ((1 << self.pause_window) - 1),
-            starve=0 if back_progress or not back else mem.starve + 1, last_prefill=n_prefill)
-        notes = {
-            "budget_ms": budget, "credit_ms": credit, "pause_ms": pause_ms,
-            "predicted_ms": decode_ms + prefill_ms,
-            "served_decoders": len(served), "parked": len(inter_dec) + len(back_dec)
-            - len(served), "guard_active": bool(mem.hold or mem.ramp < 1.0), "s": mem.s,
-            "k": k, "chunk_cap": mem.chunk_cap,
-            "bmt_bytes": state.bmt.tick_bytes(len(served) + n_prefill, _cache_read(served))
-            if state.bmt else 0.0, "overruns": mem.overruns,
-            "line_ms": line_ms, "target_ms": target_ms,
-        }
-        return Plan(items=tuple(items), token_budget=len(served) + cap, notes=notes,
-                    memory=mem)
+        """One tick's plan: the steps below in order, each a pure function of the snapshot and
+        of the records of the steps it builds on (tested one by one)."""
+        d = lanes(self, state)
+        b = latency_budget(self, state, d)
+        dec = qos_decoders(self, state, d, b)
+        a = prompt_allowance(self, state, d, b, dec)
+        cap = bmt_guard(self, state, d, b, dec, a)
+        return settle(self, state, d, b, dec, a, cap, prompt_chunks(self, state, d, a, cap))
 
     # --- stages ------------------------------------------------------------------------------
 
@@ -411,3 +290,247 @@ class SloPolicy:
 def _cache_read(sessions: list[SessionView]) -> int:
     """KV positions a tick reads for these decoders: each reads its whole cache once."""
     return sum(s.n_past for s in sessions)
+
+
+# --- the steps -----------------------------------------------------------------------------------
+# Each is a pure function: the policy (its knobs), the snapshot, and the records of the steps
+# it builds on, in; its own small record out. schedule_tick wires them in order; a new step
+# takes what it needs and adds its record.
+
+
+@dataclass(frozen=True, slots=True)
+class Lanes:
+    """QoS classes and phases, and the memory updated with what the last tick measured."""
+
+    mem: SloMemory
+    inter: tuple[SessionView, ...]  # interactive sessions (decoding or starting a prompt)
+    back: tuple[SessionView, ...]  # background sessions
+    inter_dec: tuple[SessionView, ...]  # interactive decoders: served every tick
+    back_dec: tuple[SessionView, ...]  # background decoders: up to S of them
+    back_ids: frozenset[int]  # the background sessions' sequences
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """latency_budget's: the tick's time budget and what it is relative to (ms)."""
+
+    solo_ms: float  # the interactive decoders' tick alone, predicted
+    jitter: float  # how far decode ticks stray past their prediction (p95)
+    alone: float  # the streams' p95 alone, relative to solo_ms (at least the jitter)
+    budget_ms: float  # latency_cap × solo, a fixed budget, or the idle one
+
+
+@dataclass(frozen=True, slots=True)
+class Decoders:
+    """qos_decoders': who decodes this tick."""
+
+    served: tuple[SessionView, ...]
+    k: int  # ticks a burst keeps its background decoders (1 while streams decode)
+
+
+@dataclass(frozen=True, slots=True)
+class Allowance:
+    """prompt_allowance's: the time prompt tokens may take this tick, and its limits (ms)."""
+
+    room: int  # batch rows left after the decoders
+    decode_ms: float  # the served decoders' tick, predicted
+    spare_ms: float  # the budget left for prompt tokens
+    pause_ms: float  # the longest a tick with background work may run, past decode_ms
+    floor_ms: float  # what a new interactive prompt may always take, past decode_ms
+    target_ms: float  # latency_cap × the streams' p95 alone (0 with no stream decoding)
+    line_ms: float  # the p95 line: the target less how far prompt ticks stray
+    under_ms: float  # saved time this tick may spend and stay under the line
+    pause_to_ms: float  # saved time it may spend past the line (a pause)
+    rescue_ms: float | None  # a starving background prompt's time (None: not starving)
+    waiting: tuple[SessionView, ...]  # sessions with prompt tokens, in TTFT order
+    largest_ms: float  # the largest chunk any tick may take (amortisation's yardstick)
+
+
+@dataclass(frozen=True, slots=True)
+class Chunks:
+    """prompt_chunks': the prompt tokens in the batch."""
+
+    prefill: tuple[BatchItem, ...]
+    prefill_ms: float  # their predicted time
+
+
+def lanes(policy: SloPolicy, state: SchedulerState) -> Lanes:
+    """The lanes (QoS classes and phases) and the memory updated with the last tick."""
+    inter = tuple(s for s in state.sessions if s.priority is Priority.INTERACTIVE)
+    back = tuple(s for s in state.sessions if s.priority is Priority.BACKGROUND)
+    inter_dec = tuple(s for s in inter if s.phase is Phase.DECODE)
+    back_dec = tuple(s for s in back if s.phase is Phase.DECODE)
+    mem = policy._remember(state, bool(inter_dec))
+    return Lanes(mem, inter, back, inter_dec, back_dec, frozenset(s.seq_id for s in back))
+
+
+def latency_budget(policy: SloPolicy, state: SchedulerState, d: Lanes) -> Budget:
+    """LatencyGuard, the budget: latency_cap × the interactive decoders' predicted solo tick
+    (or tick_budget_ms; idle_budget_ms while no stream decodes, bounding a prompt's TTFT)."""
+    solo_ms = state.cost.predict(0, len(d.inter_dec), decode_kv(d.inter_dec))
+    # What the streams see alone, at the 95th percentile, relative to solo_ms: jitter and
+    # their own new prompts. The budget itself stays latency_cap × solo: planning every
+    # tick up to latency_cap × that p95 (less jitter) put the p95 of a CPU storm at 1.46x,
+    # since prompt chunks deep into a long prompt stray further than decode ticks do.
+    jitter = state.decode_noise
+    alone = max(state.alone_p95_ratio, jitter)
+    if policy.tick_budget_ms is not None:
+        budget = max(policy.tick_budget_ms, solo_ms)
+    elif d.inter_dec:
+        budget = policy.latency_cap * solo_ms
+    else:
+        budget = policy.idle_budget_ms
+    return Budget(solo_ms, jitter, alone, budget)
+
+
+def qos_decoders(policy: SloPolicy, state: SchedulerState, d: Lanes, b: Budget) -> Decoders:
+    """Admission/QoS for decoders: every interactive one; background ones up to S, rotated in
+    bursts of k ticks while no stream decodes, parked where they would break the budget; one
+    served anyway when background work is starving."""
+    cost, mem = state.cost, d.mem
+    served = list(d.inter_dec)
+    k = 1 if d.inter_dec else mem.k
+    candidates = rotated(list(d.back_dec), state.tick // k)[: max(mem.s, 0)]
+    for s in candidates:
+        trial = served + [s]
+        if cost.predict(0, len(trial), decode_kv(trial)) > b.budget_ms \
+                and not policy._starving(mem):
+            break
+        served.append(s)
+    served = served[: state.n_batch]
+    if d.back_dec and not any(s.priority is Priority.BACKGROUND for s in served) \
+            and policy._starving(mem):
+        served.append(rotated(list(d.back_dec), state.tick)[0])
+    return Decoders(tuple(served), k)
+
+
+def prompt_allowance(policy: SloPolicy, state: SchedulerState, d: Lanes, b: Budget,
+                     dec: Decoders) -> Allowance:
+    """LatencyGuard, the prompt time: what is left of the budget (held back after an overrun,
+    let in again on a ramp), and where a background prompt waits, saved time to spend under
+    the p95 line or, rarely, in a pause past it (module docstring, step 2)."""
+    cost, mem = state.cost, d.mem
+    served = list(dec.served)
+    room = state.n_batch - len(served)
+    kv = decode_kv(served)
+    decode_ms = cost.predict(0, len(served), kv)
+    spare_ms = max(0.0, b.budget_ms - decode_ms)
+    # The longest tick background work may cause: pause_factor × the streams' p95 alone
+    # (rare: see pause_share). New interactive prompts get pause_factor × their jittered
+    # solo time; basing theirs on the p95 alone, which they raise, would feed back.
+    pause_ms = max(b.budget_ms, policy.pause_factor * b.solo_ms * b.alone) - decode_ms
+    floor_ms = max(b.budget_ms, policy.pause_factor * b.solo_ms * b.jitter) - decode_ms
+    # The p95 target: latency_cap × the streams' p95 alone, relative to the time all
+    # interactive sequences would take to decode, those starting a prompt included (as the
+    # executor measures it alone): one figure for every tick, as the p95 of gaps is.
+    # Relative to each tick's own decoders it came out a fifth lower in ticks where a
+    # stream's new prompt left two of three decoding, the ticks most of the streams' own
+    # tail is made of. The line is the target less how far ticks with background prompt
+    # tokens stray past their plan (at least the decode jitter), so that a tick planned up
+    # to it lands past the target rarely: prompt ticks stray further than decode ticks, and
+    # less only the decode jitter the p95 of a 1B storm on an H100 rose from 1.06x (pauses
+    # alone) to 1.26x, of a 1,500-token storm on CPU to 1.23x.
+    target_ms = policy.latency_cap * b.alone * cost.predict(0, len(d.inter), decode_kv(d.inter)) \
+        if d.inter_dec else 0.0
+    line_ms = max(b.budget_ms, target_ms / max(b.jitter, state.prompt_noise))
+    under_ms = pause_to_ms = 0.0  # what this tick may spend beyond its own spare time:
+    # under the line, or past it (a pause) where nothing fits under it
+    pauses = policy._pause_share(state) * policy.pause_window  # of the window's ticks
+    if d.inter_dec and not mem.hold:  # the hold protects interactive streams
+        spare_ms *= mem.ramp
+        # Saved time is spent in a tick that stays under the line; in one past it (a
+        # pause, up to pause_ms) only where nothing fits under it, while such ticks stay
+        # under the share the p95 leaves free (_pause_share), or in a tick a new
+        # interactive prompt stretches anyway. Spending it only in pauses starved a
+        # background prompt on CPU: one prompt token deep into it costs more than a tick's
+        # spare, so the prompt moved only in the 1-4 % of ticks that may pause (a
+        # 1,000-token prompt took 256 s, 4.5 % of the time; 119 s with ticks under the
+        # line). Pauses come second: each is a gap past the target, where a tick under the
+        # line is one only by chance.
+        under_ms = max(0.0, min(mem.credit_ms, line_ms - decode_ms - spare_ms))
+        rare = mem.over_mask.bit_count() + 1 <= pauses
+        if rare or any(s.phase is Phase.PREFILL for s in d.inter):
+            pause_to_ms = max(0.0, min(mem.credit_ms, pause_ms - spare_ms))
+    elif d.inter_dec:
+        spare_ms = 0.0
+    rescue_ms = None  # not starving
+    if policy._starving(mem):
+        rescue_ms = b.budget_ms * policy.rescue_slack - cost.predict(0, len(served), kv)
+    waiting = prefill_order([s for s in state.sessions if s.phase is Phase.PREFILL])
+    # A new interactive prompt is someone waiting for a first token: it may stretch the
+    # decoders' tick to floor_ms, whatever the hold says; with no decoder to protect, it
+    # goes in whole (chunking it would only delay its first token).
+    if not d.inter_dec:
+        floor_ms = spare_ms if served else math.inf
+    # The largest chunk any tick may take: a pause's, where pauses are allowed at all.
+    largest_ms = pause_ms if pauses >= 1 else max(spare_ms, line_ms - decode_ms)
+    return Allowance(room, decode_ms, spare_ms, pause_ms, floor_ms, target_ms, line_ms, under_ms,
+                     pause_to_ms, rescue_ms, tuple(waiting), largest_ms)
+
+
+def bmt_guard(policy: SloPolicy, state: SchedulerState, d: Lanes, b: Budget, dec: Decoders,
+              a: Allowance) -> int:
+    """The ΣBMT guard and the slow start: the most background prompt tokens, capped where the
+    tick's bytes would pass bandwidth × budget, and at twice the largest chunk last run in
+    budget."""
+    return min(a.room, d.mem.chunk_cap, policy._bmt_room(state, b.budget_ms, list(dec.served),
+                                                          a.room))
+
+
+def prompt_chunks(policy: SloPolicy, state: SchedulerState, d: Lanes, a: Allowance,
+                  cap: int) -> Chunks:
+    """The prompt chunks: spend the spare time and the saved time under the line; where that
+    moves no background prompt, the saved time of a pause instead (SloPolicy._prefill)."""
+    waiting, cost = list(a.waiting), state.cost
+    prefill = policy._prefill(waiting, cost, a.spare_ms + a.under_ms, a.floor_ms, a.largest_ms,
+                              cap, a.room, a.rescue_ms)
+    if a.pause_to_ms > a.under_ms and not any(i.seq_id in d.back_ids for i in prefill):
+        prefill = policy._prefill(waiting, cost, a.spare_ms + a.pause_to_ms, a.floor_ms,
+                                  a.largest_ms, cap, a.room, a.rescue_ms)
+    depth = {s.seq_id: s.n_past for s in state.sessions}
+    prefill_ms = sum(cost.prefill_ms(i.n_tokens, depth[i.seq_id], k == 0)
+                     for k, i in enumerate(prefill))
+    return Chunks(tuple(prefill), prefill_ms)
+
+
+def settle(policy: SloPolicy, state: SchedulerState, d: Lanes, b: Budget, dec: Decoders,
+           a: Allowance, cap: int, c: Chunks) -> Plan:
+    """The plan, and what the next tick must remember: saved time carried over, whether
+    background work pushed this tick past the line (the pause share), starvation."""
+    served, prefill, mem, back_ids = dec.served, c.prefill, d.mem, d.back_ids
+    # Unused prompt time carries over while a background prompt waits: one token deep into
+    # a long prompt can cost more than a tick's whole spare (2.75 ms against 1.8 ms on CPU),
+    # and on a GPU the step into prompt work costs more than a tick's spare.
+    credit = min(mem.credit_ms + a.spare_ms - c.prefill_ms, a.pause_ms) if d.inter_dec and any(
+        s.priority is Priority.BACKGROUND for s in a.waiting) else 0.0
+    # Only background work counts against the pause share, and not where it rides along:
+    # ticks that new interactive prompts stretch happen as often when the streams run
+    # alone, so they are already part of the tail the share leaves room for, and making
+    # one longer does not add a gap past the p95.
+    # Nor does a tick that stays under the line (latency_cap × the streams' p95 alone, less
+    # the jitter): past the budget but not past the p95 the cap is judged on (on the CPU
+    # mixed load, counting those used the share up while gaps past the line rose only
+    # from 1.9 to 2.4 %). Without the jitter margin, a third of an MoE storm's ticks went
+    # just under the line, their tail over it, and the p95 to 1.34x.
+    back_prompt = any(i.seq_id in back_ids for i in prefill)
+    interactive_prompt = any(i.seq_id not in back_ids for i in prefill)
+    over = a.decode_ms + c.prefill_ms > a.line_ms + 1e-9 and back_prompt \
+        and not interactive_prompt
+    back_progress = back_prompt or any(s.priority is Priority.BACKGROUND for s in served)
+    n_prefill = sum(i.n_tokens for i in prefill)
+    mem = dataclasses.replace(
+        mem, budget_ms=max(b.budget_ms, a.decode_ms + c.prefill_ms),
+        credit_ms=max(0.0, credit),
+        over_mask=((mem.over_mask << 1) | over) & ((1 << policy.pause_window) - 1),
+        starve=0 if back_progress or not d.back else mem.starve + 1, last_prefill=n_prefill)
+    notes = PlanNotes(
+        budget_ms=b.budget_ms, predicted_ms=a.decode_ms + c.prefill_ms, line_ms=a.line_ms,
+        target_ms=a.target_ms, pause_ms=a.pause_ms, credit_ms=credit,
+        served_decoders=len(served), parked=len(d.inter_dec) + len(d.back_dec) - len(served),
+        guard_active=bool(mem.hold or mem.ramp < 1.0), s=mem.s, k=dec.k, chunk_cap=mem.chunk_cap,
+        bmt_bytes=state.bmt.tick_bytes(len(served) + n_prefill, _cache_read(list(served)))
+        if state.bmt else 0.0, overruns=mem.overruns,
+        background=frozenset(back_ids & ({s.seq_id for s in served} | {i.seq_id for i in prefill})))
+    items = [BatchItem(s.seq_id, Phase.DECODE, 1, logits=True) for s in served] + list(prefill)
+    return Plan(items=tuple(items), token_budget=len(served) + cap, notes=notes, memory=mem)
+

@@ -8,13 +8,14 @@ replaced without touching the executor that builds and runs the batch.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from uma.priority import Priority
 from uma.sched.bmt import BmtModel
 from uma.sched.cost import CostEstimate
 
-__all__ = ["BatchItem", "Phase", "Plan", "Priority", "SchedulerState", "SessionView"]
+__all__ = ["BatchItem", "Phase", "Plan", "PlanNotes", "Priority", "SchedulerState",
+           "SessionView"]
 
 
 class Phase(enum.Enum):
@@ -80,13 +81,37 @@ class BatchItem:
 
 
 @dataclass(frozen=True, slots=True)
+class PlanNotes:
+    """Why a plan is what it is: the policy's figures for the tick (ms unless named
+    otherwise), which the executor's metrics and the traces read."""
+
+    budget_ms: float = 0.0  # the time the tick was allowed
+    predicted_ms: float = 0.0  # what the cost model predicts the plan takes
+    line_ms: float = 0.0  # the p95 line prompt work plans up to (slo)
+    target_ms: float = 0.0  # latency_cap × the streams' p95 alone (0: no stream decodes)
+    pause_ms: float = 0.0  # the longest a tick with background work may run past its decoders
+    credit_ms: float = 0.0  # saved prompt time carried to the next tick
+    served_decoders: int = 0  # decoding sequences in the batch
+    parked: int = 0  # decoding sequences left out of it
+    guard_active: bool = False  # prompts held back after an overrun (the hold or its ramp)
+    s: int = 0  # background decoders served per tick (the hill-climbed S)
+    k: int = 1  # ticks a burst keeps its background decoders
+    chunk_cap: int = 0  # most background prompt tokens (slow start)
+    bmt_bytes: float = 0.0  # bytes the tick moves through memory (estimate)
+    overruns: int = 0  # ticks over budget so far
+    background: frozenset[int] = frozenset()  # the batch's sequences that are background work
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     """One tick's work. The executor runs items in order and changes nothing else."""
 
     items: tuple[BatchItem, ...] = ()  # what goes in the batch, in batch order
     token_budget: int = 0  # the budget the policy planned against (for metrics)
-    notes: dict[str, object] = field(default_factory=dict)  # policy telemetry, e.g. guard state
-    memory: object = None  # handed back to the policy in the next snapshot (SchedulerState.memory)
+    notes: PlanNotes | None = None  # why (None: a policy that keeps no figures)
+    # The policy's own state, opaque to everyone else: handed back to it in the next snapshot
+    # (SchedulerState.memory).
+    memory: object = None
 
     @classmethod
     def empty(cls) -> Plan:
