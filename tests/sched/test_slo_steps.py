@@ -1,0 +1,90 @@
+"""The SLO policy's steps one by one (uma.sched.slo): each is a pure function of the snapshot
+and the records of the steps before it, so each is checked on its own inputs."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from uma.sched import slo
+from uma.sched.bmt import BmtModel
+from uma.sched.slo import SloMemory, SloPolicy
+from uma.sched.state import Phase
+
+from .test_slo import BG, COST, INT, session, state
+
+P = SloPolicy()
+
+
+def run_to(step: str, sessions, **kw):
+    """The records up to `step`, on a snapshot of sessions."""
+    st = state(sessions, **kw)
+    d = slo.lanes(P, st)
+    b = slo.latency_budget(P, st, d)
+    dec = slo.qos_decoders(P, st, d, b)
+    a = slo.prompt_allowance(P, st, d, b, dec)
+    cap = slo.bmt_guard(P, st, d, b, dec, a)
+    return {"state": st, "lanes": d, "budget": b, "decoders": dec, "allowance": a,
+            "cap": cap}[step] if step != "all" else (st, d, b, dec, a, cap)
+
+
+def test_lanes_sort_sessions_by_class_and_phase_and_start_the_memory():
+    sessions = [session(0, INT, Phase.DECODE), session(1, INT, Phase.PREFILL),
+                session(2, BG, Phase.DECODE), session(3, BG, Phase.PREFILL)]
+    d = run_to("lanes", sessions)
+    assert [s.seq_id for s in d.inter_dec] == [0] and [s.seq_id for s in d.back_dec] == [2]
+    assert d.back_ids == {2, 3} and d.mem.s == P.initial_s and d.mem.chunk_cap == P.min_prefill
+    moe = BmtModel(1e8, 1e7, 8, 2, 1e4, 1e4)
+    assert run_to("lanes", sessions, bmt=moe).mem.s == P.moe_initial_s
+
+
+def test_the_budget_is_the_cap_over_the_streams_alone_or_the_idle_one():
+    streams = [session(i, INT, Phase.DECODE) for i in range(3)]
+    b = run_to("budget", streams)
+    assert b.solo_ms == COST.predict(0, 3) and b.budget_ms == 1.2 * b.solo_ms
+    assert run_to("budget", [session(5, BG, Phase.DECODE)]).budget_ms == P.idle_budget_ms
+    fixed = slo.latency_budget(dataclasses.replace(P, tick_budget_ms=50.0), state(streams),
+                               slo.lanes(P, state(streams)))
+    assert fixed.budget_ms == 50.0
+
+
+def test_streams_always_decode_and_background_decoders_park_past_the_budget():
+    sessions = [session(0, INT, Phase.DECODE)] + [session(i, BG, Phase.DECODE)
+                                                  for i in range(1, 4)]
+    dec = run_to("decoders", sessions)
+    # 1.2 x (10 + 1) ms: two background rows fit (13 ms), a third would not (14 ms)
+    assert [s.seq_id for s in dec.served] == [0, 1, 2]
+    starving = SloMemory(s=8, k=2, chunk_cap=16, starve=P.max_starve_ticks)
+    dec = run_to("decoders", sessions, memory=starving)
+    assert len(dec.served) == 4  # starving background work is not parked
+    idle = run_to("decoders", [session(i, BG, Phase.DECODE) for i in range(4)])
+    assert idle.k == P.burst and len(idle.served) == 4
+
+
+def test_the_prompt_allowance_is_held_after_an_overrun_and_open_without_streams():
+    streams = [session(0, INT, Phase.DECODE), session(9, BG, Phase.PREFILL, prompt=3000)]
+    a = run_to("allowance", streams)
+    assert math.isclose(a.spare_ms, 1.2 * 11.0 - 11.0)  # the budget less the decoders
+    held = run_to("allowance", streams, memory=SloMemory(s=8, k=2, chunk_cap=16, hold=2))
+    assert held.spare_ms == 0.0 and held.under_ms == held.pause_to_ms == 0.0
+    alone = run_to("allowance", [session(9, BG, Phase.PREFILL, prompt=3000)])
+    assert alone.floor_ms == math.inf and alone.spare_ms == P.idle_budget_ms - alone.decode_ms
+    assert alone.target_ms == 0.0
+
+
+def test_the_bandwidth_guard_caps_the_prompt_tokens():
+    sessions = [session(0, INT, Phase.DECODE), session(9, BG, Phase.PREFILL, prompt=3000)]
+    bmt = BmtModel(dense_bytes=1e8, expert_bytes=0.0, n_expert=0, n_expert_used=0,
+                   kv_bytes_per_pos=0.0, act_bytes_per_token=1e6)
+    open_cap = run_to("cap", sessions, memory=SloMemory(s=8, k=2, chunk_cap=512))
+    tight = run_to("cap", sessions, memory=SloMemory(s=8, k=2, chunk_cap=512), bmt=bmt,
+                   gbps=10.0)
+    assert open_cap == 511 and 0 < tight < open_cap  # 512 rows less the decoder
+
+
+def test_a_new_interactive_prompt_gets_a_chunk_even_while_prompts_are_held():
+    sessions = [session(0, INT, Phase.DECODE), session(1, INT, Phase.PREFILL, prompt=40)]
+    st, d, b, dec, a, cap = run_to("all", sessions,
+                                   memory=SloMemory(s=8, k=2, chunk_cap=16, hold=3))
+    chunks = slo.prompt_chunks(P, st, d, a, cap)
+    assert chunks.prefill and chunks.prefill[0].seq_id == 1 and chunks.prefill_ms > 0
