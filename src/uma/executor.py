@@ -36,7 +36,7 @@ from uma.request import Request
 from uma.sched.bmt import BmtModel
 from uma.sched.cost import CostModel, attended
 from uma.sched.policy import BatchPolicy
-from uma.sched.state import BatchItem, Phase, Plan, Priority, SchedulerState
+from uma.sched.state import BatchItem, Phase, Plan, Priority, SchedulerState, Waiting
 
 log = logging.getLogger("uma.executor")
 
@@ -337,21 +337,25 @@ class Executor:
                     self.release(req, "cancelled")
 
     def _admit(self) -> None:
-        """Interactive before background, first come first served within a class."""
-        for priority in Priority:
-            q = self.waiting[priority]
-            while q and self.free_seqs:
-                req = q.popleft()
-                req.seq_id = heapq.heappop(self.free_seqs)
-                req.admitted_ns = req.admitted_ns or time.monotonic_ns()
-                self.running[req.seq_id] = req
-                try:
-                    self.sampler.configure(req.seq_id, **req.params.sampler_options())
-                    if req.params.repeat_penalty != 1 or req.params.frequency_penalty \
-                            or req.params.presence_penalty:
-                        self.sampler.accept(req.seq_id, req.tokens)
-                except Exception as exc:  # noqa: BLE001 - this request's alone
-                    self.fail(req, exc)
+        """Gives free sequences to the queued requests the policy picks."""
+        if not self.free_seqs or not any(self.waiting.values()):
+            return
+        queued = {r.rid: r for q in self.waiting.values() for r in q}
+        views = [Waiting(r.rid, r.priority, len(r.tokens), r.arrival_ns)
+                 for r in queued.values()]
+        for rid in self.policy.admit(views, len(self.free_seqs)):
+            req = queued[rid]
+            self.waiting[req.priority].remove(req)
+            req.seq_id = heapq.heappop(self.free_seqs)
+            req.admitted_ns = req.admitted_ns or time.monotonic_ns()
+            self.running[req.seq_id] = req
+            try:
+                self.sampler.configure(req.seq_id, **req.params.sampler_options())
+                if req.params.repeat_penalty != 1 or req.params.frequency_penalty \
+                        or req.params.presence_penalty:
+                    self.sampler.accept(req.seq_id, req.tokens)
+            except Exception as exc:  # noqa: BLE001 - this request's alone
+                self.fail(req, exc)
 
     # --- the tick ---------------------------------------------------------------------------
 
@@ -556,21 +560,13 @@ class Executor:
                    logprobs=np.concatenate([p[3] for p in parts]))
 
     def _shed(self, plan: Plan) -> Plan:
-        """A smaller plan after 'no KV slot': first without prompt chunks; if decode steps
-        alone do not fit, the newest request (background first) goes back to the queue."""
-        if any(i.phase is Phase.PREFILL for i in plan.items):
-            return dataclasses.replace(
-                plan, items=tuple(i for i in plan.items if i.phase is Phase.DECODE))
-        victims = sorted(self.running.values(),
-                         key=lambda r: (r.priority is Priority.INTERACTIVE, -r.rid))
-        if len(victims) <= 1:
-            # A sequence alone in the cache that still does not fit has filled the context.
-            for req in victims:
-                self.release(req, "length")
-            return Plan.empty()
-        self._preempt(victims[0])
-        return dataclasses.replace(
-            plan, items=tuple(i for i in plan.items if i.seq_id in self.running))
+        """A smaller plan after 'no KV slot', as the policy decides it."""
+        shed = self.policy.shed(plan, [r.view() for r in self.running.values()])
+        if shed.preempt is not None:
+            self._preempt(self.running[shed.preempt])
+        if shed.finish is not None:
+            self.release(self.running[shed.finish], "length")
+        return dataclasses.replace(shed.plan, items=self._live(shed.plan.items))
 
     def _preempt(self, req: Request) -> None:
         """Frees the request's KV and requeues it at the head of its class: it will prefill

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from uma.sched.policy import chunk_prefills, decode_kv, prefill_order, rotated
-from uma.sched.state import BatchItem, Phase, Plan, SchedulerState
+from uma.sched.policy import (
+    admit_by_class,
+    chunk_prefills,
+    decode_kv,
+    prefill_order,
+    rotated,
+    shed_for_room,
+)
+from uma.sched.state import BatchItem, Phase, Plan, SchedulerState, SessionView, Shed, Waiting
 
 
 @dataclass(frozen=True)
@@ -24,6 +32,12 @@ class BaselinePolicy:
     @classmethod
     def from_config(cls, config) -> BaselinePolicy:
         return cls(tick_target_ms=config.tick_target_ms)
+
+    def admit(self, waiting: Sequence[Waiting], free: int) -> tuple[int, ...]:
+        return admit_by_class(waiting, free)
+
+    def shed(self, plan: Plan, sessions: Sequence[SessionView]) -> Shed:
+        return shed_for_room(plan, sessions)
 
     def schedule_tick(self, state: SchedulerState) -> Plan:
         decoders = [s for s in state.sessions if s.phase is Phase.DECODE]

@@ -9,20 +9,60 @@ uma.sched.baseline and uma.sched.slo; uma.sched.policies names them.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from typing import Protocol
 
 from uma.sched.cost import attended
-from uma.sched.state import BatchItem, Phase, Plan, Priority, SchedulerState, SessionView
+from uma.sched.state import (
+    BatchItem,
+    Phase,
+    Plan,
+    Priority,
+    SchedulerState,
+    SessionView,
+    Shed,
+    Waiting,
+)
 
 
 class BatchPolicy(Protocol):
-    """What the executor needs from a policy."""
+    """What the executor needs from a policy: every decision it acts on."""
 
     name: str
+
+    def admit(self, waiting: Sequence[Waiting], free: int) -> tuple[int, ...]:
+        """Which queued requests get one of `free` KV sequences now (request ids, in order)."""
+        ...
 
     def schedule_tick(self, state: SchedulerState) -> Plan:
         """Decides one tick's batch."""
         ...
+
+    def shed(self, plan: Plan, sessions: Sequence[SessionView]) -> Shed:
+        """What to run instead when the KV cache has no room for `plan`."""
+        ...
+
+
+def admit_by_class(waiting: Sequence[Waiting], free: int) -> tuple[int, ...]:
+    """Interactive before background, first come first served within a class."""
+    order = sorted(waiting, key=lambda w: (w.priority is not Priority.INTERACTIVE, w.rid))
+    return tuple(w.rid for w in order[:max(free, 0)])
+
+
+def shed_for_room(plan: Plan, sessions: Sequence[SessionView]) -> Shed:
+    """Prompt chunks go first; if decode rows alone do not fit, the newest request
+    (background first) goes back to the queue; a sequence alone that does not fit has filled
+    the context."""
+    if any(i.phase is Phase.PREFILL for i in plan.items):
+        return Shed(dataclasses.replace(
+            plan, items=tuple(i for i in plan.items if i.phase is Phase.DECODE)))
+    victims = sorted(sessions, key=lambda s: (s.priority is Priority.INTERACTIVE, -s.rid))
+    if len(victims) <= 1:
+        return Shed(Plan.empty(), finish=victims[0].seq_id if victims else None)
+    out = victims[0].seq_id
+    return Shed(dataclasses.replace(plan, items=tuple(i for i in plan.items if i.seq_id != out)),
+                preempt=out)
 
 
 def rotated(sessions: list[SessionView], tick: int) -> list[SessionView]:

@@ -37,10 +37,11 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from uma.sched.cost import CostEstimate
-from uma.sched.policy import decode_kv, prefill_order, rotated
+from uma.sched.policy import admit_by_class, decode_kv, prefill_order, rotated, shed_for_room
 from uma.sched.state import (
     BatchItem,
     Phase,
@@ -49,6 +50,8 @@ from uma.sched.state import (
     Priority,
     SchedulerState,
     SessionView,
+    Shed,
+    Waiting,
 )
 
 
@@ -110,6 +113,12 @@ class SloPolicy:
     @classmethod
     def from_config(cls, config) -> SloPolicy:
         return cls(latency_cap=config.latency_cap, tick_budget_ms=config.tick_budget_ms)
+
+    def admit(self, waiting: Sequence[Waiting], free: int) -> tuple[int, ...]:
+        return admit_by_class(waiting, free)
+
+    def shed(self, plan: Plan, sessions: Sequence[SessionView]) -> Shed:
+        return shed_for_room(plan, sessions)
 
     def schedule_tick(self, state: SchedulerState) -> Plan:
         """One tick's plan: the steps below in order, each a pure function of the snapshot and

@@ -15,7 +15,7 @@ from uma.sched.bmt import BmtModel
 from uma.sched.cost import CostEstimate
 
 __all__ = ["BatchItem", "Phase", "Plan", "PlanNotes", "Priority", "SchedulerState",
-           "SessionView"]
+           "SessionView", "Shed", "Waiting"]
 
 
 class Phase(enum.Enum):
@@ -42,6 +42,27 @@ class SessionView:
     @property
     def prefill_left(self) -> int:
         return self.n_prompt - self.n_prefilled
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """A request queued for a KV sequence, as the policy sees it when admitting."""
+
+    rid: int  # request id, increasing with arrival
+    priority: Priority
+    n_prompt: int  # tokens it will prefill
+    arrival_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class Shed:
+    """What to do when the KV cache has no room for a plan: run `plan` instead, after sending
+    `preempt` back to the queue (its KV freed; it prefills again later) or ending `finish`
+    as 'length' (a sequence alone in the cache that still does not fit has filled it)."""
+
+    plan: Plan
+    preempt: int | None = None  # a sequence id
+    finish: int | None = None  # a sequence id
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,37 @@
+"""Decisions every policy shares (uma.sched.policy): admission and shedding on a full cache."""
+
+from uma.sched.policy import admit_by_class, shed_for_room
+from uma.sched.state import BatchItem, Phase, Plan, Waiting
+
+from .test_slo import BG, INT, session
+
+
+def test_admission_is_interactive_first_then_by_arrival():
+    waiting = [Waiting(5, BG, 10, 5), Waiting(7, INT, 10, 7), Waiting(3, BG, 10, 3),
+               Waiting(9, INT, 10, 9)]
+    assert admit_by_class(waiting, 3) == (7, 9, 3)
+    assert admit_by_class(waiting, 0) == () and admit_by_class([], 4) == ()
+
+
+def decode(seq):
+    return BatchItem(seq, Phase.DECODE, 1, logits=True)
+
+
+def test_a_full_cache_sheds_prompt_chunks_first():
+    plan = Plan(items=(decode(0), BatchItem(1, Phase.PREFILL, 64, logits=False)))
+    shed = shed_for_room(plan, [session(0, INT, Phase.DECODE), session(1, BG, Phase.PREFILL)])
+    assert shed.plan.items == (decode(0),) and shed.preempt is None and shed.finish is None
+
+
+def test_then_the_newest_background_request_goes_back_to_the_queue():
+    sessions = [session(0, INT, Phase.DECODE), session(1, BG, Phase.DECODE),
+                session(2, BG, Phase.DECODE), session(3, INT, Phase.DECODE)]
+    shed = shed_for_room(Plan(items=tuple(decode(s) for s in range(4))), sessions)
+    assert shed.preempt == 2 and [i.seq_id for i in shed.plan.items] == [0, 1, 3]
+    inter = [session(0, INT, Phase.DECODE), session(3, INT, Phase.DECODE)]
+    assert shed_for_room(Plan(items=(decode(0), decode(3))), inter).preempt == 3
+
+
+def test_a_sequence_alone_that_does_not_fit_has_filled_the_context():
+    shed = shed_for_room(Plan(items=(decode(4),)), [session(4, BG, Phase.DECODE)])
+    assert shed.finish == 4 and shed.plan.items == () and shed.preempt is None
