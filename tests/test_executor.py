@@ -1,8 +1,8 @@
 """The executor: calibration before serving (on the real core) and its tick spread."""
 
 import uma
-from uma.executor import TickSpread
 from uma.sched.cost import CostEstimate
+from uma.tick_stats import TickSpread
 
 
 def test_calibration_prices_ticks_at_what_the_device_charges_and_leaves_the_cache_empty(

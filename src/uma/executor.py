@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from uma import _core
+from uma.calibration import DeviceTiming
 from uma.errors import DecodeAbortedError, NoKVSlotError, UmaError
 from uma.metrics import LoadMeter, Registry
 from uma.output import OutputStage
@@ -37,89 +38,9 @@ from uma.sched.bmt import BmtModel
 from uma.sched.cost import CostModel, attended
 from uma.sched.policy import BatchPolicy
 from uma.sched.state import BatchItem, Phase, Plan, Priority, SchedulerState, Waiting
+from uma.tick_stats import TickReport, TickStats
 
 log = logging.getLogger("uma.executor")
-
-
-class TickMetrics:
-    """The executor's instruments, created once."""
-
-    def __init__(self, reg: Registry) -> None:
-        self.ticks = reg.counter("ticks_total", "decode calls")
-        self.prefill_tokens = reg.counter("tokens_prefilled_total", "prompt tokens decoded")
-        self.generated_tokens = reg.counter("tokens_generated_total", "tokens sampled")
-        self.decode_ms_last = reg.gauge("decode_ms_last", "llama_decode time of the last tick")
-        self.decode_ms_ewma = reg.gauge("decode_ms_ewma", "smoothed llama_decode time per tick")
-        self.tick_ms = reg.histogram("tick_ms", "whole tick time")
-        self.decode_ms = reg.histogram("tick_decode_ms", "llama_decode time per tick")
-        self.sample_ms = reg.histogram("tick_sample_ms", "sampling time per tick")
-        self.overhead_ms = reg.histogram("tick_overhead_ms", "Python time per tick")
-        self.decode_time = reg.counter("decode_seconds_total", "time in llama_decode")
-        self.sample_time = reg.counter("sample_seconds_total", "time sampling")
-        self.tick_time = reg.counter("tick_seconds_total", "time in ticks")
-        self.tokens_decode = reg.gauge("tokens_per_tick_decode", "decode tokens in the last tick")
-        self.tokens_prefill = reg.gauge("tokens_per_tick_prefill", "prompt tokens in the last tick")
-        self.batch_tokens = reg.histogram("batch_tokens", "tokens per tick",
-                                          (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048))
-        self.queue_depth = reg.gauge("queue_depth", "requests waiting for a KV sequence")
-        self.running = reg.gauge("requests_running", "requests holding a KV sequence")
-        self.kv_cells = reg.gauge("kv_cells_used", "KV positions held by running requests")
-        self.cost_error = reg.gauge("cost_model_error_ms", "mean |measured - predicted| tick ms")
-        self.served = reg.gauge("served_decoders", "decoding sequences served in the last tick")
-        self.parked = reg.gauge("parked_sessions", "decoding sequences left out of the last tick")
-        self.bmt_last = reg.gauge("bmt_estimate_last", "bytes the last tick moved (estimate)")
-        self.bmt_budget = reg.gauge("bmt_budget_gbps", "memory bandwidth budget, GB/s (0: off)")
-        self.guard_active = reg.gauge("prefill_guard_active", "1 while prompts are held back")
-        self.tick_budget = reg.gauge("tick_budget_ms", "the last tick's time budget")
-        self.over_budget = reg.counter("ticks_over_budget_total", "ticks longer than budget")
-        self.kv_full = reg.counter("kv_full_total", "decodes that found no KV slot")
-        self.preempted = reg.counter("preemptions_total", "requests sent back to the queue")
-        self.finished = {r: reg.counter(f"requests_{r}_total", f"requests ended: {r}")
-                         for r in ("stop", "length", "cancelled", "error")}
-        self.ttft = {p: reg.histogram(f"ttft_ms_{p.value}", f"time to first token, {p.value}")
-                     for p in Priority}
-        self.itl = {p: reg.histogram(f"inter_token_ms_{p.value}", f"inter-token gap, {p.value}")
-                    for p in Priority}
-
-
-class TickSpread:
-    """How far measured ticks stray above the cost model's mean, as p95 ratios over recent
-    ticks. `decode`: ticks of decode rows only, against their prediction (jitter: thread
-    wake-ups, a GPU's graph re-captures). `prompt`: ticks with background prompt tokens, against
-    theirs (the same jitter, plus the cost model's error on prompt chunks; the ticks the policy
-    plans up to its line). `alone`: ticks while no background request exists,
-    against the model's time for their sequences as decode rows alone (a stream starting a
-    new prompt counted as the row it will be): what interactive streams see without background
-    work (jitter and their own new prompts), the reference the latency cap is relative to."""
-
-    EVERY = 16  # samples between recomputations: a percentile per tick is hot-path waste
-
-    def __init__(self, size: int = 256) -> None:
-        self._decode: collections.deque[float] = collections.deque(maxlen=size)
-        self._prompt: collections.deque[float] = collections.deque(maxlen=size)
-        self._alone: collections.deque[float] = collections.deque(maxlen=size)
-        self._added = {"decode": 0, "prompt": 0, "alone": 0}
-        self.decode = 1.0
-        self.prompt = 1.0
-        self.alone = 0.0  # 0: not seen yet
-        self.alone_sorted: tuple[float, ...] = ()  # the alone ratios, sorted (policies' tails)
-
-    def add(self, measured_ms: float, predicted_ms: float, solo_ms: float | None,
-            decode_only: bool, background_prompt: bool = False) -> None:
-        if decode_only:
-            self._push("decode", self._decode, measured_ms / max(predicted_ms, 1e-3))
-        if background_prompt:
-            self._push("prompt", self._prompt, measured_ms / max(predicted_ms, 1e-3))
-        if solo_ms is not None:
-            self._push("alone", self._alone, measured_ms / max(solo_ms, 1e-3))
-
-    def _push(self, name: str, values: collections.deque[float], value: float) -> None:
-        values.append(value)
-        self._added[name] += 1
-        if len(values) >= 2 * self.EVERY and self._added[name] % self.EVERY == 0:
-            setattr(self, name, max(1.0, float(np.percentile(values, 95))))
-            if name == "alone":
-                self.alone_sorted = tuple(sorted(values))
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +65,6 @@ class Executor:
         self.model = ctx.model
         self.policy = policy
         self.output = output
-        self.m = TickMetrics(metrics)
         self.batch = core.Batch(ctx.n_batch)
         self.sampler = core.Sampler(ctx.n_seq_max, self.model.n_vocab)
         self.n_ctx_seq = ctx.n_ctx_seq
@@ -157,110 +77,51 @@ class Executor:
         self.waiting = {p: collections.deque() for p in Priority}
         self.running: dict[int, Request] = {}
         self.cost = CostModel()
-        self.tick = 0
+        self.stats = TickStats(metrics, self.cost)
+        self.m = self.stats.m  # what requests' results record (TTFT, gaps, finishes)
         self.bmt = bmt
         self.bmt_budget_gbps = bmt_budget_gbps
         self.m.bmt_budget.set(bmt_budget_gbps)
-        self._decode_ewma = 0.0
         self._tick_start = 0.0
-        self._last_tick_ms = 0.0
-        self._last_tick_tokens = 0
         self._cache_read = self._prompt_attended = 0
         self._background_prompt = False
-        self.spread = TickSpread()
-        self.load = LoadMeter()  # the compute thread's busy share (uma status)
-        self.calibration = (0, 0)  # scratch decodes done and planned (calibrate's progress)
+        self._timing: DeviceTiming | None = None  # the start-up calibration, once begun
         # The batch's sequences as decode rows, and their attention: what the streams' ticks
         # alone are measured against (a stream's new prompt counted as the row it will be).
         self._solo = (0, 0)
         self._memory: object = None  # the policy's, from its last executed plan
-        # Set to a list to record (prefill tokens, decode tokens, decode s, sample s, tick s,
-        # llama_decode s, plan) of every tick, for profiling and tests; None costs nothing.
-        self.trace: list[tuple] | None = None
 
-    # A device this slow at one decode row gets the short calibration (a 1B f16 model on two
-    # CPU cores: ~60 ms a row, 11.5 s for the full schedule, 3 s for the short one).
-    SLOW_ROW_MS = 30.0
+    @property
+    def trace(self) -> list[tuple] | None:
+        """Set to a list to record (prefill tokens, decode tokens, decode s, sample s, tick s,
+        llama_decode s, plan) of every tick, for profiling and tests; None costs nothing."""
+        return self.stats.trace
 
-    def calibrate(self, passes: int = 2) -> None:
-        """Times scratch batches of a few shapes (decode rows; one-token, short and long prompt
-        chunks; a decode row and one-token and short chunks deep into a sequence) before
-        serving and anchors the cost model there. From the generic prior alone, a GPU never
-        learns what a prompt token costs it (a fiftieth of that prior): when every tick of a
-        storm carries one or two prompt tokens, the fit cannot tell them from the decoders,
-        blames the decoders, inflates their budget and spends it on two prompt tokens a tick
-        (a background prompt took 59 s on an H100, every interactive tick ran at 1.5x).
-        Attention needs the deep shapes for the same reason: a storm's few deep prompt ticks
-        among its many decode ticks cannot pin what a prompt token's attention costs on their
-        own, and the one-token chunks tell the step from a chunk's read of the cache before
-        it."""
-        n_rows = min(4, self.ctx.n_seq_max)
-        chunk = max(1, min(64, self.batch.capacity, self.n_ctx_seq - 1))
-        small = min(8, chunk)
-        depth = max(0, min(4 * chunk, self.batch.capacity, self.n_ctx_seq - chunk - 1))
-        tokens = (np.arange(max(chunk, depth), dtype=np.int32) * 7919 + 1) % self.model.n_vocab
-        shallow = [(0, 1), (0, n_rows), (1, 0), (small, 0), (chunk, 0)]
-        deep = [(1, 0), (small, 0), (0, 1)]
-        runs = 3
-        self.calibration = (0, 2 + passes * runs * (len(shallow) + len(deep)) + 1)
-        ticks = []
-        try:
-            # On a slow device (an 8B model on a laptop CPU: ~1 s a decode row) the full
-            # schedule took 50 s before the first request could be answered: there, each shape
-            # runs twice in one pass (no graph capture to wait out on a CPU), not so deep. The
-            # probe's first decode pays one-off costs, its second does not.
-            probe = [self._scratch(tokens[:0], 1, 0) for _ in range(2)]
-            if probe[-1] > self.SLOW_ROW_MS:
-                passes, runs = 1, 2
-                chunk = min(chunk, 32)
-                depth = min(depth, 2 * chunk)
-                shallow[-1] = (chunk, 0)
-                self.calibration = (2, 2 + passes * runs * (len(shallow) + len(deep)) + 1)
-            ticks += self._time_shapes(tokens, shallow, passes, runs)
-            if depth:  # sequence 0 holds `depth` positions while the deep shapes run
-                self._scratch(tokens[:depth], 0, 0, keep=True)
-                ticks += self._time_shapes(tokens, deep, passes, runs, depth)
-        except UmaError:
-            return  # a context too small to try, or the engine closing: the generic prior
-        finally:
-            self.ctx.seq_rm(0)
-            self.calibration = (self.calibration[1], self.calibration[1])
-        self.cost.calibrate(ticks)
+    @trace.setter
+    def trace(self, value: list[tuple] | None) -> None:
+        self.stats.trace = value
 
-    def _time_shapes(self, tokens: np.ndarray, shapes: list[tuple[int, int]], passes: int,
-                     runs: int, depth: int = 0) -> list[tuple[int, int, int, int, float]]:
-        """(prompt tokens, decode rows, cache positions read, prompt's attended, ms) of each shape,
-        `passes` times, with sequence 0 `depth` positions deep."""
-        ticks = []
-        for _ in range(passes):
-            for n_prompt, rows in shapes:
-                # A shape's first runs pay for what a new shape costs once (allocation, a
-                # GPU's graph capture); its last is what steady ticks of it take.
-                for _ in range(runs):
-                    ms = self._scratch(tokens[:n_prompt], rows, depth)
-                read = (attended(depth, 1) + rows - 1 if rows else 0) + (depth if n_prompt else 0)
-                ticks.append((n_prompt, rows, read, attended(depth, n_prompt), ms))
-        return ticks
+    @property
+    def tick(self) -> int:
+        return self.stats.ticks
 
-    def _scratch(self, prompt: np.ndarray, rows: int, depth: int, keep: bool = False) -> float:
-        """One scratch decode: a prompt chunk on sequence 0 from position `depth`, and `rows`
-        decode rows (sequence 0's at `depth`, the others' at 0); returns its milliseconds.
-        What it adds to the cache is removed again unless `keep`."""
-        batch = self.batch
-        batch.clear()
-        if len(prompt):
-            batch.add_sequence(prompt, depth, 0, logits_last=True)
-        for seq in range(rows):
-            batch.add(1, depth if seq == 0 else 0, seq, True)
-        t0 = time.perf_counter()
-        try:
-            self.ctx.decode(batch)
-            return (time.perf_counter() - t0) * 1e3
-        finally:
-            self.calibration = (self.calibration[0] + 1, self.calibration[1])
-            if not keep:
-                for seq in range(max(rows, 1)):
-                    self.ctx.seq_rm(seq, depth if seq == 0 else -1)
+    @property
+    def load(self) -> LoadMeter:
+        return self.stats.load
+
+    def calibrate(self) -> None:
+        """Times the device before serving (uma.calibration) and anchors the cost model
+        there; `calibration` shows its progress."""
+        calibration = DeviceTiming(self.ctx, self.batch)
+        self._timing = calibration
+        ticks = calibration.run()
+        if ticks:
+            self.cost.calibrate(ticks)
+
+    @property
+    def calibration(self) -> tuple[int, int]:
+        """(scratch decodes done, planned) of the start-up timing."""
+        return self._timing.progress if self._timing is not None else (0, 0)
 
     # --- requests in and out -----------------------------------------------------------------
 
@@ -381,16 +242,16 @@ class Executor:
             n_waiting=sum(len(q) for q in self.waiting.values()),
             n_batch=self.batch.capacity,
             n_seq_max=self.ctx.n_seq_max,
-            decode_ms_ewma=self._decode_ewma,
+            decode_ms_ewma=self.stats.decode_ewma,
             cost=self.cost.estimate,
-            tick=self.tick,
-            last_tick_ms=self._last_tick_ms,
-            last_tick_tokens=self._last_tick_tokens,
+            tick=self.stats.ticks,
+            last_tick_ms=self.stats.last_tick_ms,
+            last_tick_tokens=self.stats.last_tick_tokens,
             memory=self._memory,
-            decode_noise=self.spread.decode,
-            prompt_noise=self.spread.prompt,
-            alone_p95_ratio=self.spread.alone,
-            alone_ratios=self.spread.alone_sorted,
+            decode_noise=self.stats.spread.decode,
+            prompt_noise=self.stats.spread.prompt,
+            alone_p95_ratio=self.stats.spread.alone,
+            alone_ratios=self.stats.spread.alone_sorted,
             bmt=self.bmt,
             bmt_budget_gbps=self.bmt_budget_gbps,
         )
@@ -598,7 +459,8 @@ class Executor:
                     self._accept(req, int(ran.tokens[k]), lp, now)
                 except Exception as exc:  # noqa: BLE001 - this request's alone
                     self.fail(req, exc)
-        self._record(ran)
+        self._memory = ran.plan.memory
+        self.stats.record(self._report(ran))
 
     def _accept(self, req: Request, token: int, logprob: float | None, now: int) -> None:
         if req.first_token_ns == 0:
@@ -620,67 +482,23 @@ class Executor:
         if req.n_sampled >= req.params.max_tokens or req.n_past >= self.n_ctx_seq:
             self.release(req, "length")
 
-    def _record(self, ran: Ran) -> None:
-        plan, decode_s, sample_s = ran.plan, ran.decode_s, ran.sample_s
+    def _report(self, ran: Ran) -> TickReport:
+        """What the tick did, measured, for the statistics (TickStats.record)."""
+        plan = ran.plan
         n_decode = sum(1 for i in plan.items if i.phase is Phase.DECODE)
-        n_prefill = plan.n_tokens - n_decode
-        decode_ms = decode_s * 1e3
-        tick_s = time.perf_counter() - self._tick_start
-        m = self.m
-        self.tick += 1
-        if plan.items:
-            # The whole tick, Python included: that is what streams wait for, and what the
-            # policy's budgets compare against.
-            est = self.cost.estimate
-            rows, kv = self._solo
-            # Only while no background request exists at all: ticks of a storm that happen to
-            # carry no background work are the ones new interactive prompts crowded it out of.
-            alone = n_decode and not any(r.priority is Priority.BACKGROUND
+        # Only while no background request exists at all: ticks of a storm that happen to
+        # carry no background work are the ones new interactive prompts crowded it out of.
+        alone = n_decode and not any(r.priority is Priority.BACKGROUND
                                      for r in self.running.values()) \
-                and not self.waiting[Priority.BACKGROUND]
-            solo = est.predict(0, rows, kv) if alone else None
-            self.spread.add(tick_s * 1e3, est.predict(n_prefill, n_decode, self._cache_read,
-                                                      self._prompt_attended),
-                            solo, decode_only=n_prefill == 0,
-                            background_prompt=self._background_prompt)
-            self.cost.observe(n_prefill, n_decode, self._cache_read, tick_s * 1e3,
-                              self._prompt_attended)
-        self._decode_ewma = decode_ms if self._decode_ewma == 0 else \
-            0.9 * self._decode_ewma + 0.1 * decode_ms
-        m.ticks.inc()
-        m.prefill_tokens.inc(n_prefill)
-        m.decode_ms_last.set(decode_ms)
-        m.decode_ms_ewma.set(self._decode_ewma)
-        m.tick_ms.observe(tick_s * 1e3)
-        m.decode_ms.observe(decode_ms)
-        m.sample_ms.observe(sample_s * 1e3)
-        m.overhead_ms.observe((tick_s - decode_s - sample_s) * 1e3)
-        m.decode_time.inc(decode_s)
-        m.sample_time.inc(sample_s)
-        m.tick_time.inc(tick_s)
-        self.load.add(tick_s, time.monotonic())
-        m.tokens_decode.set(n_decode)
-        m.tokens_prefill.set(n_prefill)
-        m.batch_tokens.observe(plan.n_tokens)
-        m.queue_depth.set(sum(len(q) for q in self.waiting.values()))
-        m.running.set(len(self.running))
-        m.cost_error.set(self.cost.error_ewma_ms)
-        self._last_tick_ms = tick_s * 1e3
-        self._last_tick_tokens = len(ran.tokens)
-        self._memory = plan.memory
-        notes = plan.notes
-        if notes is not None:
-            m.served.set(notes.served_decoders)
-            m.parked.set(notes.parked)
-            m.bmt_last.set(notes.bmt_bytes)
-            m.guard_active.set(1 if notes.guard_active else 0)
-            budget = notes.budget_ms
-            m.tick_budget.set(budget)
-            if budget and tick_s * 1e3 > budget:
-                m.over_budget.inc()
-        if self.trace is not None:
-            self.trace.append((n_prefill, n_decode, decode_s, sample_s, tick_s,
-                               self.ctx.last_decode_seconds, plan))
+            and not self.waiting[Priority.BACKGROUND]
+        return TickReport(
+            plan=plan, n_prefill=plan.n_tokens - n_decode, n_decode=n_decode,
+            decode_s=ran.decode_s, sample_s=ran.sample_s,
+            tick_s=time.perf_counter() - self._tick_start,
+            native_s=self.ctx.last_decode_seconds, n_sampled=len(ran.tokens),
+            cache_read=self._cache_read, prompt_attended=self._prompt_attended,
+            background_prompt=self._background_prompt, solo=self._solo if alone else None,
+            queue_depth=self.n_waiting, running=len(self.running))
 
     def close(self) -> None:
         self.sampler.close()

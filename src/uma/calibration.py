@@ -1,0 +1,114 @@
+"""Timing the device before serving: scratch decodes of a few batch shapes, from which the
+engine's cost model starts (uma.sched.cost.CostModel.calibrate).
+
+It runs on the compute thread, like every tick: ggml's OpenMP pool belongs to the thread that
+first decodes, and timing from another thread left a second pool behind that made every later
+decode ~25 % slower (134M, 2 CPU threads).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from uma.errors import UmaError
+from uma.sched.cost import attended
+
+# (prompt tokens, decode rows, cache positions read, KV positions the prompt attends, ms)
+Timed = tuple[int, int, int, int, float]
+
+
+class DeviceTiming:
+    """The scratch decodes of one calibration, on a context and a batch of the engine's.
+    `progress` is (decodes done, planned), readable from any thread."""
+
+    def __init__(self, ctx, batch) -> None:
+        self.ctx = ctx
+        self.batch = batch
+        self.progress = (0, 0)
+
+    # A device this slow at one decode row gets the short calibration (a 1B f16 model on two
+    # CPU cores: ~60 ms a row, 11.5 s for the full schedule, 3 s for the short one).
+    SLOW_ROW_MS = 30.0
+
+    def run(self, passes: int = 2) -> list[Timed]:
+        """Times scratch batches of a few shapes (decode rows; one-token, short and long prompt
+        chunks; a decode row and one-token and short chunks deep into a sequence) before
+        serving and anchors the cost model there. From the generic prior alone, a GPU never
+        learns what a prompt token costs it (a fiftieth of that prior): when every tick of a
+        storm carries one or two prompt tokens, the fit cannot tell them from the decoders,
+        blames the decoders, inflates their budget and spends it on two prompt tokens a tick
+        (a background prompt took 59 s on an H100, every interactive tick ran at 1.5x).
+        Attention needs the deep shapes for the same reason: a storm's few deep prompt ticks
+        among its many decode ticks cannot pin what a prompt token's attention costs on their
+        own, and the one-token chunks tell the step from a chunk's read of the cache before
+        it. Returns the timed shapes; none if the context is too small to try or the engine
+        is closing (the generic prior stays)."""
+        n_rows = min(4, self.ctx.n_seq_max)
+        chunk = max(1, min(64, self.batch.capacity, self.ctx.n_ctx_seq - 1))
+        small = min(8, chunk)
+        depth = max(0, min(4 * chunk, self.batch.capacity, self.ctx.n_ctx_seq - chunk - 1))
+        tokens = (np.arange(max(chunk, depth), dtype=np.int32) * 7919 + 1) % self.ctx.model.n_vocab
+        shallow = [(0, 1), (0, n_rows), (1, 0), (small, 0), (chunk, 0)]
+        deep = [(1, 0), (small, 0), (0, 1)]
+        runs = 3
+        self.progress = (0, 2 + passes * runs * (len(shallow) + len(deep)) + 1)
+        ticks = []
+        try:
+            # On a slow device (an 8B model on a laptop CPU: ~1 s a decode row) the full
+            # schedule took 50 s before the first request could be answered: there, each shape
+            # runs twice in one pass (no graph capture to wait out on a CPU), not so deep. The
+            # probe's first decode pays one-off costs, its second does not.
+            probe = [self._scratch(tokens[:0], 1, 0) for _ in range(2)]
+            if probe[-1] > self.SLOW_ROW_MS:
+                passes, runs = 1, 2
+                chunk = min(chunk, 32)
+                depth = min(depth, 2 * chunk)
+                shallow[-1] = (chunk, 0)
+                self.progress = (2, 2 + passes * runs * (len(shallow) + len(deep)) + 1)
+            ticks += self._time_shapes(tokens, shallow, passes, runs)
+            if depth:  # sequence 0 holds `depth` positions while the deep shapes run
+                self._scratch(tokens[:depth], 0, 0, keep=True)
+                ticks += self._time_shapes(tokens, deep, passes, runs, depth)
+        except UmaError:
+            return []  # a context too small to try, or the engine closing
+        finally:
+            self.ctx.seq_rm(0)
+            self.progress = (self.progress[1], self.progress[1])
+        return ticks
+
+    def _time_shapes(self, tokens: np.ndarray, shapes: list[tuple[int, int]], passes: int,
+                     runs: int, depth: int = 0) -> list[Timed]:
+        """(prompt tokens, decode rows, cache positions read, prompt's attended, ms) of each shape,
+        `passes` times, with sequence 0 `depth` positions deep."""
+        ticks = []
+        for _ in range(passes):
+            for n_prompt, rows in shapes:
+                # A shape's first runs pay for what a new shape costs once (allocation, a
+                # GPU's graph capture); its last is what steady ticks of it take.
+                for _ in range(runs):
+                    ms = self._scratch(tokens[:n_prompt], rows, depth)
+                read = (attended(depth, 1) + rows - 1 if rows else 0) + (depth if n_prompt else 0)
+                ticks.append((n_prompt, rows, read, attended(depth, n_prompt), ms))
+        return ticks
+
+    def _scratch(self, prompt: np.ndarray, rows: int, depth: int, keep: bool = False) -> float:
+        """One scratch decode: a prompt chunk on sequence 0 from position `depth`, and `rows`
+        decode rows (sequence 0's at `depth`, the others' at 0); returns its milliseconds.
+        What it adds to the cache is removed again unless `keep`."""
+        batch = self.batch
+        batch.clear()
+        if len(prompt):
+            batch.add_sequence(prompt, depth, 0, logits_last=True)
+        for seq in range(rows):
+            batch.add(1, depth if seq == 0 else 0, seq, True)
+        t0 = time.perf_counter()
+        try:
+            self.ctx.decode(batch)
+            return (time.perf_counter() - t0) * 1e3
+        finally:
+            self.progress = (self.progress[0] + 1, self.progress[1])
+            if not keep:
+                for seq in range(max(rows, 1)):
+                    self.ctx.seq_rm(seq, depth if seq == 0 else -1)

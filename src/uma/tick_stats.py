@@ -1,0 +1,183 @@
+"""What ticks measured, and what follows from it: the cost model learns from each tick, the
+tick spreads (how far ticks stray past their prediction) and the load follow them, and the
+metrics record them. The executor reports (TickReport); nothing here touches the context.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from uma.metrics import LoadMeter, Registry
+from uma.priority import Priority
+from uma.sched.cost import CostModel
+from uma.sched.state import Plan
+
+
+@dataclass(frozen=True, slots=True)
+class TickReport:
+    """One tick as it ran (times in seconds)."""
+
+    plan: Plan  # as executed, after any shedding
+    n_prefill: int  # prompt tokens decoded
+    n_decode: int  # decode rows
+    decode_s: float  # in llama_decode, the GIL reacquired
+    sample_s: float
+    tick_s: float  # the whole tick, Python included: what streams wait for
+    native_s: float  # llama_decode's own time
+    n_sampled: int  # tokens sampled
+    cache_read: int  # the cost model's features: cache positions read,
+    prompt_attended: int  # and what the prompt tokens attend
+    background_prompt: bool  # background prompt tokens were in the batch
+    # (rows, attention) of every sequence of the batch as a decode row, while no background
+    # request exists (what the streams' ticks alone are measured against); None otherwise
+    solo: tuple[int, int] | None
+    queue_depth: int  # requests waiting for a sequence
+    running: int  # requests holding one
+
+
+class TickMetrics:
+    """The executor's instruments, created once."""
+
+    def __init__(self, reg: Registry) -> None:
+        self.ticks = reg.counter("ticks_total", "decode calls")
+        self.prefill_tokens = reg.counter("tokens_prefilled_total", "prompt tokens decoded")
+        self.generated_tokens = reg.counter("tokens_generated_total", "tokens sampled")
+        self.decode_ms_last = reg.gauge("decode_ms_last", "llama_decode time of the last tick")
+        self.decode_ms_ewma = reg.gauge("decode_ms_ewma", "smoothed llama_decode time per tick")
+        self.tick_ms = reg.histogram("tick_ms", "whole tick time")
+        self.decode_ms = reg.histogram("tick_decode_ms", "llama_decode time per tick")
+        self.sample_ms = reg.histogram("tick_sample_ms", "sampling time per tick")
+        self.overhead_ms = reg.histogram("tick_overhead_ms", "Python time per tick")
+        self.decode_time = reg.counter("decode_seconds_total", "time in llama_decode")
+        self.sample_time = reg.counter("sample_seconds_total", "time sampling")
+        self.tick_time = reg.counter("tick_seconds_total", "time in ticks")
+        self.tokens_decode = reg.gauge("tokens_per_tick_decode", "decode tokens in the last tick")
+        self.tokens_prefill = reg.gauge("tokens_per_tick_prefill", "prompt tokens in the last tick")
+        self.batch_tokens = reg.histogram("batch_tokens", "tokens per tick",
+                                          (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048))
+        self.queue_depth = reg.gauge("queue_depth", "requests waiting for a KV sequence")
+        self.running = reg.gauge("requests_running", "requests holding a KV sequence")
+        self.kv_cells = reg.gauge("kv_cells_used", "KV positions held by running requests")
+        self.cost_error = reg.gauge("cost_model_error_ms", "mean |measured - predicted| tick ms")
+        self.served = reg.gauge("served_decoders", "decoding sequences served in the last tick")
+        self.parked = reg.gauge("parked_sessions", "decoding sequences left out of the last tick")
+        self.bmt_last = reg.gauge("bmt_estimate_last", "bytes the last tick moved (estimate)")
+        self.bmt_budget = reg.gauge("bmt_budget_gbps", "memory bandwidth budget, GB/s (0: off)")
+        self.guard_active = reg.gauge("prefill_guard_active", "1 while prompts are held back")
+        self.tick_budget = reg.gauge("tick_budget_ms", "the last tick's time budget")
+        self.over_budget = reg.counter("ticks_over_budget_total", "ticks longer than budget")
+        self.kv_full = reg.counter("kv_full_total", "decodes that found no KV slot")
+        self.preempted = reg.counter("preemptions_total", "requests sent back to the queue")
+        self.finished = {r: reg.counter(f"requests_{r}_total", f"requests ended: {r}")
+                         for r in ("stop", "length", "cancelled", "error")}
+        self.ttft = {p: reg.histogram(f"ttft_ms_{p.value}", f"time to first token, {p.value}")
+                     for p in Priority}
+        self.itl = {p: reg.histogram(f"inter_token_ms_{p.value}", f"inter-token gap, {p.value}")
+                    for p in Priority}
+
+
+class TickSpread:
+    """How far measured ticks stray above the cost model's mean, as p95 ratios over recent
+    ticks. `decode`: ticks of decode rows only, against their prediction (jitter: thread
+    wake-ups, a GPU's graph re-captures). `prompt`: ticks with background prompt tokens, against
+    theirs (the same jitter, plus the cost model's error on prompt chunks; the ticks the policy
+    plans up to its line). `alone`: ticks while no background request exists,
+    against the model's time for their sequences as decode rows alone (a stream starting a
+    new prompt counted as the row it will be): what interactive streams see without background
+    work (jitter and their own new prompts), the reference the latency cap is relative to."""
+
+    EVERY = 16  # samples between recomputations: a percentile per tick is hot-path waste
+
+    def __init__(self, size: int = 256) -> None:
+        self._decode: collections.deque[float] = collections.deque(maxlen=size)
+        self._prompt: collections.deque[float] = collections.deque(maxlen=size)
+        self._alone: collections.deque[float] = collections.deque(maxlen=size)
+        self._added = {"decode": 0, "prompt": 0, "alone": 0}
+        self.decode = 1.0
+        self.prompt = 1.0
+        self.alone = 0.0  # 0: not seen yet
+        self.alone_sorted: tuple[float, ...] = ()  # the alone ratios, sorted (policies' tails)
+
+    def add(self, measured_ms: float, predicted_ms: float, solo_ms: float | None,
+            decode_only: bool, background_prompt: bool = False) -> None:
+        if decode_only:
+            self._push("decode", self._decode, measured_ms / max(predicted_ms, 1e-3))
+        if background_prompt:
+            self._push("prompt", self._prompt, measured_ms / max(predicted_ms, 1e-3))
+        if solo_ms is not None:
+            self._push("alone", self._alone, measured_ms / max(solo_ms, 1e-3))
+
+    def _push(self, name: str, values: collections.deque[float], value: float) -> None:
+        values.append(value)
+        self._added[name] += 1
+        if len(values) >= 2 * self.EVERY and self._added[name] % self.EVERY == 0:
+            setattr(self, name, max(1.0, float(np.percentile(values, 95))))
+            if name == "alone":
+                self.alone_sorted = tuple(sorted(values))
+
+
+class TickStats:
+    """The statistics of the ticks so far, and the instruments that export them."""
+
+    def __init__(self, reg: Registry, cost: CostModel) -> None:
+        self.m = TickMetrics(reg)
+        self.cost = cost
+        self.spread = TickSpread()
+        self.load = LoadMeter()  # the compute thread's busy share (uma status)
+        self.ticks = 0
+        self.decode_ewma = 0.0  # smoothed llama_decode ms
+        self.last_tick_ms = 0.0
+        self.last_tick_tokens = 0
+        self.trace: list[tuple] | None = None  # see Executor.trace
+
+    def record(self, t: TickReport) -> None:
+        plan, m = t.plan, self.m
+        decode_ms, tick_ms = t.decode_s * 1e3, t.tick_s * 1e3
+        self.ticks += 1
+        if plan.items:
+            est = self.cost.estimate
+            solo = est.predict(0, *t.solo) if t.solo is not None else None
+            self.spread.add(tick_ms, est.predict(t.n_prefill, t.n_decode, t.cache_read,
+                                                 t.prompt_attended),
+                            solo, decode_only=t.n_prefill == 0,
+                            background_prompt=t.background_prompt)
+            self.cost.observe(t.n_prefill, t.n_decode, t.cache_read, tick_ms,
+                              t.prompt_attended)
+        self.decode_ewma = decode_ms if self.decode_ewma == 0 else \
+            0.9 * self.decode_ewma + 0.1 * decode_ms
+        m.ticks.inc()
+        m.prefill_tokens.inc(t.n_prefill)
+        m.decode_ms_last.set(decode_ms)
+        m.decode_ms_ewma.set(self.decode_ewma)
+        m.tick_ms.observe(tick_ms)
+        m.decode_ms.observe(decode_ms)
+        m.sample_ms.observe(t.sample_s * 1e3)
+        m.overhead_ms.observe((t.tick_s - t.decode_s - t.sample_s) * 1e3)
+        m.decode_time.inc(t.decode_s)
+        m.sample_time.inc(t.sample_s)
+        m.tick_time.inc(t.tick_s)
+        self.load.add(t.tick_s, time.monotonic())
+        m.tokens_decode.set(t.n_decode)
+        m.tokens_prefill.set(t.n_prefill)
+        m.batch_tokens.observe(plan.n_tokens)
+        m.queue_depth.set(t.queue_depth)
+        m.running.set(t.running)
+        m.cost_error.set(self.cost.error_ewma_ms)
+        self.last_tick_ms = tick_ms
+        self.last_tick_tokens = t.n_sampled
+        notes = plan.notes
+        if notes is not None:
+            m.served.set(notes.served_decoders)
+            m.parked.set(notes.parked)
+            m.bmt_last.set(notes.bmt_bytes)
+            m.guard_active.set(1 if notes.guard_active else 0)
+            m.tick_budget.set(notes.budget_ms)
+            if notes.budget_ms and tick_ms > notes.budget_ms:
+                m.over_budget.inc()
+        if self.trace is not None:
+            self.trace.append((t.n_prefill, t.n_decode, t.decode_s, t.sample_s, t.tick_s,
+                               t.native_s, plan))
