@@ -17,7 +17,9 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 
@@ -41,6 +43,8 @@ from uma.sched.policies import create_policy
 
 log = logging.getLogger("uma.engine")
 
+Progress = Callable[[float], object]  # a load's fraction done; returning False cancels it
+
 
 def rss_bytes() -> int:
     """This process's resident memory: /proc on Linux, the peak (getrusage) elsewhere."""
@@ -54,7 +58,7 @@ def rss_bytes() -> int:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB else
 
-Prompt = str | Sequence[int] | np.ndarray | Sequence[dict]
+Prompt = str | Sequence[int] | np.ndarray | Sequence[dict[str, str]]
 
 
 class Engine:
@@ -64,11 +68,13 @@ class Engine:
     ...     print(engine.generate("Once upon a time", max_tokens=32).text)
     """
 
-    def __init__(self, model: str | os.PathLike, *, progress=None, core=None, **config) -> None:
+    def __init__(self, model: str | os.PathLike[str], *, progress: Progress | None = None,
+                 core: ModuleType | None = None, **config: Any) -> None:
         self._start(EngineConfig(model=os.fspath(model), **config), progress, core)
 
     @classmethod
-    def from_config(cls, config: EngineConfig, *, progress=None, core=None) -> Engine:
+    def from_config(cls, config: EngineConfig, *, progress: Progress | None = None,
+                    core: ModuleType | None = None) -> Engine:
         """progress: optional callable(fraction) observed while the model loads. core: the
         module with Model, Context, Batch, Sampler and backends (uma._core; tests pass a
         stand-in, uma.testing.fake_core)."""
@@ -76,7 +82,8 @@ class Engine:
         engine._start(config, progress, core)
         return engine
 
-    def _start(self, config: EngineConfig, progress, core) -> None:
+    def _start(self, config: EngineConfig, progress: Progress | None,
+               core: ModuleType | None) -> None:
         core = _core if core is None else core
         self.config = config
         self._closed = False
@@ -114,7 +121,7 @@ class Engine:
         self._thread.start()
 
     @staticmethod
-    def _bandwidth(config: EngineConfig, core) -> float:
+    def _bandwidth(config: EngineConfig, core: ModuleType) -> float:
         """The ΣBMT budget: as configured, or probed where the model's memory is host memory
         (CPU builds). A discrete GPU's bandwidth cannot be probed from here: off unless given."""
         if config.bmt_budget_gbps is not None:
@@ -126,7 +133,7 @@ class Engine:
     # --- submitting ------------------------------------------------------------------------
 
     def submit(self, prompt: Prompt, params: SamplingParams | None = None, *,
-               priority: str | Priority = "interactive", **options) -> RequestHandle:
+               priority: str | Priority = "interactive", **options: Any) -> RequestHandle:
         """Queues a request and returns its handle at once.
 
         prompt: text, token ids, or chat messages ([{'role': ..., 'content': ...}], rendered
@@ -169,12 +176,12 @@ class Engine:
         return req.handle
 
     def generate(self, prompt: Prompt, params: SamplingParams | None = None, *,
-                 priority: str | Priority = "interactive", **options) -> Result:
+                 priority: str | Priority = "interactive", **options: Any) -> Result:
         """Runs one request to the end and returns its result."""
         return self.submit(prompt, params, priority=priority, **options).result()
 
-    def chat(self, messages: Sequence[dict], params: SamplingParams | None = None, *,
-             priority: str | Priority = "interactive", **options) -> Result:
+    def chat(self, messages: Sequence[dict[str, str]], params: SamplingParams | None = None, *,
+             priority: str | Priority = "interactive", **options: Any) -> Result:
         """generate() for chat messages, rendered with the model's chat template."""
         if isinstance(messages, str) or not isinstance(messages, Sequence):
             raise InvalidRequestError("chat() takes a list of {'role', 'content'} messages")
@@ -198,13 +205,16 @@ class Engine:
             tokens = self.model._token_array(tokens)
         if len(tokens) == 0:
             raise InvalidRequestError("the prompt is empty")
-        return tokens
+        return np.asarray(tokens, dtype=np.int32)
 
     def set_priority(self, handle: RequestHandle, priority: str | Priority) -> None:
         """Promotes or demotes a queued or running request; it takes effect at the next tick."""
         prio = Priority.parse(priority)
+        request = handle._request
+        if not isinstance(request, Request):
+            raise InvalidRequestError("that handle is not one of this engine's requests")
         with self._cond:
-            self._reprioritize.append((handle._request, prio))
+            self._reprioritize.append((request, prio))
             self._cond.notify()
 
     def _cancel(self, req: Request) -> None:
@@ -310,7 +320,7 @@ class Engine:
     def __enter__(self) -> Engine:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __del__(self) -> None:

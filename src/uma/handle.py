@@ -76,7 +76,7 @@ class RequestHandle:
         self._result: Result | None = None
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
         self._listener: Callable[[RequestHandle], None] | None = None
-        self._request = None  # the engine's Request, for priority changes
+        self._request: object = None  # the engine's Request, for priority changes
 
     # --- producer side (engine threads) --------------------------------------------------------
 

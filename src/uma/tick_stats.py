@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -132,7 +133,7 @@ class TickStats:
         self.decode_ewma = 0.0  # smoothed llama_decode ms
         self.last_tick_ms = 0.0
         self.last_tick_tokens = 0
-        self.trace: list[tuple] | None = None  # see Executor.trace
+        self.trace: list[tuple[Any, ...]] | None = None  # see Executor.trace
 
     def record(self, t: TickReport) -> None:
         plan, m = t.plan, self.m

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from uma.config import EngineConfig
 from uma.sched.policy import (
     admit_by_class,
     chunk_prefills,
@@ -30,7 +31,7 @@ class BaselinePolicy:
     name: str = "baseline"
 
     @classmethod
-    def from_config(cls, config) -> BaselinePolicy:
+    def from_config(cls, config: EngineConfig) -> BaselinePolicy:
         return cls(tick_target_ms=config.tick_target_ms)
 
     def admit(self, waiting: Sequence[Waiting], free: int) -> tuple[int, ...]:

@@ -10,12 +10,21 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 
 # Bytes per element of each KV cache type (block formats include their scales).
 KV_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "bf16": 2.0, "q8_0": 34 / 32, "q5_1": 24 / 32,
                  "q5_0": 22 / 32, "q4_1": 20 / 32, "q4_0": 18 / 32}
+
+
+class ModelShape(Protocol):
+    """What BmtModel.of reads of a model (uma._core.Model has it)."""
+
+    def info(self) -> dict[str, Any]: ...
+
+    def meta(self, key: str) -> str | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +46,7 @@ class BmtModel:
                 + self.kv_bytes_per_pos * kv_positions + self.act_bytes_per_token * n_tokens)
 
     @classmethod
-    def of(cls, model, kv_type: str = "f16") -> BmtModel:
+    def of(cls, model: ModelShape, kv_type: str = "f16") -> BmtModel:
         """From a loaded uma._core.Model: its info() plus the FFN widths its GGUF records (an
         MoE's expert width is not in info(); guessing it made experts 3x too large)."""
         info = dict(model.info())
@@ -49,7 +58,7 @@ class BmtModel:
         return cls.from_model(info, kv_type)
 
     @classmethod
-    def from_model(cls, info: dict, kv_type: str = "f16") -> BmtModel:
+    def from_model(cls, info: dict[str, Any], kv_type: str = "f16") -> BmtModel:
         """From uma._core.Model.info() (plus the expert FFN width where the GGUF has one)."""
         n_layer, n_embd = info["n_layer"], info["n_embd"]
         bytes_per_param = info["size_bytes"] / max(info["n_params"], 1)

@@ -220,6 +220,7 @@ class CostModel:
 
     def _features(self, prefill_tokens: int, decode_tokens: int, kv_positions: int,
                   prompt_kv_positions: int) -> np.ndarray:
-        return np.array([1.0, prefill_tokens, decode_tokens, kv_positions / 1000.0,
-                         1.0 if prefill_tokens else 0.0, prompt_kv_positions / 1000.0]) \
-            * self._SCALE
+        features: np.ndarray = np.array(
+            [1.0, prefill_tokens, decode_tokens, kv_positions / 1000.0,
+             1.0 if prefill_tokens else 0.0, prompt_kv_positions / 1000.0]) * self._SCALE
+        return features

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from uma.config import EngineConfig
 from uma.errors import InvalidRequestError
 from uma.sched.baseline import BaselinePolicy
 from uma.sched.policy import BatchPolicy
 from uma.sched.slo import SloPolicy
 
-POLICIES: dict[str, type] = {"baseline": BaselinePolicy, "slo": SloPolicy}
+POLICIES: dict[str, type[BaselinePolicy] | type[SloPolicy]] = {
+    "baseline": BaselinePolicy, "slo": SloPolicy}
 
 
-def create_policy(name: str, config=None, **options) -> BatchPolicy:
+def create_policy(name: str, config: EngineConfig | None = None,
+                  **options: Any) -> BatchPolicy:
     """The policy registered under `name`, built from an EngineConfig or from `options`."""
     try:
         cls = POLICIES[name]

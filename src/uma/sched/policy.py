@@ -29,7 +29,10 @@ from uma.sched.state import (
 class BatchPolicy(Protocol):
     """What the executor needs from a policy: every decision it acts on."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """How configuration names it (`--policy`)."""
+        ...
 
     def admit(self, waiting: Sequence[Waiting], free: int) -> tuple[int, ...]:
         """Which queued requests get one of `free` KV sequences now (request ids, in order)."""
@@ -65,26 +68,26 @@ def shed_for_room(plan: Plan, sessions: Sequence[SessionView]) -> Shed:
                 preempt=out)
 
 
-def rotated(sessions: list[SessionView], tick: int) -> list[SessionView]:
+def rotated(sessions: Sequence[SessionView], tick: int) -> list[SessionView]:
     """The sessions starting at a tick-dependent offset, so that whenever not all fit, each is
     left out equally often."""
     if not sessions:
-        return sessions
+        return []
     k = tick % len(sessions)
-    return sessions[k:] + sessions[:k]
+    return [*sessions[k:], *sessions[:k]]
 
 
-def prefill_order(sessions: list[SessionView]) -> list[SessionView]:
+def prefill_order(sessions: Sequence[SessionView]) -> list[SessionView]:
     """TTFT first: interactive before background, then by arrival."""
     return sorted(sessions, key=lambda s: (s.priority is not Priority.INTERACTIVE, s.rid))
 
 
-def decode_kv(sessions: list[SessionView]) -> int:
+def decode_kv(sessions: Sequence[SessionView]) -> int:
     """The cost model's attention feature for one decode token of each session."""
     return sum(attended(s.n_past, 1) for s in sessions)
 
 
-def chunk_prefills(sessions: list[SessionView], budget: int) -> list[BatchItem]:
+def chunk_prefills(sessions: Sequence[SessionView], budget: int) -> list[BatchItem]:
     """Gives the budget to prefilling sessions in order, in chunks as large as possible."""
     items = []
     for s in sessions:

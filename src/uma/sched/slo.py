@@ -40,6 +40,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from uma.config import EngineConfig
 from uma.sched.cost import CostEstimate
 from uma.sched.policy import admit_by_class, decode_kv, prefill_order, rotated, shed_for_room
 from uma.sched.state import (
@@ -111,7 +112,7 @@ class SloPolicy:
     name: str = "slo"
 
     @classmethod
-    def from_config(cls, config) -> SloPolicy:
+    def from_config(cls, config: EngineConfig) -> SloPolicy:
         return cls(latency_cap=config.latency_cap, tick_budget_ms=config.tick_budget_ms)
 
     def admit(self, waiting: Sequence[Waiting], free: int) -> tuple[int, ...]:
