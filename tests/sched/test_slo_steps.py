@@ -54,6 +54,8 @@ def test_streams_always_decode_and_background_decoders_park_past_the_budget():
     dec = run_to("decoders", sessions)
     # 1.2 x (10 + 1) ms: two background rows fit (13 ms), a third would not (14 ms)
     assert [s.seq_id for s in dec.served] == [0, 1, 2]
+    plan = P.schedule_tick(state(sessions))
+    assert plan.notes.parked == 1 and plan.notes.parked_seqs == {3}
     starving = SloMemory(s=8, k=2, chunk_cap=16, starve=P.max_starve_ticks)
     dec = run_to("decoders", sessions, memory=starving)
     assert len(dec.served) == 4  # starving background work is not parked

@@ -537,6 +537,7 @@ def settle(policy: SloPolicy, state: SchedulerState, d: Lanes, b: Budget, dec: D
         budget_ms=b.budget_ms, predicted_ms=a.decode_ms + c.prefill_ms, line_ms=a.line_ms,
         target_ms=a.target_ms, pause_ms=a.pause_ms, credit_ms=credit,
         served_decoders=len(served), parked=len(d.inter_dec) + len(d.back_dec) - len(served),
+        parked_seqs=frozenset(s.seq_id for s in d.back_dec) - {s.seq_id for s in served},
         guard_active=bool(mem.hold or mem.ramp < 1.0), s=mem.s, k=dec.k, chunk_cap=mem.chunk_cap,
         bmt_bytes=state.bmt.tick_bytes(len(served) + n_prefill, _cache_read(list(served)))
         if state.bmt else 0.0, overruns=mem.overruns,

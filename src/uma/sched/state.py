@@ -114,6 +114,7 @@ class PlanNotes:
     credit_ms: float = 0.0  # saved prompt time carried to the next tick
     served_decoders: int = 0  # decoding sequences in the batch
     parked: int = 0  # decoding sequences left out of it
+    parked_seqs: frozenset[int] = frozenset()  # which: parked to keep the budget
     guard_active: bool = False  # prompts held back after an overrun (the hold or its ramp)
     s: int = 0  # background decoders served per tick (the hill-climbed S)
     k: int = 1  # ticks a burst keeps its background decoders
