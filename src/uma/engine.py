@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import importlib
 import itertools
 import logging
 import os
@@ -23,7 +24,6 @@ from typing import Any
 
 import numpy as np
 
-from uma import _core
 from uma.config import EngineConfig, SamplingParams
 from uma.errors import (
     ClosedError,
@@ -83,8 +83,9 @@ class Engine:
         return engine
 
     def _start(self, config: EngineConfig, progress: Progress | None,
-               core: ModuleType | None) -> None:
-        core = _core if core is None else core
+               core_module: ModuleType | None) -> None:
+        # Imported here: the engine's module loads without the compiled core (uma.fake_core).
+        core = core_module if core_module is not None else importlib.import_module("uma._core")
         self.config = config
         self._closed = False
         self._cond = threading.Condition()
@@ -109,9 +110,9 @@ class Engine:
         self.n_ctx_seq = self.ctx.n_ctx_seq
         self._output = OutputStage(self.model, on_stop=self._poke)
         policy = create_policy(config.policy, config)
-        self._executor = Executor(self.ctx, policy, self._output, self.metrics,
+        self._executor = Executor(self.ctx, policy, self._output, self.metrics, core,
                                   bmt=BmtModel.of(self.model, config.type_k),
-                                  bmt_budget_gbps=self._bandwidth(config, core), core=core)
+                                  bmt_budget_gbps=self._bandwidth(config, core))
         self._submitted = self.metrics.counter("requests_submitted_total", "requests accepted")
         self.metrics.gauge("slots_total", "requests decoded at once (KV sequences)").set(
             config.n_seq_max)

@@ -26,11 +26,10 @@ import logging
 import time
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from uma import _core
 from uma.calibration import DeviceTiming
 from uma.errors import DecodeAbortedError, NoKVSlotError, UmaError
 from uma.metrics import LoadMeter, Registry
@@ -41,6 +40,9 @@ from uma.sched.cost import CostModel, attended
 from uma.sched.policy import BatchPolicy
 from uma.sched.state import BatchItem, Phase, Plan, Priority, SchedulerState, Waiting
 from uma.tick_stats import TickReport, TickStats
+
+if TYPE_CHECKING:
+    from uma import _core
 
 log = logging.getLogger("uma.executor")
 
@@ -61,8 +63,9 @@ class Executor:
     """Owns the context's sequences and runs ticks. Used by one thread (the compute thread)."""
 
     def __init__(self, ctx: _core.Context, policy: BatchPolicy, output: OutputStage,
-                 metrics: Registry, bmt: BmtModel | None = None,
-                 bmt_budget_gbps: float = 0.0, core: ModuleType = _core) -> None:
+                 metrics: Registry, core: ModuleType, bmt: BmtModel | None = None,
+                 bmt_budget_gbps: float = 0.0) -> None:
+        """core: the module whose Batch and Sampler go with ctx (uma._core, or a stand-in)."""
         self.ctx = ctx
         self.model = ctx.model
         self.policy = policy

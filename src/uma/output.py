@@ -130,6 +130,10 @@ class OutputStage:
     def _publish_end(self, req: Request, reason: str, error: UmaError | None, t_ns: int) -> None:
         if req.failure is not None:  # its output failed after the compute thread ended it
             reason, error = "error", req.failure
+        elif req.stop_hit and reason == "length":
+            # The stop string was found here after the compute thread had already reached
+            # max_tokens: the text ends at the stop string, so the reason is 'stop'.
+            reason = "stop"
         st = self._streams.pop(req.rid, None) or _Stream(self._model, req)
         if not st.stopped:
             tail = st.stops.flush() + st.text.flush()

@@ -17,9 +17,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from uma import synth
+from uma import fake_core, synth
 
-__all__ = ["DaemonProcess", "run_daemon", "short_socket_path", "synth"]
+__all__ = ["DaemonProcess", "fake_core", "run_daemon", "short_socket_path", "synth"]
 
 
 def short_socket_path() -> str:

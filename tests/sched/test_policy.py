@@ -35,3 +35,17 @@ def test_then_the_newest_background_request_goes_back_to_the_queue():
 def test_a_sequence_alone_that_does_not_fit_has_filled_the_context():
     shed = shed_for_room(Plan(items=(decode(4),)), [session(4, BG, Phase.DECODE)])
     assert shed.finish == 4 and shed.plan.items == () and shed.preempt is None
+
+
+def test_prompt_chunks_alone_are_halved_then_one_token_makes_room_by_preempting():
+    # Two prompts that fit the cache one at a time but not together: dropping every chunk ran
+    # nothing, and the next tick planned the same chunks again, for ever.
+    sessions = [session(0, INT, Phase.PREFILL, prompt=150), session(1, BG, Phase.PREFILL,
+                                                                   prompt=150)]
+    plan = Plan(items=(BatchItem(0, Phase.PREFILL, 150, logits=True),
+                       BatchItem(1, Phase.PREFILL, 106, logits=False)))
+    shed = shed_for_room(plan, sessions)
+    assert shed.plan.items == (BatchItem(0, Phase.PREFILL, 75, logits=False),)
+    assert shed.preempt is None
+    one = shed_for_room(Plan(items=(BatchItem(0, Phase.PREFILL, 1, logits=False),)), sessions)
+    assert one.preempt == 1 and one.plan.items == (BatchItem(0, Phase.PREFILL, 1, logits=False),)

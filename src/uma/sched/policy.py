@@ -54,12 +54,19 @@ def admit_by_class(waiting: Sequence[Waiting], free: int) -> tuple[int, ...]:
 
 
 def shed_for_room(plan: Plan, sessions: Sequence[SessionView]) -> Shed:
-    """Prompt chunks go first; if decode rows alone do not fit, the newest request
-    (background first) goes back to the queue; a sequence alone that does not fit has filled
-    the context."""
-    if any(i.phase is Phase.PREFILL for i in plan.items):
-        return Shed(dataclasses.replace(
-            plan, items=tuple(i for i in plan.items if i.phase is Phase.DECODE)))
+    """Prompt chunks go first; a plan of prompt chunks alone keeps half of its first chunk
+    (dropping them all ran nothing, and the next tick planned the same chunks: two prompts
+    that fit the cache one at a time but not together spun for ever); if decode rows alone,
+    or a one-token chunk, do not fit, the newest request (background first) goes back to the
+    queue; a sequence alone that does not fit has filled the context."""
+    prompts = [i for i in plan.items if i.phase is Phase.PREFILL]
+    decodes = tuple(i for i in plan.items if i.phase is Phase.DECODE)
+    if prompts and decodes:
+        return Shed(dataclasses.replace(plan, items=decodes))
+    if prompts and prompts[0].n_tokens > 1:
+        first = prompts[0]
+        half = BatchItem(first.seq_id, Phase.PREFILL, first.n_tokens // 2, logits=False)
+        return Shed(dataclasses.replace(plan, items=(half,)))
     victims = sorted(sessions, key=lambda s: (s.priority is Priority.INTERACTIVE, -s.rid))
     if len(victims) <= 1:
         return Shed(Plan.empty(), finish=victims[0].seq_id if victims else None)
