@@ -102,6 +102,8 @@ def _trace(cost_name, seed, ticks, options, bmt, gbps):
 
 def _plain(value):
     """A JSON-ready copy: dataclasses as dicts, enums as their values."""
+    if hasattr(value, "_asdict"):  # a NamedTuple record
+        return {k: _plain(v) for k, v in value._asdict().items()}
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, enum.Enum):

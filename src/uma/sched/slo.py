@@ -39,6 +39,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from uma.config import EngineConfig
 from uma.sched.cost import CostEstimate
@@ -308,8 +309,7 @@ def _cache_read(sessions: list[SessionView]) -> int:
 # takes what it needs and adds its record.
 
 
-@dataclass(frozen=True, slots=True)
-class Lanes:
+class Lanes(NamedTuple):
     """QoS classes and phases, and the memory updated with what the last tick measured."""
 
     mem: SloMemory
@@ -320,8 +320,7 @@ class Lanes:
     back_ids: frozenset[int]  # the background sessions' sequences
 
 
-@dataclass(frozen=True, slots=True)
-class Budget:
+class Budget(NamedTuple):
     """latency_budget's: the tick's time budget and what it is relative to (ms)."""
 
     solo_ms: float  # the interactive decoders' tick alone, predicted
@@ -330,16 +329,14 @@ class Budget:
     budget_ms: float  # latency_cap × solo, a fixed budget, or the idle one
 
 
-@dataclass(frozen=True, slots=True)
-class Decoders:
+class Decoders(NamedTuple):
     """qos_decoders': who decodes this tick."""
 
     served: tuple[SessionView, ...]
     k: int  # ticks a burst keeps its background decoders (1 while streams decode)
 
 
-@dataclass(frozen=True, slots=True)
-class Allowance:
+class Allowance(NamedTuple):
     """prompt_allowance's: the time prompt tokens may take this tick, and its limits (ms)."""
 
     room: int  # batch rows left after the decoders
@@ -356,8 +353,7 @@ class Allowance:
     largest_ms: float  # the largest chunk any tick may take (amortisation's yardstick)
 
 
-@dataclass(frozen=True, slots=True)
-class Chunks:
+class Chunks(NamedTuple):
     """prompt_chunks': the prompt tokens in the batch."""
 
     prefill: tuple[BatchItem, ...]

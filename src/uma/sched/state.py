@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from uma.priority import Priority
 from uma.sched.bmt import BmtModel
@@ -101,8 +102,7 @@ class BatchItem:
     logits: bool  # sample after this item (DECODE always; PREFILL when it ends the prompt)
 
 
-@dataclass(frozen=True, slots=True)
-class PlanNotes:
+class PlanNotes(NamedTuple):
     """Why a plan is what it is: the policy's figures for the tick (ms unless named
     otherwise), which the executor's metrics and the traces read."""
 
