@@ -1,13 +1,14 @@
 """The executor: runs one policy plan per tick on one llama.cpp context.
 
-    plan = self.plan()          # release finished work, admit waiting requests, ask the policy
-    self.build(plan)            # fill the batch
-    self.run(plan)              # decode (GIL released) and sample (native, GIL released)
-    self.apply(plan)            # advance sequences, hand tokens to the output stage
+    plan = self.plan()          # release finished work, admit who the policy picks, ask it
+    plan = self.build(plan)     # fill the batch
+    ran = self.run(plan)        # decode (GIL released) and sample (native, GIL released)
+    self.apply(ran)             # advance sequences, hand tokens on, report the tick
 
-The executor decides nothing: which sequences run and how many prompt tokens they get is the
-policy's plan. It owns the KV sequences (one per running request) and keeps them consistent:
-a request that ends, is cancelled or fails has its KV cleared before its result is published.
+The executor decides nothing: who gets a sequence, which sequences run, how many prompt
+tokens they get and what to shed on a full cache are the policy's (uma.sched). It owns the KV
+sequences (one per running request) and keeps them consistent: a request that ends, is
+cancelled or fails has its KV cleared before its result is published.
 
 Requests are isolated from each other at every step that handles one of them: what goes wrong
 while admitting, batching, decoding, sampling or accepting a token for one request ends that
