@@ -48,3 +48,10 @@ def test_tick_spread_keeps_background_prompt_ticks_apart_from_decode_ticks():
         spread.add(9.0, 1.0, None, decode_only=False)  # an interactive prompt: neither
         spread.add(1.0, 1.0, None, decode_only=True)
     assert spread.prompt == 1.5 and spread.decode == 1.0
+
+
+def test_every_tick_reports_how_far_the_cost_model_missed_it(tiny_path):
+    with uma.Engine(tiny_path, n_ctx=512, n_seq_max=2) as e:
+        e.generate("Hello", max_tokens=8, ignore_eos=True)
+    errors = e.snapshot()["cost_model_error_pct"]
+    assert errors["count"] == e.snapshot()["ticks_total"] and errors["p50"] >= 0

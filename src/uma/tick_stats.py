@@ -64,6 +64,9 @@ class TickMetrics:
         self.running = reg.gauge("requests_running", "requests holding a KV sequence")
         self.kv_cells = reg.gauge("kv_cells_used", "KV positions held by running requests")
         self.cost_error = reg.gauge("cost_model_error_ms", "mean |measured - predicted| tick ms")
+        self.cost_error_pct = reg.histogram(
+            "cost_model_error_pct", "|measured - predicted| / predicted per tick, %",
+            (1, 2, 3, 5, 7.5, 10, 15, 20, 30, 50, 75, 100, 200, 500))
         self.served = reg.gauge("served_decoders", "decoding sequences served in the last tick")
         self.parked = reg.gauge("parked_sessions", "decoding sequences left out of the last tick")
         self.bmt_last = reg.gauge("bmt_estimate_last", "bytes the last tick moved (estimate)")
@@ -142,10 +145,11 @@ class TickStats:
         if plan.items:
             est = self.cost.estimate
             solo = est.predict(0, *t.solo) if t.solo is not None else None
-            self.spread.add(tick_ms, est.predict(t.n_prefill, t.n_decode, t.cache_read,
-                                                 t.prompt_attended),
-                            solo, decode_only=t.n_prefill == 0,
+            predicted = est.predict(t.n_prefill, t.n_decode, t.cache_read, t.prompt_attended)
+            self.spread.add(tick_ms, predicted, solo, decode_only=t.n_prefill == 0,
                             background_prompt=t.background_prompt)
+            # Before the model learns from this tick: how well it predicted it.
+            m.cost_error_pct.observe(100.0 * abs(tick_ms - predicted) / max(predicted, 1e-3))
             self.cost.observe(t.n_prefill, t.n_decode, t.cache_read, tick_ms,
                               t.prompt_attended)
         self.decode_ewma = decode_ms if self.decode_ewma == 0 else \
