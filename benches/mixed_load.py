@@ -1,4 +1,12 @@
-"""Scenario 1 (and 6 with --model moe-small): mixed load, UMA Serve vs llama-server.
+"""The scenario matrix: UMA Serve vs llama-server, side by side in one run.
+
+--phases picks the scenarios, each measured alone and then under background work: mixed (1,
+below), churn (2), burst (3), poisson (4), agent (5), chat (6); benches/scenarios.py describes
+2-4 and 6. The whole matrix is one command:
+
+    python benches/mixed_load.py --phases mixed,churn,burst,poisson,agent,chat --out matrix
+
+Scenario 1, mixed load (an MoE with --model moe-small):
 
 K interactive streams send 128-token requests back to back (an editor assistant, a terminal),
 starting --stagger-s apart (in lockstep, every stream's prompt would be computed in the same
@@ -14,7 +22,9 @@ same threads, slots and context, driven by the same HTTP/SSE client (benches/str
 through their OpenAI-compatible /v1/completions; UMA requests carry `priority`, which
 llama-server ignores (it has no classes). Reported per side and phase: interactive inter-token
 p50/p95/p99, the worst pause, interactive TTFT, background TTFT and decode speed, aggregate
-tokens/s. Writes benches/results/<out>.{json,csv} and the token-timeline plot.
+tokens/s, every background request's completion time, and (UMA) the cost model's per-tick
+error p50/p90 in the phase. Writes benches/results/<out>.{json,csv} and the token-timeline
+plot.
 
     python benches/mixed_load.py                          # 134m, 2 threads, 3 streams
     python benches/mixed_load.py --model moe-small --out mixed_load_moe
@@ -26,6 +36,8 @@ tokens/s. Writes benches/results/<out>.{json,csv} and the token-timeline plot.
 from __future__ import annotations
 
 import argparse
+import http.client
+import re
 import sys
 import threading
 import time
@@ -37,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import plots  # noqa: E402
 import report  # noqa: E402
+import scenarios  # noqa: E402
 from llama_tools import ensure_tools  # noqa: E402
 from servers import Server, llama_server, uma_server  # noqa: E402
 from streams import Stream, long_prompt, percentiles, sse_completion  # noqa: E402
@@ -108,7 +121,9 @@ class Phase:
             bg = by["background"]
             row["bg_ttft_ms"] = max(1e3 * s.ttft_s for s in bg)
             row["bg_prefill_tok_s"] = sum(s.prompt_tokens for s in bg) / max(s.ttft_s for s in bg)
-            row["bg_total_ms"] = max(1e3 * (s.times[-1] - s.sent) for s in bg)
+            row["bg_total_ms"] = max(1e3 * (s.times[-1] - s.sent) for s in bg if s.times)
+            row["bg_completion_ms"] = [round(1e3 * (s.times[-1] - s.sent), 1) if s.times
+                                       else None for s in bg]
             row["bg_decode_tok_s"] = float(np.mean([
                 (len(s.times) - 1) / (s.times[-1] - s.times[0]) for s in bg if len(s.times) > 1]))
         return row
@@ -196,7 +211,9 @@ def agent_row(phase: Phase) -> dict:
             "seconds": phase.t1 - phase.t0}
 
 
-def measure(server: Server, ns, storms: list[str], rows: list, timelines: dict) -> None:
+def measure(server: Server, ns, storms: list[str], rows: list, timelines: dict,
+            model: Path, scenario_storms: dict[str, list[str]],
+            poisson_arrivals: list[float]) -> None:
     sse_completion(server.port, {"prompt": "warm up", "max_tokens": 8, **(server.extra or {})})
 
     def record(name: str, phase: Phase, row: dict, columns: list) -> None:
@@ -215,6 +232,23 @@ def measure(server: Server, ns, storms: list[str], rows: list, timelines: dict) 
                 r = rows[-1]
                 print(f"  guard: {r['ticks']:.0f} ticks, {100 * r['over_budget_share']:.1f} % "
                       f"over budget, cost-model error {r['cost_error_ms']:.1f} ms", flush=True)
+    for name in ("churn", "burst", "poisson", "chat"):
+        if name not in ns.phases:
+            continue
+        for label, loaded in (("alone", False), ("+ background", True)):
+            before = guard_counters(server)
+            phase = Phase(server)
+            prompts = scenario_storms[name] if loaded else []
+            if name == "churn":
+                scenarios.churn_phase(phase, ns, prompts)
+            elif name == "burst":
+                scenarios.burst_phase(phase, ns, prompts)
+            elif name == "poisson":
+                scenarios.poisson_phase(phase, ns, prompts, poisson_arrivals)
+            else:
+                scenarios.chat_phase(phase, ns, prompts, model)
+            record(f"{name} {label}", phase,
+                   {**phase.summary(), **guard_row(before, guard_counters(server))}, COLUMNS)
     if "agent" in ns.phases:
         for name, loaded in (("agent alone", False), ("agent + decoders", True)):
             phase = agent_phase(server, ns, loaded)
@@ -224,25 +258,55 @@ def measure(server: Server, ns, storms: list[str], rows: list, timelines: dict) 
 GUARD = ("ticks_total", "ticks_over_budget_total", "cost_model_error_ms")
 
 
-def guard_counters(server: Server) -> dict[str, float]:
+def guard_counters(server: Server) -> dict:
     """The UMA daemon's guard figures from its metrics (none for llama-server): how often ticks
     overran their budget (each overrun holds prompts back) tells where a starved background
-    prompt's time went."""
+    prompt's time went; the cost model's per-tick error histogram (from /metrics, whose
+    buckets a phase's share is the difference of) says how well the guard could plan."""
     if server.socket is None:
         return {}
     with Client(server.socket) as client:
         snapshot = client.metrics()
-    return {name: float(snapshot[name]) for name in GUARD}
+    counters = {name: float(snapshot[name]) for name in GUARD}
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    counters["error_buckets"] = {
+        float(m.group(1)): float(m.group(2)) for m in re.finditer(
+            r'^uma_cost_model_error_pct_bucket\{le="([^"]+)"\} (\S+)$', text, re.M)}
+    return counters
 
 
-def guard_row(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """A phase's ticks, the share of them over budget, and the cost model's error at its end."""
+def bucket_quantile(buckets: dict[float, float], q: float) -> float:
+    """A quantile from cumulative Prometheus buckets (upper bound -> count), interpolated
+    within its bucket, as histogram_quantile() does."""
+    bounds = sorted(buckets)
+    total = buckets[bounds[-1]] if bounds else 0.0
+    if total <= 0:
+        return float("nan")
+    rank, lo, below = q * total, 0.0, 0.0
+    for b in bounds:
+        if buckets[b] >= rank:
+            if b == float("inf"):
+                return lo
+            return lo + (b - lo) * (rank - below) / max(buckets[b] - below, 1e-9)
+        lo, below = b, buckets[b]
+    return lo
+
+
+def guard_row(before: dict, after: dict) -> dict[str, float]:
+    """A phase's ticks, the share of them over budget, and the cost model's error: its mean
+    at the phase's end, and the phase's own per-tick p50/p90 (% of the prediction)."""
     if not before:
         return {}
     ticks = after["ticks_total"] - before["ticks_total"]
     over = after["ticks_over_budget_total"] - before["ticks_over_budget_total"]
+    delta = {b: n - before["error_buckets"].get(b, 0.0)
+             for b, n in after["error_buckets"].items()}
     return {"ticks": ticks, "over_budget_share": over / max(ticks, 1),
-            "cost_error_ms": after["cost_model_error_ms"]}
+            "cost_error_ms": after["cost_model_error_ms"],
+            "cost_error_p50_pct": bucket_quantile(delta, 0.5),
+            "cost_error_p90_pct": bucket_quantile(delta, 0.9)}
 
 
 COLUMNS = [("side", "side / phase", ""), ("itl_p50_ms", "ITL p50", ".1f"),
@@ -255,19 +319,31 @@ AGENT_COLUMNS = [("side", "side / phase", ""), ("agent_chain_ms", "chain ms", ".
                  ("i_ttft_p95_ms", "TTFT p95", ".1f"), ("tokens_per_s", "all tok/s", ".1f")]
 
 
+PAIRS = [("mixed", "alone", "storm"), ("agent", "agent alone", "agent + decoders")] + [
+    (n, f"{n} alone", f"{n} + background") for n in ("churn", "burst", "poisson", "chat")]
+
+
 def verdicts(rows: list[dict]) -> list[dict]:
+    """Each scenario's loaded phase against its alone phase, per side: the p95 and the worst
+    pause relative to the p95 alone, TTFT, and whether the background work completed."""
     out = []
     for side in dict.fromkeys(r["side"] for r in rows):
-        alone = next((r for r in rows if r["side"] == side and r["phase"] == "alone"), None)
-        storm = next((r for r in rows if r["side"] == side and r["phase"] == "storm"), None)
-        if alone is None or storm is None:  # the mixed phases were not run
-            continue
-        p95_ratio = storm["itl_p95_ms"] / alone["itl_p95_ms"]
-        pause_ratio = storm["worst_pause_ms"] / alone["itl_p95_ms"]
-        out.append({"side": side, "p95_storm_over_alone": p95_ratio,
-                    "worst_pause_over_p95_alone": pause_ratio,
-                    "p95_met": p95_ratio <= ITL_TARGET, "pause_met": pause_ratio <= PAUSE_TARGET,
-                    "bg_completed": bool(np.isfinite(storm.get("bg_ttft_ms", np.nan)))})
+        for scenario, alone_name, loaded_name in PAIRS:
+            alone = next((r for r in rows if r["side"] == side and r["phase"] == alone_name),
+                         None)
+            loaded = next((r for r in rows if r["side"] == side and r["phase"] == loaded_name),
+                          None)
+            if alone is None or loaded is None or "itl_p95_ms" not in alone:
+                continue
+            p95_ratio = loaded["itl_p95_ms"] / alone["itl_p95_ms"]
+            pause_ratio = loaded["worst_pause_ms"] / alone["itl_p95_ms"]
+            out.append({"side": side, "scenario": scenario, "p95_storm_over_alone": p95_ratio,
+                        "worst_pause_over_p95_alone": pause_ratio,
+                        "ttft_p50_alone_ms": alone["i_ttft_p50_ms"],
+                        "ttft_p50_loaded_ms": loaded["i_ttft_p50_ms"],
+                        "p95_met": p95_ratio <= ITL_TARGET,
+                        "pause_met": pause_ratio <= PAUSE_TARGET,
+                        "bg_completed": bool(np.isfinite(loaded.get("bg_ttft_ms", np.nan)))})
     return out
 
 
@@ -289,9 +365,19 @@ def main() -> int:
     ap.add_argument("--bg-tokens", type=int, default=64, help="background max_tokens")
     ap.add_argument("--arrive-s", type=float, default=1.0)
     ap.add_argument("--phases", default="mixed", type=lambda v: set(v.split(",")),
-                    help="mixed (interactive streams alone, then under the storm), agent (an "
-                         "agent chain alone, then under background decoders), or both")
+                    help="mixed (1), churn (2), burst (3), poisson (4), agent (5), chat (6), "
+                         "comma-separated: each alone, then under background work")
     ap.add_argument("--agent-steps", type=int, default=8)
+    ap.add_argument("--churn-tokens", type=int, default=32,
+                    help="churn and burst: tokens per short interactive request")
+    ap.add_argument("--think-s", type=float, default=0.5,
+                    help="churn: mean think time between an app's requests")
+    ap.add_argument("--burst", type=int, default=8, help="burst: requests arriving together")
+    ap.add_argument("--poisson-n", type=int, default=4, help="poisson: background prompts")
+    ap.add_argument("--poisson-s", type=float, default=5.0,
+                    help="poisson: mean seconds between background arrivals")
+    ap.add_argument("--chat-ctx", type=int, default=8192, help="chat: the context it grows to")
+    ap.add_argument("--chat-step", type=int, default=1024, help="chat: tokens added a turn")
     ap.add_argument("--ctx", type=int, default=0, help="KV cells [enough for every slot]")
     ap.add_argument("--sides", default="uma slo,uma baseline,llama-server")
     ap.add_argument("--kv-unified", action="store_true",
@@ -300,25 +386,33 @@ def main() -> int:
     ap.add_argument("--uma-args", default="", help="extra `uma run` flags, e.g. --no-kv-unified")
     ap.add_argument("--out", default="mixed_load", help="results name under benches/results")
     ns = ap.parse_args()
-    unknown = ns.phases - {"mixed", "agent"}
+    unknown = ns.phases - {"mixed", "agent", "churn", "burst", "poisson", "chat"}
     if unknown:  # before any build or model work
         ap.error(f"--phases: unknown phase(s) {', '.join(sorted(unknown))}")
 
-    tools = ensure_tools(ns.backend)
+    sides = ns.sides.split(",")
+    tools = ensure_tools(ns.backend) if any(not s.startswith("uma ") for s in sides) else {}
     model = Path(ns.model) if Path(ns.model).exists() else synth.cached_model(ns.model)
     storms = [long_prompt(model, ns.storm_tokens, salt=j) for j in range(ns.background)] \
-        if "mixed" in ns.phases else []
-    slots = ns.streams + ns.background
-    # llama-server divides its context between slots: give every slot room for a storm.
-    ctx = ns.ctx or slots * (ns.storm_tokens + ns.bg_tokens + 256)
+        if ns.phases & {"mixed", "churn", "burst", "chat"} else []
+    poisson, arrivals = scenarios.poisson_prompts(model, ns) if "poisson" in ns.phases \
+        else ([], [])
+    scenario_storms = {"churn": storms, "burst": storms, "chat": storms, "poisson": poisson}
+    background = max(ns.background, len(poisson))
+    slots = max(ns.streams, ns.burst if "burst" in ns.phases else 0) + background
+    # llama-server divides its context between slots: give every slot room for the longest
+    # prompt (a storm, or the chat's whole conversation).
+    longest = max(ns.storm_tokens + ns.bg_tokens,
+                  ns.chat_ctx + ns.tokens if "chat" in ns.phases else 0)
+    ctx = ns.ctx or slots * (longest + 256)
     common = {"threads": ns.threads, "ctx": ctx, "parallel": slots, "gpu_layers": ns.gpu_layers}
     info = report.run_info(model, backend=ns.backend, streams=ns.streams, tokens=ns.tokens,
                            kv_unified=ns.kv_unified, stagger_s=ns.stagger_s,
                            background=ns.background, storm_tokens=ns.storm_tokens, **common)
     rows: list[dict] = []
     timelines: dict[str, list] = {}
-    print(report.table([], COLUMNS if "mixed" in ns.phases else AGENT_COLUMNS))
-    for side in ns.sides.split(","):
+    print(report.table([], COLUMNS if ns.phases - {"agent"} else AGENT_COLUMNS))
+    for side in sides:
         if side.startswith("uma "):
             kv = "--kv-unified" if ns.kv_unified else "--no-kv-unified"
             server = uma_server(model, policy=side.split()[1],
@@ -327,15 +421,16 @@ def main() -> int:
             server = llama_server(tools["llama-server"], model,
                                   args=("-kvu",) if ns.kv_unified else (), **common)
         with server as s:
-            measure(s, ns, storms, rows, timelines)
+            measure(s, ns, storms, rows, timelines, model, scenario_storms, arrivals)
     checks = verdicts(rows)
     for v in checks:
-        print(f"{v['side']:16s} p95 storm/alone {v['p95_storm_over_alone']:.2f}x "
+        print(f"{v['side']:16s} {v['scenario']:8s} p95 loaded/alone "
+              f"{v['p95_storm_over_alone']:.2f}x "
               f"({'met' if v['p95_met'] else 'NOT met'} <= {ITL_TARGET}), worst pause/p95 alone "
               f"{v['worst_pause_over_p95_alone']:.2f}x "
               f"({'met' if v['pause_met'] else 'NOT met'} <= {PAUSE_TARGET})")
     path = report.write(ns.out, info, rows, {"verdicts": checks, "timelines": timelines})
-    shown = [k for k in timelines if k.endswith(("| storm", "| agent + decoders"))]
+    shown = [k for k in timelines if k.endswith(("| storm", "+ decoders", "+ background"))]
     png = plots.timelines(path, shown)
     print(f"wrote {path} and {png}")
     return 0
