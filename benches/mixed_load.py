@@ -376,7 +376,9 @@ def main() -> int:
     ap.add_argument("--poisson-n", type=int, default=4, help="poisson: background prompts")
     ap.add_argument("--poisson-s", type=float, default=5.0,
                     help="poisson: mean seconds between background arrivals")
-    ap.add_argument("--chat-ctx", type=int, default=8192, help="chat: the context it grows to")
+    ap.add_argument("--chat-ctx", type=int, default=8192,
+                    help="chat: the context it grows to (at most the model's training context: "
+                         "llama-server caps a slot there)")
     ap.add_argument("--chat-step", type=int, default=1024, help="chat: tokens added a turn")
     ap.add_argument("--ctx", type=int, default=0, help="KV cells [enough for every slot]")
     ap.add_argument("--sides", default="uma slo,uma baseline,llama-server")

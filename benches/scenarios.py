@@ -132,7 +132,9 @@ def chat_phase(phase, ns, storms: list[str], model: Path):
     --arrive-s, as in scenario 1)."""
     done = threading.Event()
     background_roles(phase, ns, storms, done)
-    turns = max(1, ns.chat_ctx // ns.chat_step)
+    # The conversation stays under chat_ctx with the turn labels and the answer on top (a
+    # server whose context is chat_ctx refuses a prompt that leaves no room to answer).
+    turns = max(1, (ns.chat_ctx - ns.tokens - 64 * (ns.chat_ctx // ns.chat_step)) // ns.chat_step)
     blocks = [long_prompt(model, ns.chat_step, salt=200 + t) for t in range(turns)]
 
     def chat() -> None:
