@@ -52,24 +52,33 @@ def background_roles(phase, ns, storms: list[str], done: threading.Event,
         phase.role(clock)
 
 
+def stream_roles(phase, ns, done: threading.Event, label: str, tokens: int,
+                 think_s: float = 0.0) -> None:
+    """K interactive streams, started --stagger-s apart, each sending requests of `tokens`
+    one after another (with an exponential think time of mean think_s between them, if any)
+    until `done` and at least --rounds each."""
+    def stream(i: int) -> None:
+        rng = random.Random(i)
+        time.sleep(i * ns.stagger_s)
+        n = 0
+        while n < ns.rounds or not done.is_set():
+            phase.request("interactive", f"{label}{i}", f"App {i}, request {n}: what does "
+                          f"this do?", tokens)
+            n += 1
+            if think_s:
+                time.sleep(rng.expovariate(1.0 / think_s))
+
+    for i in range(ns.streams):
+        phase.role(stream, i)
+
+
 def churn_phase(phase, ns, storms: list[str]):
     """Scenario 2: K apps each send short requests (--churn-tokens) with an exponential think
     time (mean --think-s) between them, until the background work is done."""
     done = threading.Event()
     background_roles(phase, ns, storms, done)
 
-    def app(i: int) -> None:
-        rng = random.Random(i)
-        time.sleep(i * ns.stagger_s)
-        n = 0
-        while n < ns.rounds or not done.is_set():
-            phase.request("interactive", f"c{i}", f"App {i}, question {n}: what does this do?",
-                          ns.churn_tokens)
-            n += 1
-            time.sleep(rng.expovariate(1.0 / ns.think_s))
-
-    for i in range(ns.streams):
-        phase.role(app, i)
+    stream_roles(phase, ns, done, "c", ns.churn_tokens, think_s=ns.think_s)
     phase.run()
     return phase
 
@@ -112,16 +121,7 @@ def poisson_phase(phase, ns, storms: list[str], arrivals: list[float]):
     done = threading.Event()
     background_roles(phase, ns, storms, done, arrivals=arrivals if storms else None)
 
-    def interactive(i: int) -> None:
-        time.sleep(i * ns.stagger_s)
-        n = 0
-        while n < ns.rounds or not done.is_set():
-            phase.request("interactive", f"i{i}", f"Session {i}, turn {n}: summarise it.",
-                          ns.tokens)
-            n += 1
-
-    for i in range(ns.streams):
-        phase.role(interactive, i)
+    stream_roles(phase, ns, done, "i", ns.tokens)
     phase.run()
     return phase
 
