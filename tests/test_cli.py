@@ -16,11 +16,16 @@ import sys
 import time
 
 import pytest
+from typer.testing import CliRunner
 
 import uma as uma_pkg
-from uma import service, synth, testing
+from uma import cli, service, synth, testing
 from uma.chat import ChatSession
 from uma.client import Client
+from uma.sched.knobs import KNOBS
+from uma.sched.policies import create_policy
+from uma.sched.slo import SloPolicy
+from uma.server import main as server_main
 from uma.server import settings
 
 
@@ -96,6 +101,41 @@ def test_version():
 def test_shell_completion_is_offered():
     r = uma("--help")
     assert r.returncode == 0 and "--install-completion" in r.stdout
+
+
+def test_run_help_lists_the_policy_knobs_in_their_own_section():
+    r = uma("run", "--help")
+    main, knobs = r.stdout.split("Scheduling policy (slo):\n")
+    options = {s.option for s in settings.SETTINGS if s.flag and s.config == "slo"}
+    assert options == {"--" + k.name.replace("_", "-") for k in KNOBS}
+    assert all(re.search(rf"^  {o}\b", knobs, re.M) for o in options)
+    assert not any(o in main for o in options)
+    assert "--ctx" in main and "--latency-cap" in main and "--ctx" not in knobs
+
+
+def test_run_flags_reach_the_policy(monkeypatch):
+    served = []
+    monkeypatch.setattr(server_main, "serve", lambda conf, say: served.append(conf) or 0)
+    r = CliRunner().invoke(cli.app, ["run", "m.gguf", "--pause-factor", "2.5",
+                                     "--no-hold-on-decode-overrun", "--ttft-burst-tokens", "0",
+                                     "--latency-cap", "1.5"])
+    assert r.exit_code == 0, r.output
+    policy = create_policy(served[0].engine.policy, served[0].engine)
+    assert isinstance(policy, SloPolicy)
+    assert (policy.pause_factor, policy.ttft_burst_tokens, policy.latency_cap) == (2.5, 0, 1.5)
+    assert policy.hold_on_decode_overrun is False
+    assert policy.background_share == SloPolicy.background_share
+
+
+def test_config_shows_the_knobs(tmp_path):
+    conf = tmp_path / "uma.toml"
+    conf.write_text("pause_window = 40\n")
+    r = CliRunner().invoke(cli.app, ["config", "-c", str(conf), "--json"],
+                           env={"UMA_PAUSE_SHARE": "0.02"})
+    shown = json.loads(r.output)
+    assert shown["pause_share"] == {"value": 0.02, "from": "UMA_PAUSE_SHARE"}
+    assert shown["pause_window"] == {"value": 40, "from": f"pause_window in {conf}"}
+    assert shown["hold_on_decode_overrun"] == {"value": True, "from": "default"}
 
 
 def test_every_run_option_shows_its_default_and_variable():
@@ -174,6 +214,9 @@ def test_config_shows_each_setting_and_where_it_came_from(tmp_path):
     (("run", "--bogus"), {}, 4, "No such option"),
     (("run",), {"UMA_GRACE": "-1"}, 4, "invalid UMA_GRACE: must be > 0"),
     (("run",), {"UMA_KV_UNIFIED": "maybe"}, 4, "invalid UMA_KV_UNIFIED: must be true or false"),
+    (("run", "--pause-factor", "0.5"), {}, 4, "invalid --pause-factor: must be >= 1, not 0.5"),
+    (("run",), {"UMA_BACKGROUND_SHARE": "1"}, 4,
+     "invalid UMA_BACKGROUND_SHARE: must be in [0, 0.9], not 1.0"),
     (("generate",), {}, 4, "Missing option"),
     (("status", "--socket", "/tmp/uma-nobody-here.sock"), {}, 5, "no UMA daemon"),
     (("stop", "--socket", "/tmp/uma-nobody-here.sock"), {}, 5, "no UMA daemon"),

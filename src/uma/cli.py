@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import json
 import os
 import sys
 import time
 from pathlib import Path
 
+import click
 import typer
+from typer.core import TyperCommand
 
 import uma
 from uma import synth
-from uma.server.settings import BY_NAME
+from uma.server.settings import BY_NAME, SETTINGS
 from uma.server.settings import DEMO_MODEL as _DEMO
 
 # Exit codes: the design notes' 0, 2 and 3, with usage and not-running added.
@@ -58,12 +61,49 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version, is
     """UMA Serve: one llama.cpp model, many local apps."""
 
 
+# `uma run --help` sections beyond "Options", by the settings' config
+PANELS = {"slo": "Scheduling policy (slo)"}
+
+
 def _opt(name: str, *decls: str):
     """A `uma run` option from the settings table: its help, and its default shown."""
     s = BY_NAME[name]
     # In the help text, not show_default: click puts a string default in parentheses.
     return typer.Option(None, *decls, help=f"{s.help}; env {s.env}  [default: {s.default}]",
-                        show_default=False)
+                        show_default=False, rich_help_panel=PANELS.get(s.config))
+
+
+def _with_knob_options(command):
+    """Adds a keyword parameter, and so a `uma run` option, for each scheduling-policy knob in
+    the settings table (uma.sched.knobs): typer reads the options from the signature, and a
+    knob added to the policy gets its flag without a line here."""
+    signature = inspect.signature(command, eval_str=True)
+    params = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    for s in SETTINGS:
+        if s.config == "slo":
+            decls = (f"{s.option}/--no-{s.option[2:]}",) if s.kind is bool else ()
+            params.append(inspect.Parameter(s.name, inspect.Parameter.KEYWORD_ONLY,
+                                            default=_opt(s.name, *decls),
+                                            annotation=s.kind | None))
+    command.__signature__ = signature.replace(parameters=params)
+    return command
+
+
+class _PanelledHelp(TyperCommand):
+    """Plain help that still puts each rich_help_panel in a section of its own: typer draws
+    panels only when it renders help with rich, which would read "[f16]" as markup."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        sections: dict[str, list[tuple[str, str]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                title = "Arguments" if param.param_type_name == "argument" else (
+                    getattr(param, "rich_help_panel", None) or "Options")
+                sections.setdefault(title, []).append(record)
+        for title, rows in sections.items():
+            with formatter.section(title):
+                formatter.write_dl(rows)
 
 
 def _fail(message: str, code: int) -> typer.Exit:
@@ -71,7 +111,8 @@ def _fail(message: str, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
-@app.command()
+@app.command(cls=_PanelledHelp)
+@_with_knob_options
 def run(
     model: str | None = typer.Argument(
         None, help="GGUF model to serve  [default: a small built-in demo model with random "
@@ -110,12 +151,13 @@ def run(
     http_header_timeout: float | None = _opt("http_header_timeout"),
     http_body_timeout: float | None = _opt("http_body_timeout"),
     http_max_body_bytes: int | None = _opt("http_max_body_bytes"),
+    **knobs: float | int | bool | None,  # the scheduling policy's (_with_knob_options)
 ) -> None:
     """Serve a model to every app on this machine over a Unix socket (and HTTP, with --http).
     It prints 'uma: serving ...' once it answers requests."""
     from uma.server.main import serve
 
-    conf = _settings(config, locals())
+    conf = _settings(config, {**locals(), **knobs})
     if conf.engine.model == _DEMO:
         path = str(synth.cached_model(DEMO_PRESET))
         conf = dataclasses.replace(conf, engine=dataclasses.replace(conf.engine, model=path))

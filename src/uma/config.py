@@ -150,6 +150,9 @@ class EngineConfig:
     tick_budget_ms: float | None = None  # slo: a fixed tick budget instead of the cap
     bmt_budget_gbps: float | None = None  # memory bandwidth for ticks; None: probe on CPU, 0: off
     max_queue: int = 1024  # requests waiting beyond this are refused
+    # slo: the scheduling policy's knobs given, as (name, value) pairs (hashable, so the config
+    # stays frozen; a dict is taken too); the rest keep SloPolicy's defaults (uma.sched.knobs)
+    slo: tuple[tuple[str, float | int | bool], ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -189,6 +192,10 @@ class EngineConfig:
             raise InvalidRequestError(f"bmt_budget_gbps must be >= 0, not {self.bmt_budget_gbps}")
         if self.policy not in ("slo", "baseline"):
             raise InvalidRequestError(f"policy must be 'slo' or 'baseline', not {self.policy!r}")
+        # Imported here: uma.sched.knobs reads SloPolicy, whose module imports this one.
+        from uma.sched.knobs import check_knobs
+
+        object.__setattr__(self, "slo", check_knobs(self.slo))
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,9 @@ from pathlib import Path
 import pytest
 
 from uma.errors import InvalidRequestError
+from uma.sched.knobs import KNOBS
+from uma.sched.policies import create_policy
+from uma.sched.slo import SloPolicy
 from uma.server import settings
 
 
@@ -72,3 +75,80 @@ def test_errors_name_the_setting_as_it_was_given(source, label):
     with pytest.raises(InvalidRequestError) as info:
         settings.resolve([settings.from_environment(source)])
     assert str(info.value).startswith(label), str(info.value)
+
+
+# --- the scheduling policy's knobs (uma.sched.knobs) ---------------------------------------------
+
+
+def test_a_knob_from_file_environment_or_flag_reaches_the_policy(tmp_path):
+    conf = tmp_path / "uma.toml"
+    conf.write_text('pause_window = 50\nbackground_share = 0.3\nhold_on_decode_overrun = false\n')
+    env = settings.from_environment({"UMA_BACKGROUND_SHARE": "0.4", "UMA_PAUSE_FACTOR": "2"})
+    s = settings.resolve([settings.read_file(conf), env, {"ttft_burst_tokens": 0}])
+    policy = create_policy(s.engine.policy, s.engine)
+    assert isinstance(policy, SloPolicy)
+    assert (policy.pause_window, policy.background_share, policy.pause_factor) == (50, 0.4, 2.0)
+    assert policy.hold_on_decode_overrun is False and policy.ttft_burst_tokens == 0
+    assert policy.pause_share == SloPolicy.pause_share  # not given: the policy's default
+    assert dict(s.engine.slo).keys() == {"pause_window", "background_share",
+                                         "hold_on_decode_overrun", "pause_factor",
+                                         "ttft_burst_tokens"}
+
+
+def test_config_shows_each_knobs_effective_value_and_source():
+    env = settings.from_environment({"UMA_TTFT_BURST_TOKENS": "64"})
+    rows = {name: (value, where) for name, value, where in settings.resolve(
+        [env, {"pause_factor": 2.5}]).table()}
+    assert rows["ttft_burst_tokens"] == (64, "UMA_TTFT_BURST_TOKENS")
+    assert rows["pause_factor"] == (2.5, "--pause-factor")
+    assert rows["background_share"] == (SloPolicy.background_share, "default")
+    assert all(k.name in rows for k in KNOBS)
+
+
+def test_knob_settings_show_the_policys_defaults():
+    for k in KNOBS:
+        s = settings.BY_NAME[k.name]
+        assert (s.kind, s.help, s.config) == (k.kind, k.help, "slo")
+        if k.kind is bool:
+            assert s.default == ("on" if k.default else "off")
+        else:
+            assert float(s.default) == k.default  # shown without losing a digit
+    assert len(settings.BY_NAME) == len(settings.SETTINGS)  # no knob shadows a setting
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("pause_factor = 0.5", "invalid pause_factor in {}: must be >= 1, not 0.5"),
+    ("pause_window = 2.5", "invalid pause_window in {}: must be an integer, not 2.5"),
+    ("hold_ticks = true", "invalid hold_ticks in {}: must be an integer, not True"),
+    ("hold_on_decode_overrun = 1",
+     "invalid hold_on_decode_overrun in {}: must be true or false, not 1"),
+    ("background_share = 0.95", "invalid background_share in {}: must be in [0, 0.9], not 0.95"),
+    ("idle_budget_ms = inf", "invalid idle_budget_ms in {}: must be finite, not inf"),
+    ("pause_facter = 2.0", "{}: unknown setting(s) pause_facter; known: "),
+])
+def test_bad_knobs_in_a_file_name_the_key(tmp_path, text, message):
+    conf = tmp_path / "uma.toml"
+    conf.write_text(text + "\n")
+    with pytest.raises(InvalidRequestError) as info:
+        settings.resolve([settings.read_file(conf)])
+    assert str(info.value).startswith(message.format(conf)), str(info.value)
+
+
+@pytest.mark.parametrize(("source", "message"), [
+    ({"UMA_QUANTILE": "1"}, "invalid UMA_QUANTILE: must be in (0, 1), not 1.0"),
+    ({"UMA_TTFT_BURST_TOKENS": "-1"},
+     "invalid UMA_TTFT_BURST_TOKENS: must be in [0, 1048576], not -1"),
+    ({"UMA_MIN_PREFILL": "8.5"}, "invalid UMA_MIN_PREFILL: must be an integer, not '8.5'"),
+    ({"UMA_HOLD_ON_DECODE_OVERRUN": "maybe"},
+     "invalid UMA_HOLD_ON_DECODE_OVERRUN: must be true or false"),
+])
+def test_bad_knobs_in_the_environment_name_the_variable(source, message):
+    with pytest.raises(InvalidRequestError) as info:
+        settings.resolve([settings.from_environment(source)])
+    assert str(info.value).startswith(message), str(info.value)
+
+
+def test_a_bad_knob_flag_names_the_flag():
+    with pytest.raises(InvalidRequestError) as info:
+        settings.resolve([{"rescue_slack": 0.9}])
+    assert str(info.value) == "invalid --rescue-slack: must be >= 1, not 0.9"

@@ -114,7 +114,9 @@ class SloPolicy:
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> SloPolicy:
-        return cls(latency_cap=config.latency_cap, tick_budget_ms=config.tick_budget_ms)
+        # The knobs' values were checked against these fields' types (uma.sched.knobs).
+        return cls(latency_cap=config.latency_cap, tick_budget_ms=config.tick_budget_ms,
+                   **dict(config.slo))  # type: ignore[arg-type]
 
     def admit(self, waiting: Sequence[Waiting], free: int) -> tuple[int, ...]:
         return admit_by_class(waiting, free)

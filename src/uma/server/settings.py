@@ -13,7 +13,8 @@ Every source uses the same names (the `uma run` options with underscores), e.g.:
 
 The table (SETTINGS) is where `uma run --help`, `uma config`, the environment's parsing and the
 errors get their names, types and defaults; docs/CONFIG.md is checked against it. An error
-names the setting as the user gave it: `--ctx`, `UMA_CTX` or `ctx in uma.toml`.
+names the setting as the user gave it: `--ctx`, `UMA_CTX` or `ctx in uma.toml`. The SLO
+policy's knobs (uma.sched.knobs) are settings too, one each, gathered into EngineConfig.slo.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 
 from uma.config import EngineConfig, ServerConfig, default_socket_path
 from uma.errors import InvalidRequestError
+from uma.sched.knobs import KNOBS, Knob
+from uma.sched.slo import SloPolicy
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -39,7 +42,9 @@ class Setting:
     kind: type  # int, float, bool or str
     default: str  # as shown in --help, `uma config` and docs/CONFIG.md
     help: str
-    config: str = ""  # "engine" or "server": the dataclass it fills; "" for the CLI's own
+    # "engine" or "server": the dataclass it fills; "slo": a scheduling-policy knob (a pair in
+    # EngineConfig.slo); "" for the CLI's own
+    config: str = ""
     field: str = ""  # that dataclass's field (default: the name)
     flag: bool = True  # has a `uma run` flag
 
@@ -51,6 +56,11 @@ class Setting:
     def option(self) -> str:
         return "--" + self.name.replace("_", "-")
 
+    @property
+    def fills(self) -> str:
+        """The config dataclass the setting ends up in ("engine", "server" or "")."""
+        return "engine" if self.config == "slo" else self.config
+
 
 def _e(name, kind, default, help, field="", flag=True):
     return Setting(name, kind, default, help, "engine", field or name, flag)
@@ -58,6 +68,16 @@ def _e(name, kind, default, help, field="", flag=True):
 
 def _s(name, kind, default, help, field="", flag=True):
     return Setting(name, kind, default, help, "server", field or name, flag)
+
+
+def _knob(knob: Knob) -> Setting:
+    """A scheduling-policy knob, shown with SloPolicy's default."""
+    value = knob.default
+    if isinstance(value, bool):
+        shown = "on" if value else "off"  # as the switches above show theirs
+    else:
+        shown = f"{value:g}" if isinstance(value, float) else str(value)
+    return Setting(knob.name, knob.kind, shown, knob.help, "slo", knob.name)
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -84,6 +104,7 @@ SETTINGS: tuple[Setting, ...] = (
     _e("bmt_budget", float, "probed on CPU, off on GPUs",
        "slo: memory bandwidth for ticks in GB/s (0: off)", "bmt_budget_gbps"),
     _e("max_queue", int, "1024", "requests waiting beyond this are refused", flag=False),
+    *(_knob(k) for k in KNOBS),
     _s("socket", str, "$XDG_RUNTIME_DIR/uma.sock, else /tmp/uma-$UID.sock",
        "Unix socket path"),
     _s("max_connections", int, "64", "socket connections at once"),
@@ -149,10 +170,13 @@ class Settings:
     def table(self) -> list[tuple[str, object, str]]:
         """(setting, effective value, where it came from) for every setting."""
         rows = []
+        policy = SloPolicy.from_config(self.engine)  # the knobs' effective values
         for s in SETTINGS:
             if s.name in ("kv_type", "api_key_file"):
                 continue  # shown as type_k/type_v and api_key
-            if s.config:
+            if s.config == "slo":
+                value = getattr(policy, s.field)
+            elif s.config:
                 value = getattr(self.engine if s.config == "engine" else self.server, s.field)
             else:
                 value = self.log_level
@@ -241,6 +265,9 @@ def resolve(sources: Iterable[Source | Mapping[str, object]],
     for which, cls in (("engine", EngineConfig), ("server", ServerConfig)):
         fields = {s.field: merged[s.name] for s in SETTINGS
                   if s.config == which and s.name in merged}
+        if which == "engine":  # only the knobs given: the policy keeps its defaults for the rest
+            fields["slo"] = tuple((s.field, merged[s.name]) for s in SETTINGS
+                                  if s.config == "slo" and s.name in merged)
         try:
             configs[which] = cls(**fields)
         except InvalidRequestError as exc:
@@ -274,7 +301,7 @@ def _rename(message: str, which: str, origins: Mapping[str, Source]) -> InvalidR
     must be ...')."""
     word = message.split(" ", 1)[0]
     for s in SETTINGS:
-        if s.config == which and s.field == word:
+        if s.fills == which and s.field == word:
             return _named(s.name, origins, message[len(word):].strip())
     return InvalidRequestError(message)
 
