@@ -25,6 +25,15 @@ def session(seq, priority, phase, *, prompt=20, prefilled=None, generated=1, n_p
                        first_token_ns=0, last_token_ns=0)
 
 
+def advanced(s: SessionView, item) -> SessionView:
+    """The session after a tick ran its batch item: a prompt chunk, or a decoded token."""
+    if item.phase is Phase.PREFILL:
+        done = s.n_prefilled + item.n_tokens
+        return dataclasses.replace(s, n_prefilled=done, n_past=done,
+                                   phase=Phase.DECODE if done >= s.n_prompt else Phase.PREFILL)
+    return dataclasses.replace(s, n_past=s.n_past + 1, n_generated=s.n_generated + 1)
+
+
 def state(sessions, *, tick=0, memory=None, last_ms=0.0, bmt=None, gbps=0.0, n_batch=512):
     return SchedulerState(now_ns=0, sessions=tuple(sessions), n_waiting=0, n_batch=n_batch,
                           n_seq_max=64, decode_ms_ewma=0.0, cost=COST, tick=tick,
@@ -199,7 +208,7 @@ def test_a_new_interactive_request_starts_at_the_next_tick():
 
 
 def test_interactive_prompts_progress_even_while_held():
-    sessions = [session(0, INT, Phase.DECODE), session(1, INT, Phase.PREFILL, prompt=100)]
+    sessions = [session(0, INT, Phase.DECODE), session(1, INT, Phase.PREFILL, prompt=1000)]
     policy = SloPolicy()
     plan = policy.schedule_tick(state(sessions, memory=SloMemory(s=8, hold=5, ramp=0.0)))
     # the newcomer may stretch the decoder's tick to pause_factor × its solo time
@@ -251,6 +260,9 @@ def test_nothing_starves_and_interactive_decoders_are_always_served(spec):
 # A GPU-like device: leaving the decode graph for any prompt token costs more than a tick's
 # spare time, so background prompts can only go in on saved time, in ticks past the budget.
 GPU = CostEstimate(fixed_ms=2.5, per_prefill_ms=0.04, per_decode_ms=0.05, prefill_step_ms=1.4)
+# The pause mechanics on their own: the background floor (tested below) pays background work
+# in pauses of its own, longer than pause_factor allows the saved time.
+NO_FLOOR = SloPolicy(background_share=0.0)
 
 
 def gpu_storm(policy, cost, ticks, alone=()):
@@ -276,7 +288,7 @@ def gpu_storm(policy, cost, ticks, alone=()):
 
 
 def test_ticks_past_the_budget_stay_rare_and_the_background_prompt_still_moves():
-    chunks, over = gpu_storm(SloPolicy(), GPU, 1000)
+    chunks, over = gpu_storm(NO_FLOOR, GPU, 1000)
     # 4 in 100 on saved time, and at most one starvation rescue
     assert all(sum(over[t:t + 100]) <= 5 for t in range(900))
     assert sum(chunks) > 500
@@ -286,9 +298,9 @@ def test_pauses_take_only_the_share_of_ticks_the_streams_own_tail_leaves():
     # Alone, 3 % of the streams' ticks already run past latency_cap × their p95: of the 5 %
     # the p95 allows, 1.5 % is left for pauses (less the margin), one tick in a hundred.
     tail = [1.0] * 194 + [2.0] * 6
-    _, over = gpu_storm(SloPolicy(), GPU, 1000, alone=tail)
+    _, over = gpu_storm(NO_FLOOR, GPU, 1000, alone=tail)
     assert all(sum(over[t:t + 100]) <= 2 for t in range(900))  # one, and a rescue
-    _, free = gpu_storm(SloPolicy(), GPU, 1000, alone=[1.0] * 200)
+    _, free = gpu_storm(NO_FLOOR, GPU, 1000, alone=[1.0] * 200)
     assert max(sum(free[t:t + 100]) for t in range(900)) >= 4  # no tail: the full 4 %
 
 
@@ -320,12 +332,12 @@ def test_only_ticks_past_the_line_the_p95_is_judged_at_use_the_pause_share():
 def test_background_chunks_that_would_be_mostly_step_wait_for_saved_time():
     # The step fits the spare time, but the few tokens that fit with it would not amortise it.
     cost = dataclasses.replace(GPU, prefill_step_ms=0.3)
-    chunks, _ = gpu_storm(SloPolicy(), cost, 400)
+    chunks, _ = gpu_storm(NO_FLOOR, cost, 400)
     taken = sorted(n for n in chunks if n)
     assert taken and cost.prefill_ms(taken[len(taken) // 2], 0, False) >= cost.prefill_step_ms
     assert len(taken) < 0.1 * len(chunks)
     # without the rule, nearly every tick pays the step for a handful of tokens
-    loose, _ = gpu_storm(SloPolicy(step_amortise=0.0), cost, 400)
+    loose, _ = gpu_storm(dataclasses.replace(NO_FLOOR, step_amortise=0.0), cost, 400)
     assert sum(1 for n in loose if 0 < n < 8) > 0.5 * len(loose)
 
 

@@ -37,3 +37,30 @@ def test_interactive_streams_are_served_every_tick_while_a_long_prompt_prefills(
             assert inter_seqs <= {i.seq_id for i in plan.items if i.phase is Phase.DECODE}
     for a, r in zip(alone, results, strict=True):
         assert_same_greedy(a.token_ids, r.token_ids, a.logprobs, r.logprobs)
+
+
+def test_a_short_interactive_prompt_goes_in_whole_beside_streams_and_a_long_prompt(tiny_path):
+    # TTFT first: with two streams decoding and a background prompt prefilling, a new short
+    # interactive prompt is computed in one tick, and no background chunk goes before it.
+    with uma.Engine(tiny_path, n_ctx=4096, n_seq_max=4, policy="slo") as e:
+        streams = [e.submit(p, max_tokens=60, ignore_eos=True) for p in ("first", "second")]
+        for s in streams:
+            next(iter(s))
+        storm = e.submit(" ".join(f"w{i}" for i in range(400)), max_tokens=2,
+                         priority="background")
+        e._executor.trace = trace = []
+        newcomer = e.submit("a short question about the weather", max_tokens=2)
+        n_prompt = len(e._tokens("a short question about the weather"))
+        assert newcomer.result(timeout=120).finish_reason in ("length", "stop")
+        newcomer_seq = next(i.seq_id for *_, plan in trace for i in plan.items
+                            if i.phase is Phase.PREFILL and i.n_tokens == n_prompt
+                            and i.logits)
+        for s in streams:
+            s.cancel()
+        storm.result(timeout=120)
+    chunks = [(k, i) for k, (*_, plan) in enumerate(trace) for i in plan.items
+              if i.seq_id == newcomer_seq and i.phase is Phase.PREFILL]
+    assert len(chunks) == 1 and chunks[0][1].n_tokens == n_prompt
+    plan = trace[chunks[0][0]][-1]
+    prefill = [i for i in plan.items if i.phase is Phase.PREFILL]
+    assert prefill[0].seq_id == newcomer_seq  # ahead of any background chunk

@@ -24,6 +24,8 @@ from uma.sched.cost import CostEstimate
 from uma.sched.slo import SloMemory, SloPolicy
 from uma.sched.state import Phase, Plan, Priority, SchedulerState, SessionView
 
+from .test_slo import advanced
+
 GOLDEN = Path(__file__).with_name("data") / "slo_golden.json"
 
 COSTS = {
@@ -86,15 +88,7 @@ def _trace(cost_name, seed, ticks, options, bmt, gbps):
         last_tokens = sum(1 for i in plan.items if i.logits)
         memory = plan.memory
         for item in plan.items:
-            s = by_seq[item.seq_id]
-            if item.phase is Phase.PREFILL:
-                done = s.n_prefilled + item.n_tokens
-                by_seq[s.seq_id] = dataclasses.replace(
-                    s, n_prefilled=done, n_past=done,
-                    phase=Phase.DECODE if done >= s.n_prompt else Phase.PREFILL)
-            else:
-                by_seq[s.seq_id] = dataclasses.replace(s, n_past=s.n_past + 1,
-                                                       n_generated=s.n_generated + 1)
+            by_seq[item.seq_id] = advanced(by_seq[item.seq_id], item)
         sessions = [by_seq[s.seq_id] for s in sessions
                     if not (by_seq[s.seq_id].n_generated >= 64 and rng.random() < 0.3)]
     return out

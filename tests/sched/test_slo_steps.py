@@ -88,5 +88,5 @@ def test_a_new_interactive_prompt_gets_a_chunk_even_while_prompts_are_held():
     sessions = [session(0, INT, Phase.DECODE), session(1, INT, Phase.PREFILL, prompt=40)]
     st, d, b, dec, a, cap = run_to("all", sessions,
                                    memory=SloMemory(s=8, k=2, chunk_cap=16, hold=3))
-    chunks = slo.prompt_chunks(P, st, d, a, cap)
-    assert chunks.prefill and chunks.prefill[0].seq_id == 1 and chunks.prefill_ms > 0
+    first = slo.first_tokens(P, st, d, a)
+    assert [(i.seq_id, i.n_tokens) for i in first.items] == [(1, 40)] and first.ms > 0

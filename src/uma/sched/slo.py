@@ -22,11 +22,19 @@ One tick's plan is built in stages, each a pure function of the snapshot:
    extrapolation to a large chunk was once off by 20x (a 700 ms tick predicted at 36 ms).
 3. ΣBMT guard: if the tick would move more bytes than bandwidth × budget, prompt chunks shrink
    first, then background decoders are parked.
-4. No starvation: background work that made no progress for max_starve_ticks ticks gets one
-   decoder served, or the prompt chunk that fits rescue_slack × budget (at least one token;
-   where one token outgrows every pause, a chunk that amortises its read of the cache).
+4. TTFT first: new interactive prompts go before any background prompt work; one with at most
+   ttft_burst_tokens left goes in whole, so its first token comes this tick.
+5. Background floor: while streams decode, background prompts are owed background_share of the
+   measured time. Where the steps before gave them nothing and what is owed pays for a floor
+   chunk, they get one (a planned pause, spaced so that floor pauses take at most pause_share
+   of the ticks). With no stream decoding, the idle budget stretches until a chunk's work
+   amortises its read of the cache (idle_amortise): background runs at full speed.
+6. No starvation, the backstop: background work that made no progress for max_starve_ticks
+   ticks gets one decoder served, or the prompt chunk that fits rescue_slack × budget (at
+   least one token; where one token outgrows every pause, a chunk that amortises its read of
+   the cache).
 
-5. Throughput sweet spot: S and k are hill-climbed in turn on tokens per ms, with a deadband.
+7. Throughput sweet spot: S and k are hill-climbed in turn on tokens per ms, with a deadband.
 
 Whatever the policy must remember (the hold, the ramp, S and k, the hill-climb) travels in
 SloMemory: the executor hands back the plan's memory in the next snapshot.
@@ -70,6 +78,11 @@ class SloMemory:
     chunk_cap: int = 0  # slow start: the most prompt tokens the next tick may take (0: unset)
     last_prefill: int = 0  # prompt tokens the last plan took
     overruns: int = 0  # ticks that took longer than their budget, in all
+    # the background floor: time owed to background prompts, and what the last plan gave them
+    owed_ms: float = 0.0
+    owing: bool = False  # the last plan ran while streams decoded and a background prompt waited
+    back_ms: float = 0.0  # its background prompt chunks' predicted time
+    planned_ms: float = 0.0  # its whole predicted time
     # throughput hill-climb over windows of ticks, S and k in turn
     direction: int = 1  # S's
     k_direction: int = 1
@@ -110,6 +123,12 @@ class SloPolicy:
     step_amortise: float = 1.0  # a background chunk that pays the step works this × the step
     climb_window: int = 16  # ticks per hill-climb step of S or k
     climb_deadband: float = 0.03  # a rate this much lower reverses a climb; less is noise
+    background_share: float = 0.15  # least share of the time owed to background prompts
+    # while interactive streams decode (0: no floor)
+    ttft_burst_tokens: int = 128  # an interactive prompt with at most this many tokens left
+    # goes in whole, in one tick, even while streams decode
+    idle_amortise: float = 4.0  # with no stream decoding, a background chunk's work is at
+    # least this × its read of the cache (the idle budget stretches to allow it)
     name: str = "slo"
 
     @classmethod
@@ -132,51 +151,32 @@ class SloPolicy:
         dec = qos_decoders(self, state, d, b)
         a = prompt_allowance(self, state, d, b, dec)
         cap = bmt_guard(self, state, d, b, dec, a)
-        return settle(self, state, d, b, dec, a, cap, prompt_chunks(self, state, d, a, cap))
+        f = first_tokens(self, state, d, a)
+        c = background_floor(self, state, d, a, cap, f, prompt_chunks(self, state, d, a, cap, f))
+        return settle(self, state, d, b, dec, a, cap, c)
 
     # --- stages ------------------------------------------------------------------------------
 
-    def _prefill(self, waiting: list[SessionView], cost: CostEstimate, spare_ms: float,
-                 floor_ms: float, largest_ms: float, cap: int, room: int,
-                 rescue_ms: float | None) -> list[BatchItem]:
-        """Prompt chunks that spend spare_ms, each priced at its own depth (the last chunks of a
-        long prompt cost several times its first): interactive prompts first, then background
-        ones with what they leave, never more than 1 - interactive_reserve of spare_ms while an
-        interactive prompt also waits. Interactive prompts always get what fits floor_ms, at
-        least one token: a guard that held them back for good would never let them start, and
-        the slow start's cap does not apply to them. A background chunk goes in only when its
+    def _background(self, waiting: list[SessionView], cost: CostEstimate, spare_ms: float,
+                    largest_ms: float, cap: int, room: int, rescue_ms: float | None,
+                    first: bool) -> list[BatchItem]:
+        """Background prompt chunks that spend spare_ms, each priced at its own depth (the last
+        chunks of a long prompt cost several times its first). A chunk goes in only when its
         own work (its tokens and their attention) is at least step_amortise × its overhead (the
         step, if it is the tick's first prompt chunk, and its read of the cache before it), or
         it is as large as any tick could make it (largest_ms); otherwise the time is saved. On
         an H100 five prompt tokens a tick were 0.14 ms of work and 0.45 ms of step: every tick
         of the storm ran 18 % slower, and the prompt took twice as long as in rare large chunks
         on saved time. On a CPU one token 600 positions deep cost 9 ms, eight 27 ms. A
-        starving background prompt (rescue_ms given) gets what fits what is left of rescue_ms,
-        and at least one token (where one token outgrows every pause, a chunk that amortises
-        its overhead), when the guards left it none.
-        Background chunks take at most `cap` tokens (the slow start and the bandwidth guard),
-        and everything stays within `room`."""
+        starving background prompt (rescue_ms given) gets what fits rescue_ms, and at least one
+        token (where one token outgrows every pause, a chunk that amortises its overhead),
+        when the guards left it none. `first`: no prompt chunk precedes these in the tick.
+        Chunks take at most `cap` tokens (the slow start and the bandwidth guard) and `room`
+        batch rows."""
         items: list[BatchItem] = []
-        used, total_ms = 0, spare_ms
-        inter = [s for s in waiting if s.priority is Priority.INTERACTIVE]
-        back = [s for s in waiting if s.priority is Priority.BACKGROUND]
-        for s in inter:
-            n = min(s.prefill_left, room - used,
-                    max(cost.chunk_tokens(max(spare_ms, floor_ms), s.n_past, not items),
-                        0 if items else 1))
-            if n <= 0:
-                break
-            items.append(BatchItem(s.seq_id, Phase.PREFILL, n, logits=n == s.prefill_left))
-            used += n
-            ms = cost.prefill_ms(n, s.n_past, len(items) == 1)
-            spare_ms, floor_ms = spare_ms - ms, floor_ms - ms
-            if rescue_ms is not None:
-                rescue_ms -= ms
-        if inter and back:
-            spare_ms = min(spare_ms, (1 - self.interactive_reserve) * total_ms)
-        start = len(items)
-        for s in back:
-            first = not items
+        used = 0
+        for s in waiting:
+            first = first and not items
             n = min(s.prefill_left, cap - used, cost.chunk_tokens(spare_ms, s.n_past, first))
             overhead = cost.chunk_overhead_ms(s.n_past, first)
             if rescue_ms is None and 0 < n < min(
@@ -184,7 +184,7 @@ class SloPolicy:
                     and cost.prefill_ms(n, s.n_past, first) - overhead \
                     < self.step_amortise * overhead:
                 n = 0  # mostly overhead: the time is worth more saved for a chunk that amortises it
-            if n <= 0 and len(items) == start and rescue_ms is not None:
+            if n <= 0 and not items and rescue_ms is not None:
                 n = max(1, cost.chunk_tokens(rescue_ms, s.n_past, first))
                 if cost.chunk_tokens(largest_ms, s.n_past, first) == 0:
                     # Deep into a long prompt one token outgrows every pause (on the 134M CPU
@@ -193,6 +193,7 @@ class SloPolicy:
                     # 3,000-token prompt's first token at 1,525 s (1,500 tokens: 389 s).
                     n = max(n, cost.amortising_tokens(s.n_past, first, self.step_amortise))
                 n = min(s.prefill_left, room - used, n)
+            n = min(n, room - used)
             if n <= 0:
                 break
             items.append(BatchItem(s.seq_id, Phase.PREFILL, n, logits=n == s.prefill_left))
@@ -247,6 +248,10 @@ class SloPolicy:
             mem = dataclasses.replace(mem, chunk_cap=self.min_prefill)
         if state.last_tick_ms <= 0 or mem.budget_ms <= 0:
             return mem
+        if mem.owing:  # the floor: the share owed for the last tick, less what it gave
+            given = mem.back_ms * state.last_tick_ms / max(mem.planned_ms, 1e-9)
+            mem = dataclasses.replace(mem, owed_ms=max(
+                0.0, mem.owed_ms + self.background_share * state.last_tick_ms - given))
         # Over budget is past what plain decode ticks themselves stray (their p95 over the
         # model's mean): a GPU's jitter alone would otherwise halve the prompt chunks for good.
         slack = max(self.overrun_slack, state.decode_noise)
@@ -355,11 +360,20 @@ class Allowance(NamedTuple):
     largest_ms: float  # the largest chunk any tick may take (amortisation's yardstick)
 
 
+class FirstTokens(NamedTuple):
+    """first_tokens': the interactive prompt chunks, first in the batch."""
+
+    items: tuple[BatchItem, ...]
+    ms: float  # their predicted time
+
+
 class Chunks(NamedTuple):
-    """prompt_chunks': the prompt tokens in the batch."""
+    """prompt_chunks' and background_floor's: the prompt tokens in the batch."""
 
     prefill: tuple[BatchItem, ...]
     prefill_ms: float  # their predicted time
+    back_ms: float  # the background chunks' share of it
+    floor_ms: float  # a floor chunk's time this tick (0: no floor applies)
 
 
 def lanes(policy: SloPolicy, state: SchedulerState) -> Lanes:
@@ -387,7 +401,14 @@ def latency_budget(policy: SloPolicy, state: SchedulerState, d: Lanes) -> Budget
     elif d.inter_dec:
         budget = policy.latency_cap * solo_ms
     else:
-        budget = policy.idle_budget_ms
+        # Deep into a long prompt a chunk's read of the cache grows to tens of ms on a CPU (10
+        # ms per 1,000 positions on the 134M model): within 50 ms, a 3,000-token prompt alone
+        # ran at a fraction of its speed. The tick stretches so that the work amortises it; a
+        # new interactive request waits that much longer for the tick in flight.
+        back = [s for s in d.back if s.phase is Phase.PREFILL]
+        read_ms = state.cost.chunk_overhead_ms(min(back, key=lambda s: s.rid).n_past) \
+            if back else 0.0
+        budget = max(policy.idle_budget_ms, (1 + policy.idle_amortise) * read_ms)
     return Budget(solo_ms, jitter, alone, budget)
 
 
@@ -485,20 +506,106 @@ def bmt_guard(policy: SloPolicy, state: SchedulerState, d: Lanes, b: Budget, dec
                                                           a.room))
 
 
-def prompt_chunks(policy: SloPolicy, state: SchedulerState, d: Lanes, a: Allowance,
-                  cap: int) -> Chunks:
-    """The prompt chunks: spend the spare time and the saved time under the line; where that
-    moves no background prompt, the saved time of a pause instead (SloPolicy._prefill)."""
-    waiting, cost = list(a.waiting), state.cost
-    prefill = policy._prefill(waiting, cost, a.spare_ms + a.under_ms, a.floor_ms, a.largest_ms,
-                              cap, a.room, a.rescue_ms)
-    if a.pause_to_ms > a.under_ms and not any(i.seq_id in d.back_ids for i in prefill):
-        prefill = policy._prefill(waiting, cost, a.spare_ms + a.pause_to_ms, a.floor_ms,
-                                  a.largest_ms, cap, a.room, a.rescue_ms)
+def first_tokens(policy: SloPolicy, state: SchedulerState, d: Lanes,
+                 a: Allowance) -> FirstTokens:
+    """TTFT first: new interactive prompts go in before any background work. One with at most
+    ttft_burst_tokens left goes in whole, its first token this tick (one longer tick for the
+    streams, as llama-server gives every prompt); a longer one gets what fits the floor or the
+    spare and saved time under the line, whichever is more, and at least one token: a guard
+    that held it back for good would never let it start, and the slow start does not apply.
+    Chunking short prompts to the budget once one stream decoded put the third of three
+    streams starting together at 352 ms to its first token, against llama-server's 62-72 ms."""
+    cost, used, ms = state.cost, 0, 0.0
+    items: list[BatchItem] = []
+    time_ms = max(a.spare_ms + a.under_ms, a.floor_ms)
+    for s in a.waiting:
+        if s.seq_id in d.back_ids:
+            continue
+        first = not items
+        if s.prefill_left <= policy.ttft_burst_tokens:
+            n = s.prefill_left
+        else:
+            n = max(cost.chunk_tokens(time_ms - ms, s.n_past, first), 0 if items else 1)
+        n = min(s.prefill_left, a.room - used, n)
+        if n <= 0:
+            break
+        items.append(BatchItem(s.seq_id, Phase.PREFILL, n, logits=n == s.prefill_left))
+        used += n
+        ms += cost.prefill_ms(n, s.n_past, first)
+    return FirstTokens(tuple(items), ms)
+
+
+def prompt_chunks(policy: SloPolicy, state: SchedulerState, d: Lanes, a: Allowance, cap: int,
+                  f: FirstTokens) -> Chunks:
+    """Background prompt chunks with what the first tokens leave: the spare time and the saved
+    time under the line; where that moves no background prompt, the saved time of a pause
+    instead (SloPolicy._background). While an interactive prompt also waits, they take at
+    most 1 - interactive_reserve of the time."""
+    back = [s for s in a.waiting if s.seq_id in d.back_ids]
+    inter_waiting = len(back) < len(a.waiting)
+    used = sum(i.n_tokens for i in f.items)
+    rescue_ms = None if a.rescue_ms is None else a.rescue_ms - f.ms
+
+    def spend(extra_ms: float) -> list[BatchItem]:
+        total_ms = a.spare_ms + extra_ms
+        spare_ms = total_ms - f.ms
+        if inter_waiting:
+            spare_ms = min(spare_ms, (1 - policy.interactive_reserve) * total_ms)
+        return policy._background(back, state.cost, spare_ms, a.largest_ms, cap - used,
+                                  a.room - used, rescue_ms, not f.items)
+
+    items = spend(a.under_ms) if back else []
+    if back and a.pause_to_ms > a.under_ms and not items:
+        items = spend(a.pause_to_ms)
+    return _priced(state, f.items + tuple(items), d.back_ids, 0.0)
+
+
+def background_floor(policy: SloPolicy, state: SchedulerState, d: Lanes, a: Allowance,
+                     cap: int, f: FirstTokens, c: Chunks) -> Chunks:
+    """The background floor: while interactive streams decode, background prompts are owed
+    background_share of the time (SloMemory.owed_ms, from the ticks' measured times). Where
+    the steps before gave them nothing this tick and what is owed pays for a floor chunk, the
+    first waiting background prompt gets one, whatever the hold and the pause share say; never
+    in a tick that gives a first token (TTFT first). A floor chunk is the larger of a pause,
+    a chunk that amortises its overhead, and background_share × the decode tick spread over
+    the pause share of ticks (pause_share), so that floor pauses alone leave the p95 alone.
+    Without it, a 3,000-token prompt on the CPU moved only in rescues and reached its first
+    token after 889 s (alone: 6.4 s)."""
+    back = [s for s in a.waiting if s.seq_id in d.back_ids]
+    if policy.background_share <= 0 or not d.inter_dec or not back:
+        return c
+    s, cost = back[0], state.cost
+    chunk_ms = floor_chunk_ms(policy, state, s, a)
+    if f.items or c.back_ms > 0 or d.mem.owed_ms < chunk_ms:
+        return c._replace(floor_ms=chunk_ms)
+    used = sum(i.n_tokens for i in c.prefill)
+    n = min(s.prefill_left, cap - used, a.room - used,
+            max(1, cost.chunk_tokens(chunk_ms, s.n_past, not c.prefill)))
+    if n <= 0:
+        return c._replace(floor_ms=chunk_ms)
+    item = BatchItem(s.seq_id, Phase.PREFILL, n, logits=n == s.prefill_left)
+    return _priced(state, c.prefill + (item,), d.back_ids, chunk_ms)
+
+
+def floor_chunk_ms(policy: SloPolicy, state: SchedulerState, s: SessionView,
+                   a: Allowance) -> float:
+    """A floor chunk's time: at least a pause (pause_ms), a chunk whose work amortises its
+    overhead, and what is owed over 1 / pause_share ticks, that pause included (F owed for
+    F + decode_ms / pause_share of time: F = share × decode / (pause_share × (1 - share)))."""
+    cost, share = state.cost, policy.background_share
+    amortised = (1 + policy.step_amortise) * cost.chunk_overhead_ms(s.n_past, True)
+    spaced = share * a.decode_ms / (max(policy.pause_share, 1e-3) * (1 - min(share, 0.9)))
+    return max(a.pause_ms, amortised, spaced)
+
+
+def _priced(state: SchedulerState, prefill: tuple[BatchItem, ...], back_ids: frozenset[int],
+            floor_ms: float) -> Chunks:
+    """The prompt chunks with their predicted time, in all and of the background ones."""
     depth = {s.seq_id: s.n_past for s in state.sessions}
-    prefill_ms = sum(cost.prefill_ms(i.n_tokens, depth[i.seq_id], k == 0)
-                     for k, i in enumerate(prefill))
-    return Chunks(tuple(prefill), prefill_ms)
+    times = [state.cost.prefill_ms(i.n_tokens, depth[i.seq_id], k == 0)
+             for k, i in enumerate(prefill)]
+    back_ms = sum(t for t, i in zip(times, prefill, strict=True) if i.seq_id in back_ids)
+    return Chunks(prefill, sum(times), back_ms, floor_ms)
 
 
 def settle(policy: SloPolicy, state: SchedulerState, d: Lanes, b: Budget, dec: Decoders,
@@ -526,14 +633,19 @@ def settle(policy: SloPolicy, state: SchedulerState, d: Lanes, b: Budget, dec: D
         and not interactive_prompt
     back_progress = back_prompt or any(s.priority is Priority.BACKGROUND for s in served)
     n_prefill = sum(i.n_tokens for i in prefill)
+    owing = bool(d.inter_dec) and any(s.seq_id in back_ids for s in a.waiting)
     mem = dataclasses.replace(
         mem, budget_ms=max(b.budget_ms, a.decode_ms + c.prefill_ms),
-        credit_ms=max(0.0, credit),
+        credit_ms=max(0.0, credit), owing=owing, back_ms=c.back_ms,
+        planned_ms=a.decode_ms + c.prefill_ms,
+        # what is owed is capped at two floor chunks: after a long hold the floor catches
+        # up in a pause or two, not in a streak of them
+        owed_ms=min(mem.owed_ms, 2 * c.floor_ms) if owing else 0.0,
         over_mask=((mem.over_mask << 1) | over) & ((1 << policy.pause_window) - 1),
         starve=0 if back_progress or not d.back else mem.starve + 1, last_prefill=n_prefill)
     notes = PlanNotes(
         budget_ms=b.budget_ms, predicted_ms=a.decode_ms + c.prefill_ms, line_ms=a.line_ms,
-        target_ms=a.target_ms, pause_ms=a.pause_ms, credit_ms=credit,
+        target_ms=a.target_ms, pause_ms=a.pause_ms, credit_ms=max(0.0, credit),
         served_decoders=len(served), parked=len(d.inter_dec) + len(d.back_dec) - len(served),
         parked_seqs=frozenset(s.seq_id for s in d.back_dec) - {s.seq_id for s in served},
         guard_active=bool(mem.hold or mem.ramp < 1.0), s=mem.s, k=dec.k, chunk_cap=mem.chunk_cap,

@@ -1,0 +1,145 @@
+"""The SLO policy over the benchmark matrix's workload shapes, on a simulated executor whose
+ticks cost what a CPU-like cost model says (a prompt chunk reads the cache before it): the
+background floor holds, floor pauses never come in streaks, first tokens come first."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from uma.sched.cost import CostEstimate
+from uma.sched.slo import SloPolicy
+from uma.sched.state import Phase, Plan, SchedulerState, SessionView
+
+from .test_slo import BG, INT, advanced, session
+
+# The 134M model on two CPU threads, roughly: three decode rows ~19 ms, a prompt token
+# ~1.4 ms, a chunk's read of the cache 10 ms per 1,000 positions before it.
+CPU = CostEstimate(fixed_ms=14.0, per_prefill_ms=1.4, per_decode_ms=1.6, per_kv_kpos_ms=10.0,
+                   per_prompt_kv_kpos_ms=1.0)
+
+
+@dataclasses.dataclass
+class Run:
+    plans: list[Plan]
+    times: list[float]
+    back_ms: list[float]  # each tick's background prompt time
+    first_token: dict[int, int]  # seq -> tick its prompt finished
+
+
+def simulate(policy, sessions, ticks, arrivals=None, cost=CPU, stop=None) -> Run:
+    """Runs each plan at the cost model's price and advances what it ran. arrivals: tick ->
+    sessions joining then; stop(seq, session) -> True ends a decoding session."""
+    sessions, arrivals = list(sessions), arrivals or {}
+    memory, last_ms, last_tokens = None, 0.0, 0
+    run = Run([], [], [], {})
+    for t in range(ticks):
+        sessions += arrivals.get(t, [])
+        plan = policy.schedule_tick(SchedulerState(
+            now_ns=t, sessions=tuple(sessions), n_waiting=0, n_batch=512, n_seq_max=16,
+            decode_ms_ewma=0.0, cost=cost, tick=t, last_tick_ms=last_ms,
+            last_tick_tokens=last_tokens, memory=memory))
+        memory = plan.memory
+        by_seq = {s.seq_id: s for s in sessions}
+        decode = [i for i in plan.items if i.phase is Phase.DECODE]
+        prefill = [i for i in plan.items if i.phase is Phase.PREFILL]
+        times = [cost.prefill_ms(i.n_tokens, by_seq[i.seq_id].n_past, k == 0)
+                 for k, i in enumerate(prefill)]
+        last_ms = cost.predict(0, len(decode), sum(by_seq[i.seq_id].n_past for i in decode)) \
+            + sum(times)
+        last_tokens = sum(1 for i in plan.items if i.logits)
+        run.plans.append(plan)
+        run.times.append(last_ms)
+        run.back_ms.append(sum(ms for ms, i in zip(times, prefill, strict=True)
+                               if by_seq[i.seq_id].priority is BG))
+        for item in plan.items:
+            s = by_seq[item.seq_id] = advanced(by_seq[item.seq_id], item)
+            if item.phase is Phase.PREFILL and s.phase is Phase.DECODE:
+                run.first_token[s.seq_id] = t
+        sessions = [by_seq[s.seq_id] for s in sessions
+                    if not (stop and stop(by_seq[s.seq_id]))]
+    return run
+
+
+def streams(n=3, depth=200):
+    return [session(i, INT, Phase.DECODE, prompt=depth) for i in range(n)]
+
+
+def background(seq=9, prompt=3000):
+    return session(seq, BG, Phase.PREFILL, prompt=prompt)
+
+
+def background_share(run: Run, start=0, end=None) -> float:
+    return sum(run.back_ms[start:end]) / sum(run.times[start:end])
+
+
+def test_the_floor_gives_background_prompts_their_share_while_streams_decode():
+    # Scenario 1: streams that never stop, a 3,000-token prompt deep enough that one of its
+    # tokens costs more than a tick's spare time.
+    policy = SloPolicy()
+    run = simulate(policy, [*streams(), background()], 1500)
+    assert background_share(run, 100, run.first_token[9]) >= 0.9 * policy.background_share
+    # Without the floor the same prompt moves in rescues only: a fraction of the share.
+    starved = simulate(SloPolicy(background_share=0.0), [*streams(), background()], 1500)
+    assert 9 not in starved.first_token
+    assert background_share(starved, 100) < 0.5 * policy.background_share
+    bigger = simulate(SloPolicy(background_share=0.3), [*streams(), background()], 1500)
+    assert bigger.first_token[9] < 0.6 * run.first_token[9]
+
+
+def test_floor_pauses_stay_within_the_pause_share_and_never_come_in_streaks():
+    policy = SloPolicy()
+    run = simulate(policy, [*streams(), background()], 1500)
+    # floor pauses: ticks well past the line the p95 is judged at
+    paused = [ms > 1.5 * p.notes.line_ms for ms, p in zip(run.times, run.plans, strict=True)]
+    paused = paused[100:run.first_token[9]]
+    assert 0 < sum(paused) <= (policy.pause_share + 0.005) * len(paused)
+    assert not any(a and b for a, b in zip(paused, paused[1:], strict=False))
+    # every stream decodes in every tick, pauses included
+    assert all({0, 1, 2} <= {i.seq_id for i in p.items if i.phase is Phase.DECODE}
+               for p in run.plans)
+
+
+def test_background_runs_at_full_speed_when_no_stream_decodes():
+    run = simulate(SloPolicy(), [background(prompt=1000)], 200)
+    light = simulate(SloPolicy(), [background(prompt=1000), *streams(1)], 1000)
+    # alone, every tick spends the idle budget on it; beside one stream, the floor's share
+    assert run.first_token[9] < light.first_token[9]
+    idle = SloPolicy().idle_budget_ms
+    assert all(ms >= 0.5 * idle for ms in run.times[:run.first_token[9]])
+
+
+def test_short_interactive_prompts_get_their_first_token_in_one_tick():
+    # Scenario 3 and the churn: new prompts arrive while streams decode and a background
+    # prompt is owed its floor. Each goes in whole at the next tick, ahead of background work.
+    policy = SloPolicy()
+    late = [session(20 + k, INT, Phase.PREFILL, prompt=40) for k in range(8)]
+    run = simulate(policy, [*streams(), background()], 400, arrivals={300: late})
+    plan = run.plans[300]
+    prefill = [i for i in plan.items if i.phase is Phase.PREFILL]
+    assert [(i.seq_id, i.n_tokens) for i in prefill[:8]] == [(20 + k, 40) for k in range(8)]
+    assert all(i.seq_id != 9 for i in prefill)  # not behind the background prompt
+    assert all(run.first_token[20 + k] == 300 for k in range(8))
+    # A long prompt is chunked to the floor instead (its first token takes several ticks).
+    long = simulate(policy, streams(), 200,
+                    arrivals={10: [session(30, INT, Phase.PREFILL, prompt=1000)]})
+    assert long.first_token[30] > 11
+
+
+def test_streams_that_come_and_go_leave_the_background_most_of_the_machine():
+    # Scenario 2: short requests that finish after 32 tokens, a new one every 80 ticks per
+    # app: between them no stream decodes and background prompts run at the idle budget.
+    def churn(seq, at):
+        return {at + 80 * k: [session(seq + 100 * k, INT, Phase.PREFILL, prompt=20)]
+                for k in range(10)}
+
+    arrivals: dict[int, list[SessionView]] = {}
+    for app in range(3):
+        for t, new in churn(app, 5 * app).items():
+            arrivals.setdefault(t, []).extend(new)
+    policy = SloPolicy()
+    run = simulate(policy, [background(prompt=1000)], 400, arrivals,
+                   stop=lambda s: s.priority is INT and s.n_generated >= 32)
+    alone = simulate(policy, [background(prompt=1000)], 400)
+    busy_ms = sum(run.times[:run.first_token[9] + 1])
+    alone_ms = sum(alone.times[:alone.first_token[9] + 1])
+    assert busy_ms <= 3 * alone_ms
