@@ -65,6 +65,8 @@ class Phase:
     def __init__(self, server: Server):
         self.server = server
         self.streams: list[tuple[str, Stream]] = []  # (class, stream)
+        self.prompts: dict[int, str] = {}  # id(stream) -> its prompt (background requests)
+        self.bg_alone: dict[str, float] = {}  # prompt -> its completion ms alone (this side)
         self.errors: list[str] = []
         self._lock = threading.Lock()
         self._roles: list = []
@@ -76,6 +78,8 @@ class Phase:
             "priority": cls, **(self.server.extra or {})}, label=label, timeout=timeout)
         with self._lock:
             self.streams.append((cls, s))
+            if cls == "background":
+                self.prompts[id(s)] = prompt
         return s
 
     def role(self, fn, *args) -> None:
@@ -126,6 +130,12 @@ class Phase:
                                        else None for s in bg]
             row["bg_decode_tok_s"] = float(np.mean([
                 (len(s.times) - 1) / (s.times[-1] - s.times[0]) for s in bg if len(s.times) > 1]))
+            # each background request's completion over the same request's alone
+            slow = [1e3 * (s.times[-1] - s.sent) / self.bg_alone[self.prompts[id(s)]]
+                    for s in bg if s.times and self.prompts.get(id(s)) in self.bg_alone]
+            if slow:
+                row["bg_slowdown"] = [round(x, 2) for x in slow]
+                row["bg_slowdown_max"] = max(slow)
         return row
 
     def timeline(self) -> list[dict]:
@@ -133,13 +143,15 @@ class Phase:
                  "times": [round(t - self.t0, 5) for t in s.times]} for c, s in self.streams]
 
 
-def interactive_phase(server: Server, ns, storms: list[str]) -> Phase:
+def interactive_phase(server: Server, ns, storms: list[str],
+                      bg_alone: dict[str, float]) -> Phase:
     """K streams of back-to-back 128-token requests; with storms, they keep going until every
     background request has finished, else until --alone-s after the last stream started (and
     --rounds requests each). Alone, all K must overlap as they do under the storm: with a fixed
     number of rounds, fast GPU requests ended before the last stream began, and a phase of
     three concurrent streams was compared with a storm of eight."""
     phase = Phase(server)
+    phase.bg_alone = bg_alone
     storm_done = threading.Event()
     if not storms:
         def clock() -> None:
@@ -211,10 +223,29 @@ def agent_row(phase: Phase) -> dict:
             "seconds": phase.t1 - phase.t0}
 
 
+def background_alone(server: Server, ns, prompts: list[str]) -> dict[str, float]:
+    """Each background prompt's completion (ms, --bg-tokens answered) on the idle server, one
+    at a time: the reference the loaded phases' background completions are divided by."""
+    alone = {}
+    for prompt in dict.fromkeys(prompts):
+        s = sse_completion(server.port, {
+            "prompt": prompt, "max_tokens": ns.bg_tokens, "temperature": 0, "ignore_eos": True,
+            "priority": "background", **(server.extra or {})}, label="alone", timeout=3600)
+        alone[prompt] = 1e3 * (s.times[-1] - s.sent)
+    return alone
+
+
 def measure(server: Server, ns, storms: list[str], rows: list, timelines: dict,
             model: Path, scenario_storms: dict[str, list[str]],
             poisson_arrivals: list[float]) -> None:
     sse_completion(server.port, {"prompt": "warm up", "max_tokens": 8, **(server.extra or {})})
+    used = [p for name, ps in scenario_storms.items() if name in ns.phases for p in ps]
+    bg_alone = background_alone(server, ns, used)
+    if bg_alone:
+        rows.append({"side": server.name, "phase": "background alone",
+                     "bg_alone_ms": [round(v, 1) for v in bg_alone.values()]})
+        print(f"{server.name} | background alone: "
+              + ", ".join(f"{v:.0f} ms" for v in bg_alone.values()), flush=True)
 
     def record(name: str, phase: Phase, row: dict, columns: list) -> None:
         rows.append({"side": server.name, "phase": name, **row})
@@ -225,7 +256,7 @@ def measure(server: Server, ns, storms: list[str], rows: list, timelines: dict,
     if "mixed" in ns.phases:
         for name, storm in (("alone", []), ("storm", storms)):
             before = guard_counters(server)
-            phase = interactive_phase(server, ns, storm)
+            phase = interactive_phase(server, ns, storm, bg_alone)
             record(name, phase, {**phase.summary(), **guard_row(before, guard_counters(server))},
                    COLUMNS)
             if before:
@@ -238,6 +269,7 @@ def measure(server: Server, ns, storms: list[str], rows: list, timelines: dict,
         for label, loaded in (("alone", False), ("+ background", True)):
             before = guard_counters(server)
             phase = Phase(server)
+            phase.bg_alone = bg_alone
             prompts = scenario_storms[name] if loaded else []
             if name == "churn":
                 scenarios.churn_phase(phase, ns, prompts)
@@ -312,8 +344,8 @@ def guard_row(before: dict, after: dict) -> dict[str, float]:
 COLUMNS = [("side", "side / phase", ""), ("itl_p50_ms", "ITL p50", ".1f"),
            ("itl_p95_ms", "p95", ".1f"), ("itl_p99_ms", "p99", ".1f"),
            ("worst_pause_ms", "worst", ".1f"), ("i_ttft_p50_ms", "i TTFT p50", ".1f"),
-           ("bg_ttft_ms", "bg TTFT", ".0f"), ("bg_decode_tok_s", "bg tok/s", ".1f"),
-           ("tokens_per_s", "all tok/s", ".1f")]
+           ("bg_ttft_ms", "bg TTFT", ".0f"), ("bg_slowdown_max", "bg/alone", ".1f"),
+           ("tokens_per_s", "all tok/s", ".1f"), ("cost_error_p90_pct", "err p90 %", ".0f")]
 AGENT_COLUMNS = [("side", "side / phase", ""), ("agent_chain_ms", "chain ms", ".0f"),
                  ("agent_step_p50_ms", "step p50", ".1f"), ("i_ttft_p50_ms", "TTFT p50", ".1f"),
                  ("i_ttft_p95_ms", "TTFT p95", ".1f"), ("tokens_per_s", "all tok/s", ".1f")]
@@ -343,7 +375,8 @@ def verdicts(rows: list[dict]) -> list[dict]:
                         "ttft_p50_loaded_ms": loaded["i_ttft_p50_ms"],
                         "p95_met": p95_ratio <= ITL_TARGET,
                         "pause_met": pause_ratio <= PAUSE_TARGET,
-                        "bg_completed": bool(np.isfinite(loaded.get("bg_ttft_ms", np.nan)))})
+                        "bg_completed": bool(np.isfinite(loaded.get("bg_ttft_ms", np.nan))),
+                        "bg_slowdown_max": loaded.get("bg_slowdown_max")})
     return out
 
 
@@ -399,7 +432,8 @@ def main() -> int:
         if ns.phases & {"mixed", "churn", "burst", "chat"} else []
     poisson, arrivals = scenarios.poisson_prompts(model, ns) if "poisson" in ns.phases \
         else ([], [])
-    scenario_storms = {"churn": storms, "burst": storms, "chat": storms, "poisson": poisson}
+    scenario_storms = {"mixed": storms, "churn": storms, "burst": storms, "chat": storms,
+                       "poisson": poisson}
     background = max(ns.background, len(poisson))
     slots = max(ns.streams, ns.burst if "burst" in ns.phases else 0) + background
     # llama-server divides its context between slots: give every slot room for the longest
@@ -430,7 +464,9 @@ def main() -> int:
               f"{v['p95_storm_over_alone']:.2f}x "
               f"({'met' if v['p95_met'] else 'NOT met'} <= {ITL_TARGET}), worst pause/p95 alone "
               f"{v['worst_pause_over_p95_alone']:.2f}x "
-              f"({'met' if v['pause_met'] else 'NOT met'} <= {PAUSE_TARGET})")
+              f"({'met' if v['pause_met'] else 'NOT met'} <= {PAUSE_TARGET})"
+              + (f", background {v['bg_slowdown_max']:.1f}x alone"
+                 if v["bg_slowdown_max"] else ""))
     path = report.write(ns.out, info, rows, {"verdicts": checks, "timelines": timelines})
     shown = [k for k in timelines if k.endswith(("| storm", "+ decoders", "+ background"))]
     png = plots.timelines(path, shown)

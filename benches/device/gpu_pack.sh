@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU figures in one call: CUDA build of uma._core and llama.cpp's tools from the same
 # tree, then the mixed-load (1), decode-scaling (2) and overhead (4) scenarios with a ~1B and a
-# ~8B llama-shaped synthetic model, UMA Serve and llama-server side by side.
+# ~8B llama-shaped synthetic model, UMA Serve and llama-server side by side; SCENARIOS=matrix
+# runs the whole scenario matrix instead (PHASES picks its scenarios).
 #
 #   run: bash benches/device/gpu_pack.sh       (on an NVIDIA machine without network access)
 #
@@ -48,6 +49,13 @@ for m in $MODELS; do
   [[ $SCENARIOS == *mixed* ]] && timeout 240 python3 benches/mixed_load.py --model "$m" $GPU --streams 8 --background 2 \
     --storm-tokens 6000 --sides "$SIDES" $MIXED_ARGS \
     --out "$OUT/mixed_load_h100_$m" 2>&1 | grep -v "^ggml_cuda_init\|^  Device" \
+    | tee -a "$OUT/log.txt"
+  # the scenario matrix (docs/BENCHMARKS.md): 8 streams, 2 background prompts of 6000 tokens
+  # (Poisson: 4 of 1,500-6,000), a burst of 8, an agent chain, a chat growing to 8k tokens
+  [[ $SCENARIOS == *matrix* ]] && timeout "${MATRIX_TIMEOUT:-560}" python3 benches/mixed_load.py \
+    --model "$m" $GPU --streams 8 --background 2 --storm-tokens 6000 \
+    --phases "${PHASES:-mixed,churn,burst,poisson,agent,chat}" --sides "$SIDES" $MIXED_ARGS \
+    --out "$OUT/matrix_h100_$m" 2>&1 | grep -v "^ggml_cuda_init\|^  Device" \
     | tee -a "$OUT/log.txt"
   # 2. decode scaling, 1..32 streams, with the bandwidth roofline (CuPy measures the GPU's)
   [[ $SCENARIOS == *scaling* ]] && timeout 200 python3 benches/decode_scaling.py --model "$m" $GPU \
