@@ -67,6 +67,7 @@ class Phase:
         self.streams: list[tuple[str, Stream]] = []  # (class, stream)
         self.prompts: dict[int, str] = {}  # id(stream) -> its prompt (background requests)
         self.bg_alone: dict[str, float] = {}  # prompt -> its completion ms alone (this side)
+        self.truncated = 0  # requests that ended before max_tokens (a spoiled measurement)
         self.errors: list[str] = []
         self._lock = threading.Lock()
         self._roles: list = []
@@ -80,6 +81,8 @@ class Phase:
             self.streams.append((cls, s))
             if cls == "background":
                 self.prompts[id(s)] = prompt
+            if len(s.times) < max_tokens:  # ignore_eos: a stream that ended early was cut
+                self.truncated += 1
         return s
 
     def role(self, fn, *args) -> None:
@@ -120,6 +123,7 @@ class Phase:
             "i_tokens": sum(len(s.times) for s in by["interactive"]),
             "tokens_per_s": sum(len(s.times) for _, s in self.streams) / (self.t1 - self.t0),
             "seconds": self.t1 - self.t0,
+            "truncated": self.truncated,
         }
         if by["background"]:
             bg = by["background"]
@@ -214,10 +218,11 @@ def agent_phase(server: Server, ns, under_load: bool) -> Phase:
 
 
 def agent_row(phase: Phase) -> dict:
-    chain = [s for c, s in phase.streams if s.label == "agent"]
+    chain = [s for c, s in phase.streams if s.label == "agent" and s.times]
     steps = [1e3 * (s.times[-1] - s.sent) for s in chain]
     ttft = percentiles([1e3 * s.ttft_s for s in chain])
-    return {"agent_chain_ms": sum(steps), "agent_step_p50_ms": float(np.median(steps)),
+    return {"agent_chain_ms": sum(steps), "truncated": phase.truncated,
+            "agent_step_p50_ms": float(np.median(steps)),
             "i_ttft_p50_ms": ttft["p50"], "i_ttft_p95_ms": ttft["p95"],
             "tokens_per_s": sum(len(s.times) for _, s in phase.streams) / (phase.t1 - phase.t0),
             "seconds": phase.t1 - phase.t0}

@@ -59,6 +59,14 @@ def uma_server(model: Path, *, threads: int, ctx: int, parallel: int, policy: st
         yield Server(f"uma {policy}", d.pid, port, socket=d.socket)
 
 
+# llama-server parses every streamed completion's text as a chat message, /v1/completions
+# too, and at this commit a text with malformed UTF-8 (a random model's byte tokens) fails the
+# content-only parser: the server throws "The model produced output that does not match the
+# expected Content-only format" and ends the stream early. A parser that accepts anything (one
+# epsilon) leaves the parse nothing to fail; /v1/completions streams the raw text regardless.
+ACCEPT_ANYTHING = '{"parsers":[{"type":"epsilon"}],"rules":{},"root":0}'
+
+
 @contextmanager
 def llama_server(tool: Path, model: Path, *, threads: int, ctx: int, parallel: int = 1,
                  gpu_layers: int = 0, args: tuple[str, ...] = ()) -> Iterator[Server]:
@@ -84,7 +92,8 @@ def llama_server(tool: Path, model: Path, *, threads: int, ctx: int, parallel: i
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"llama-server did not start: {' '.join(cmd)}")
             time.sleep(0.2)
-        yield Server("llama-server", proc.pid, port, extra={"cache_prompt": False})
+        yield Server("llama-server", proc.pid, port, extra={
+            "cache_prompt": False, "chat_parser": ACCEPT_ANYTHING})
     finally:
         proc.terminate()
         try:

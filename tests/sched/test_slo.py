@@ -124,7 +124,7 @@ def test_prompt_chunks_grow_only_as_fast_as_ticks_prove_them():
     # The policy believes a prompt token costs 0.02 ms; it really costs 0.5 ms. Trusting the
     # model, the first idle tick would take all 512 batch slots: a 266 ms tick.
     believed = dataclasses.replace(COST, per_prefill_ms=0.02)
-    policy = SloPolicy()
+    policy = SloPolicy(idle_budget_ms=50.0)
     sessions = [session(5, BG, Phase.PREFILL, prompt=20000)]
     memory, last_ms, chunks, times = None, 0.0, [], []
     for t in range(12):
@@ -139,7 +139,7 @@ def test_prompt_chunks_grow_only_as_fast_as_ticks_prove_them():
                                         n_past=sessions[0].n_past + n)]
     assert chunks[:4] == [16, 32, 64, 128]  # doubling while the ticks hold their budget
     assert chunks[4] == 64  # 128 tokens overran the 50 ms idle budget: halved
-    assert max(times) <= 2 * SloPolicy().idle_budget_ms
+    assert max(times) <= 2 * policy.idle_budget_ms
 
 
 def test_background_decoders_are_capped_and_rotated_fairly():

@@ -89,6 +89,16 @@ def prefill_order(sessions: Sequence[SessionView]) -> list[SessionView]:
     return sorted(sessions, key=lambda s: (s.priority is not Priority.INTERACTIVE, s.rid))
 
 
+def shortest_background_first(sessions: Sequence[SessionView]) -> list[SessionView]:
+    """Interactive prompts by arrival (TTFT first), then background prompts by what is left of
+    them, shortest first: behind a long one, a short background prompt would wait for the whole
+    of it (on the CPU a 250-token prompt took 36x its time alone behind a 1,000-token one), and
+    shortest-remaining-first is what minimises the mean completion time."""
+    return sorted(sessions, key=lambda s: (s.priority is not Priority.INTERACTIVE,
+                                           0 if s.priority is Priority.INTERACTIVE
+                                           else s.prefill_left, s.rid))
+
+
 def decode_kv(sessions: Sequence[SessionView]) -> int:
     """The cost model's attention feature for one decode token of each session."""
     return sum(attended(s.n_past, 1) for s in sessions)

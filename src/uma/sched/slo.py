@@ -51,7 +51,13 @@ from typing import NamedTuple
 
 from uma.config import EngineConfig
 from uma.sched.cost import CostEstimate
-from uma.sched.policy import admit_by_class, decode_kv, prefill_order, rotated, shed_for_room
+from uma.sched.policy import (
+    admit_by_class,
+    decode_kv,
+    rotated,
+    shed_for_room,
+    shortest_background_first,
+)
 from uma.sched.state import (
     BatchItem,
     Phase,
@@ -99,7 +105,7 @@ class SloMemory:
 class SloPolicy:
     latency_cap: float = 1.20  # interactive tick time allowed, relative to their own decode time
     tick_budget_ms: float | None = None  # an explicit budget instead of the cap
-    idle_budget_ms: float = 50.0  # budget when no interactive stream decodes (bounds TTFT)
+    idle_budget_ms: float = 100.0  # budget when no interactive stream decodes (bounds TTFT)
     pause_factor: float = 1.8  # longest tick with interactive decoders: × their p95 alone
     # (background work on saved time) or × their jittered solo time (a new interactive prompt)
     pause_share: float = 0.04  # most ticks past the budget, of the last pause_window...
@@ -356,7 +362,8 @@ class Allowance(NamedTuple):
     under_ms: float  # saved time this tick may spend and stay under the line
     pause_to_ms: float  # saved time it may spend past the line (a pause)
     rescue_ms: float | None  # a starving background prompt's time (None: not starving)
-    waiting: tuple[SessionView, ...]  # sessions with prompt tokens, in TTFT order
+    waiting: tuple[SessionView, ...]  # sessions with prompt tokens: interactive first, by
+    # arrival, then background, shortest left first
     largest_ms: float  # the largest chunk any tick may take (amortisation's yardstick)
 
 
@@ -405,9 +412,8 @@ def latency_budget(policy: SloPolicy, state: SchedulerState, d: Lanes) -> Budget
         # ms per 1,000 positions on the 134M model): within 50 ms, a 3,000-token prompt alone
         # ran at a fraction of its speed. The tick stretches so that the work amortises it; a
         # new interactive request waits that much longer for the tick in flight.
-        back = [s for s in d.back if s.phase is Phase.PREFILL]
-        read_ms = state.cost.chunk_overhead_ms(min(back, key=lambda s: s.rid).n_past) \
-            if back else 0.0
+        back = shortest_background_first([s for s in d.back if s.phase is Phase.PREFILL])
+        read_ms = state.cost.chunk_overhead_ms(back[0].n_past) if back else 0.0
         budget = max(policy.idle_budget_ms, (1 + policy.idle_amortise) * read_ms)
     return Budget(solo_ms, jitter, alone, budget)
 
@@ -485,7 +491,8 @@ def prompt_allowance(policy: SloPolicy, state: SchedulerState, d: Lanes, b: Budg
     rescue_ms = None  # not starving
     if policy._starving(mem):
         rescue_ms = b.budget_ms * policy.rescue_slack - cost.predict(0, len(served), kv)
-    waiting = prefill_order([s for s in state.sessions if s.phase is Phase.PREFILL])
+    waiting = shortest_background_first(
+        [s for s in state.sessions if s.phase is Phase.PREFILL])
     # A new interactive prompt is someone waiting for a first token: it may stretch the
     # decoders' tick to floor_ms, whatever the hold says; with no decoder to protect, it
     # goes in whole (chunking it would only delay its first token).
