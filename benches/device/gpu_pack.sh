@@ -39,7 +39,7 @@ start=$(date +%s)  # a no-op when a warm machine still has the build
 cmake -S . -B build/llama-tools-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DUMA_BACKEND=cuda \
   -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" \
   -DUMA_LLAMA_TOOLS=ON -DPython_EXECUTABLE="$(command -v python3)" > "$OUT/build.log" 2>&1
-cmake --build build/llama-tools-cuda --target _core llama-batched-bench llama-server llama-bench \
+cmake --build build/llama-tools-cuda --target ${TARGETS:-_core llama-batched-bench llama-server llama-bench} \
   -j "$(nproc)" >> "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
 echo "build_seconds $(( $(date +%s) - start ))" | tee -a "$OUT/build.log"
 cp build/llama-tools-cuda/_core*.so src/uma/

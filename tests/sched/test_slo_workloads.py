@@ -155,3 +155,26 @@ def test_a_short_background_prompt_does_not_wait_behind_a_long_one():
     assert run.first_token[12] < run.first_token[9]
     alone = simulate(SloPolicy(), [*streams(), dataclasses.replace(short, seq_id=9)], 3000)
     assert run.first_token[12] - 300 <= 1.5 * alone.first_token[9]
+
+
+def test_background_decoders_are_owed_their_share_too():
+    # A background request past its prompt, 1,000 positions deep: one decode row costs more
+    # than the budget leaves beside three streams, so the budget alone parks it for good.
+    def decoded(policy):
+        bg = session(9, BG, Phase.DECODE, prompt=1000)
+        run = simulate(policy, [*streams(), bg], 600)
+        return sum(1 for p in run.plans for i in p.items if i.seq_id == 9)
+
+    floor = decoded(SloPolicy())
+    parked = decoded(SloPolicy(background_share=0.0))  # rescues only
+    assert floor >= 5 * parked
+
+
+def test_background_decoders_and_prompts_split_the_floor():
+    # A background request decoding for good and a long prompt waiting: neither takes the
+    # whole floor, so the prompt still reaches its first token.
+    bg = session(8, BG, Phase.DECODE, prompt=1000)
+    run = simulate(SloPolicy(), [*streams(), bg, background(prompt=1000)], 3000)
+    assert 9 in run.first_token
+    decoded = sum(1 for p in run.plans[:run.first_token[9]] for i in p.items if i.seq_id == 8)
+    assert decoded >= 0.1 * run.first_token[9]

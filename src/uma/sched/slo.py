@@ -24,10 +24,11 @@ One tick's plan is built in stages, each a pure function of the snapshot:
    first, then background decoders are parked.
 4. TTFT first: new interactive prompts go before any background prompt work; one with at most
    ttft_burst_tokens left goes in whole, so its first token comes this tick.
-5. Background floor: while streams decode, background prompts are owed background_share of the
-   measured time. Where the steps before gave them nothing and what is owed pays for a floor
-   chunk, they get one (a planned pause, spaced so that floor pauses take at most pause_share
-   of the ticks). With no stream decoding, the idle budget stretches until a chunk's work
+5. Background floor: while streams decode, background work is owed background_share of the
+   measured time, split evenly between decoders and prompts while both wait. A decoder the
+   budget would park is served where its owed time pays for it; where the steps before gave
+   background prompts nothing and what is owed pays for a floor chunk, they get one (a planned
+   pause, spaced so that floor pauses take at most pause_share of the ticks). With no stream decoding, the idle budget stretches until a chunk's work
    amortises its read of the cache (idle_amortise): background runs at full speed.
 6. No starvation, the backstop: background work that made no progress for max_starve_ticks
    ticks gets one decoder served, or the prompt chunk that fits rescue_slack × budget (at
@@ -84,10 +85,14 @@ class SloMemory:
     chunk_cap: int = 0  # slow start: the most prompt tokens the next tick may take (0: unset)
     last_prefill: int = 0  # prompt tokens the last plan took
     overruns: int = 0  # ticks that took longer than their budget, in all
-    # the background floor: time owed to background prompts, and what the last plan gave them
+    # the background floor: time owed to background prompts and to background decoders (split
+    # evenly while both wait), and what the last plan gave each
     owed_ms: float = 0.0
+    owed_dec_ms: float = 0.0
     owing: bool = False  # the last plan ran while streams decoded and a background prompt waited
+    owing_dec: bool = False  # ... and a background decoder
     back_ms: float = 0.0  # its background prompt chunks' predicted time
+    back_dec_ms: float = 0.0  # what its background decoders added, predicted
     planned_ms: float = 0.0  # its whole predicted time
     # throughput hill-climb over windows of ticks, S and k in turn
     direction: int = 1  # S's
@@ -158,7 +163,7 @@ class SloPolicy:
         a = prompt_allowance(self, state, d, b, dec)
         cap = bmt_guard(self, state, d, b, dec, a)
         f = first_tokens(self, state, d, a)
-        c = background_floor(self, state, d, a, cap, f, prompt_chunks(self, state, d, a, cap, f))
+        c = background_floor(self, state, d, a, f, prompt_chunks(self, state, d, a, cap, f))
         return settle(self, state, d, b, dec, a, cap, c)
 
     # --- stages ------------------------------------------------------------------------------
@@ -254,10 +259,14 @@ class SloPolicy:
             mem = dataclasses.replace(mem, chunk_cap=self.min_prefill)
         if state.last_tick_ms <= 0 or mem.budget_ms <= 0:
             return mem
-        if mem.owing:  # the floor: the share owed for the last tick, less what it gave
-            given = mem.back_ms * state.last_tick_ms / max(mem.planned_ms, 1e-9)
-            mem = dataclasses.replace(mem, owed_ms=max(
-                0.0, mem.owed_ms + self.background_share * state.last_tick_ms - given))
+        if mem.owing or mem.owing_dec:  # the floor: the share owed for the last tick, less
+            # what it gave (its prediction scaled to what the tick measured)
+            scale = state.last_tick_ms / max(mem.planned_ms, 1e-9)
+            share = self.background_share * state.last_tick_ms / (mem.owing + mem.owing_dec)
+            mem = dataclasses.replace(
+                mem, owed_ms=max(0.0, mem.owed_ms + share * mem.owing - mem.back_ms * scale),
+                owed_dec_ms=max(0.0, mem.owed_dec_ms + share * mem.owing_dec
+                                - mem.back_dec_ms * scale))
         # Over budget is past what plain decode ticks themselves stray (their p95 over the
         # model's mean): a GPU's jitter alone would otherwise halve the prompt chunks for good.
         slack = max(self.overrun_slack, state.decode_noise)
@@ -347,6 +356,8 @@ class Decoders(NamedTuple):
 
     served: tuple[SessionView, ...]
     k: int  # ticks a burst keeps its background decoders (1 while streams decode)
+    back_ms: float  # what the background decoders add to the tick, predicted
+    owed_ms: float  # time still owed to background decoders after them (the floor)
 
 
 class Allowance(NamedTuple):
@@ -420,23 +431,34 @@ def latency_budget(policy: SloPolicy, state: SchedulerState, d: Lanes) -> Budget
 
 def qos_decoders(policy: SloPolicy, state: SchedulerState, d: Lanes, b: Budget) -> Decoders:
     """Admission/QoS for decoders: every interactive one; background ones up to S, rotated in
-    bursts of k ticks while no stream decodes, parked where they would break the budget; one
-    served anyway when background work is starving."""
+    bursts of k ticks while no stream decodes, parked where they would break the budget unless
+    the time owed to background work (the floor, step 5) pays for them; one served anyway when
+    background work is starving. Background decoders come before background prompts on the
+    floor: each is a few tokens from done. Parked with nothing owed to them, a background
+    request that had its first token after 15 s took 59 s more for 64 tokens on the CPU (one
+    decode row at 1,000 positions costs half a tick there, more than the budget leaves)."""
     cost, mem = state.cost, d.mem
     served = list(d.inter_dec)
     k = 1 if d.inter_dec else mem.k
+    owed = mem.owed_dec_ms if policy.background_share > 0 and d.inter_dec else 0.0
     candidates = rotated(list(d.back_dec), state.tick // k)[: max(mem.s, 0)]
     for s in candidates:
         trial = served + [s]
-        if cost.predict(0, len(trial), decode_kv(trial)) > b.budget_ms \
-                and not policy._starving(mem):
-            break
+        tick_ms = cost.predict(0, len(trial), decode_kv(trial))
+        if tick_ms > b.budget_ms and not policy._starving(mem):
+            extra = tick_ms - cost.predict(0, len(served), decode_kv(served))
+            if extra > owed:
+                break
+            owed -= extra
         served.append(s)
     served = served[: state.n_batch]
     if d.back_dec and not any(s.priority is Priority.BACKGROUND for s in served) \
             and policy._starving(mem):
         served.append(rotated(list(d.back_dec), state.tick)[0])
-    return Decoders(tuple(served), k)
+    alone = [s for s in served if s.priority is Priority.INTERACTIVE]
+    back_ms = cost.predict(0, len(served), decode_kv(served)) \
+        - cost.predict(0, len(alone), decode_kv(alone)) if len(alone) < len(served) else 0.0
+    return Decoders(tuple(served), k, back_ms, owed)
 
 
 def prompt_allowance(policy: SloPolicy, state: SchedulerState, d: Lanes, b: Budget,
@@ -568,7 +590,7 @@ def prompt_chunks(policy: SloPolicy, state: SchedulerState, d: Lanes, a: Allowan
 
 
 def background_floor(policy: SloPolicy, state: SchedulerState, d: Lanes, a: Allowance,
-                     cap: int, f: FirstTokens, c: Chunks) -> Chunks:
+                     f: FirstTokens, c: Chunks) -> Chunks:
     """The background floor: while interactive streams decode, background prompts are owed
     background_share of the time (SloMemory.owed_ms, from the ticks' measured times). Where
     the steps before gave them nothing this tick and what is owed pays for a floor chunk, the
@@ -585,8 +607,12 @@ def background_floor(policy: SloPolicy, state: SchedulerState, d: Lanes, a: Allo
     chunk_ms = floor_chunk_ms(policy, state, s, a)
     if f.items or c.back_ms > 0 or d.mem.owed_ms < chunk_ms:
         return c._replace(floor_ms=chunk_ms)
+    # Not capped by the slow start: a floor chunk is a planned pause, sized by its time, and
+    # the GPU's decode jitter kept halving the cap (11-16 % of its ticks overran even with no
+    # background work), so that capped floor chunks of 16-64 tokens gave an 8B model's
+    # 6,000-token prompts a fraction of their share.
     used = sum(i.n_tokens for i in c.prefill)
-    n = min(s.prefill_left, cap - used, a.room - used,
+    n = min(s.prefill_left, a.room - used,
             max(1, cost.chunk_tokens(chunk_ms, s.n_past, not c.prefill)))
     if n <= 0:
         return c._replace(floor_ms=chunk_ms)
@@ -641,13 +667,15 @@ def settle(policy: SloPolicy, state: SchedulerState, d: Lanes, b: Budget, dec: D
     back_progress = back_prompt or any(s.priority is Priority.BACKGROUND for s in served)
     n_prefill = sum(i.n_tokens for i in prefill)
     owing = bool(d.inter_dec) and any(s.seq_id in back_ids for s in a.waiting)
+    owing_dec = bool(d.inter_dec and d.back_dec)
     mem = dataclasses.replace(
         mem, budget_ms=max(b.budget_ms, a.decode_ms + c.prefill_ms),
-        credit_ms=max(0.0, credit), owing=owing, back_ms=c.back_ms,
-        planned_ms=a.decode_ms + c.prefill_ms,
-        # what is owed is capped at two floor chunks: after a long hold the floor catches
-        # up in a pause or two, not in a streak of them
+        credit_ms=max(0.0, credit), owing=owing, owing_dec=owing_dec, back_ms=c.back_ms,
+        back_dec_ms=dec.back_ms, planned_ms=a.decode_ms + c.prefill_ms,
+        # what is owed is capped at two floor chunks (two budgets for decoders): after a long
+        # hold the floor catches up in a pause or two, not in a streak of them
         owed_ms=min(mem.owed_ms, 2 * c.floor_ms) if owing else 0.0,
+        owed_dec_ms=min(mem.owed_dec_ms, 2 * b.budget_ms) if owing_dec else 0.0,
         over_mask=((mem.over_mask << 1) | over) & ((1 << policy.pause_window) - 1),
         starve=0 if back_progress or not d.back else mem.starve + 1, last_prefill=n_prefill)
     notes = PlanNotes(
