@@ -475,7 +475,10 @@ def main() -> int:
     path = report.write(ns.out, info, rows, {"verdicts": checks, "timelines": timelines})
     shown = [k for k in timelines if k.endswith(("| storm", "+ decoders", "+ background"))]
     png = plots.timelines(path, shown)
-    print(f"wrote {path} and {png}")
+    figures = [plots.scenario(path, k.split(" | ", 1)[1])
+               for k in dict.fromkeys(k for k in shown if k.startswith(rows[0]["side"]))]
+    print(f"wrote {path}, {png} and one figure per scenario: "
+          + ", ".join(str(f.name) for f in figures if f))
     return 0
 
 

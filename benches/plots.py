@@ -68,7 +68,52 @@ def lines(path: Path, x: str, ys: list[tuple[str, str]], by: str, suffix: str,
     return out
 
 
+def scenario(path: Path, phase: str) -> Path | None:
+    """One figure for one loaded phase of the matrix, a column per side: on top, every
+    interactive inter-token gap at the time it ended (log scale: a 20 ms gap and a 2 s freeze
+    on one axis); under it, the background requests, a bar from when each was sent to its
+    first token (its prompt being computed) and a mark per token it decoded. Each side keeps
+    its own time axis."""
+    data = json.loads(Path(path).read_text())
+    keys = [k for k in data["timelines"] if k.split(" | ", 1)[1] == phase]
+    if not keys:
+        return None
+    fig, axes = plt.subplots(2, len(keys), figsize=(6 * len(keys), 5.2), squeeze=False,
+                             gridspec_kw={"height_ratios": [3, 1.4]})
+    for col, key in enumerate(keys):
+        streams = data["timelines"][key]
+        top, bottom = axes[0, col], axes[1, col]
+        for s in streams:
+            t = s["times"]
+            if s["class"] == "interactive" and len(t) > 1:
+                top.plot(t[1:], [1e3 * (b - a) for a, b in zip(t, t[1:], strict=False)], ".",
+                         ms=2, color=COLOURS["interactive"], alpha=0.6)
+        top.set_yscale("log")
+        top.set_ylabel("interactive gap, ms")
+        top.set_title(key.split(" | ")[0], fontsize=10, loc="left")
+        top.grid(alpha=0.3, which="both")
+        back = [s for s in streams if s["class"] == "background"]
+        for y, s in enumerate(back):
+            end = s["times"][0] if s["times"] else s["sent"]
+            bottom.barh(y, end - s["sent"], left=s["sent"], height=0.5, color="tab:red",
+                        alpha=0.25)
+            bottom.plot(s["times"], [y] * len(s["times"]), "|", ms=6, color="tab:red")
+        bottom.set_yticks(range(len(back)), [s["label"] for s in back])
+        bottom.set_xlabel("seconds since the phase began (bar: prompt computed; marks: "
+                          "tokens)", fontsize=8)
+        bottom.sharex(top)
+    fig.suptitle(phase, fontsize=11)
+    fig.tight_layout()
+    out = Path(path).with_name(Path(path).stem + "_" + phase.replace(" + ", "_").replace(
+        " ", "_") + ".png")
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
 if __name__ == "__main__":
     result = Path(sys.argv[1])
-    keys = [k for k in json.loads(result.read_text()).get("timelines", {}) if "storm" in k]
-    print(timelines(result, keys))
+    phases = {k.split(" | ", 1)[1] for k in json.loads(result.read_text()).get("timelines", {})}
+    for name in sorted(phases):
+        if name.endswith(("storm", "+ background", "+ decoders")):
+            print(scenario(result, name))

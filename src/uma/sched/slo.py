@@ -28,8 +28,9 @@ One tick's plan is built in stages, each a pure function of the snapshot:
    measured time, split evenly between decoders and prompts while both wait. A decoder the
    budget would park is served where its owed time pays for it; where the steps before gave
    background prompts nothing and what is owed pays for a floor chunk, they get one (a planned
-   pause, spaced so that floor pauses take at most pause_share of the ticks). With no stream decoding, the idle budget stretches until a chunk's work
-   amortises its read of the cache (idle_amortise): background runs at full speed.
+   pause, spaced so that floor pauses take at most pause_share of the ticks). With no stream
+   decoding, the idle budget stretches until a chunk's work amortises its read of the cache
+   (idle_amortise): background runs at full speed.
 6. No starvation, the backstop: background work that made no progress for max_starve_ticks
    ticks gets one decoder served, or the prompt chunk that fits rescue_slack × budget (at
    least one token; where one token outgrows every pause, a chunk that amortises its read of
