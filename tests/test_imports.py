@@ -21,7 +21,7 @@ PURE = [m for m in MODULES if m.startswith("uma.sched")] + [
     "uma", "uma.config", "uma.errors", "uma.priority", "uma.metrics", "uma.handle",
     "uma.synth", "uma.service", "uma.server.framing", "uma.server.protocol",
     "uma.server.settings", "uma.server.prometheus", "uma.engine", "uma.executor",
-    "uma.fake_core", "uma.testing",
+    "uma.fake_core", "uma.testing", "uma.prefix_index",
 ]
 BLOCK_CORE = "import sys; sys.modules['uma._core'] = None; "
 
