@@ -231,11 +231,9 @@ def agent_row(phase: Phase) -> dict:
 def background_alone(server: Server, ns, prompts: list[str]) -> dict[str, float]:
     """Each background prompt's completion (ms, --bg-tokens answered) on the idle server, one
     at a time: the reference the loaded phases' background completions are divided by."""
-    alone = {}
+    phase, alone = Phase(server), {}
     for prompt in dict.fromkeys(prompts):
-        s = sse_completion(server.port, {
-            "prompt": prompt, "max_tokens": ns.bg_tokens, "temperature": 0, "ignore_eos": True,
-            "priority": "background", **(server.extra or {})}, label="alone", timeout=3600)
+        s = phase.request("background", "alone", prompt, ns.bg_tokens, timeout=3600)
         alone[prompt] = 1e3 * (s.times[-1] - s.sent)
     return alone
 

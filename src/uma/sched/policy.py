@@ -94,9 +94,13 @@ def shortest_background_first(sessions: Sequence[SessionView]) -> list[SessionVi
     them, shortest first: behind a long one, a short background prompt would wait for the whole
     of it (on the CPU a 250-token prompt took 36x its time alone behind a 1,000-token one), and
     shortest-remaining-first is what minimises the mean completion time."""
-    return sorted(sessions, key=lambda s: (s.priority is not Priority.INTERACTIVE,
-                                           0 if s.priority is Priority.INTERACTIVE
-                                           else s.prefill_left, s.rid))
+    return sorted(sessions, key=prefill_rank)
+
+
+def prefill_rank(s: SessionView) -> tuple[bool, int, int]:
+    """shortest_background_first's order, as a sort key."""
+    interactive = s.priority is Priority.INTERACTIVE
+    return (not interactive, 0 if interactive else s.prefill_left, s.rid)
 
 
 def decode_kv(sessions: Sequence[SessionView]) -> int:

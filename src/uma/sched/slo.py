@@ -56,6 +56,7 @@ from uma.sched.cost import CostEstimate
 from uma.sched.policy import (
     admit_by_class,
     decode_kv,
+    prefill_rank,
     rotated,
     shed_for_room,
     shortest_background_first,
@@ -205,7 +206,6 @@ class SloPolicy:
                     # 3,000-token prompt's first token at 1,525 s (1,500 tokens: 389 s).
                     n = max(n, cost.amortising_tokens(s.n_past, first, self.step_amortise))
                 n = min(s.prefill_left, room - used, n)
-            n = min(n, room - used)
             if n <= 0:
                 break
             items.append(BatchItem(s.seq_id, Phase.PREFILL, n, logits=n == s.prefill_left))
@@ -424,8 +424,9 @@ def latency_budget(policy: SloPolicy, state: SchedulerState, d: Lanes) -> Budget
         # ms per 1,000 positions on the 134M model): within 50 ms, a 3,000-token prompt alone
         # ran at a fraction of its speed. The tick stretches so that the work amortises it; a
         # new interactive request waits that much longer for the tick in flight.
-        back = shortest_background_first([s for s in d.back if s.phase is Phase.PREFILL])
-        read_ms = state.cost.chunk_overhead_ms(back[0].n_past) if back else 0.0
+        back = [s for s in d.back if s.phase is Phase.PREFILL]
+        read_ms = state.cost.chunk_overhead_ms(min(back, key=prefill_rank).n_past) \
+            if back else 0.0
         budget = max(policy.idle_budget_ms, (1 + policy.idle_amortise) * read_ms)
     return Budget(solo_ms, jitter, alone, budget)
 
