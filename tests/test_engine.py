@@ -216,6 +216,40 @@ def test_temperatures_too_small_for_the_samplers_floats_are_greedy(engine):
         assert tiny.token_ids == greedy.token_ids
 
 
+def test_device_sampling_gives_the_hosts_greedy_tokens(tiny_path, alone):
+    with uma.Engine(tiny_path, n_ctx=4096, n_seq_max=8, n_batch=256,
+                    device_sampling="on") as e:
+        handles = [e.submit(p, max_tokens=16, ignore_eos=True) for p in sixteen()]
+        results = [h.result() for h in handles]
+        assert all(e.ctx.device_sampled(s) for s in range(8))  # chains kept for the next
+    for r, p in zip(results, sixteen(), strict=True):
+        assert_same_greedy(alone[p].token_ids, r.token_ids, alone[p].logprobs,
+                           alone[p].logprobs)
+
+
+def test_what_the_device_cannot_sample_stays_on_the_host(tiny_path, alone):
+    """Log-probs and penalties need the host sampler: their rows keep their logits, beside
+    device rows in the same decode; a seeded draw on the device repeats."""
+    with uma.Engine(tiny_path, n_ctx=4096, n_seq_max=4, n_batch=256,
+                    device_sampling="on") as e:
+        p = PROMPTS[1]
+        lp = e.submit(p, max_tokens=16, ignore_eos=True, logprobs=True)
+        greedy = e.submit(p, max_tokens=16, ignore_eos=True)
+        # a negative penalty favours what was seen: the output repeats itself
+        penalised = e.submit(p, max_tokens=16, ignore_eos=True, presence_penalty=-2,
+                             frequency_penalty=-2)
+        assert lp.result().token_ids == alone[p].token_ids
+        assert lp.result().logprobs == pytest.approx(alone[p].logprobs, abs=0.05)
+        assert greedy.result().token_ids == alone[p].token_ids
+        ids = penalised.result().token_ids
+        assert len(set(ids)) < len(ids)
+        assert len(set(alone[p].token_ids)) == len(alone[p].token_ids)
+        # one after the other, alone (a draw depends on the logits' last bits: batch shapes)
+        drawn = [e.generate(p, max_tokens=12, ignore_eos=True, temperature=1.0, seed=3)
+                 for _ in range(2)]
+        assert drawn[0].token_ids == drawn[1].token_ids != alone[p].token_ids[:12]
+
+
 @pytest.mark.parametrize(
     ("prompt", "options", "match"),
     [

@@ -3,7 +3,7 @@
 from libc.stdint cimport int32_t, uint64_t
 from libcpp cimport bool as cbool
 
-from uma._llama cimport llama_batch, llama_context, llama_model, llama_vocab
+from uma._llama cimport llama_batch, llama_context, llama_model, llama_sampler, llama_vocab
 
 
 cdef extern from "logsink.hpp" namespace "uma" nogil:
@@ -71,6 +71,7 @@ cdef class Batch:
     cdef readonly int n_outputs
 
     cdef void _put(self, int i, int32_t token, int32_t pos, int32_t seq, bint out) noexcept nogil
+    cdef object _output_index(self)
 
 
 cdef class Context:
@@ -83,6 +84,10 @@ cdef class Context:
     cdef object _output_seqs
     cdef long long _decode_ns
     cdef int _abort  # read by ggml's compute threads between graph nodes (abort())
+    cdef llama_sampler ** _chains  # each sequence's device sampler chain, or NULL (owned)
+    cdef object _chain_keys  # the parameters each chain was built from
+    cdef int _n_chains
+    cdef object _output_index  # batch position of each logits row, while chains exist
 
     cdef void _free(self) noexcept
     cdef void _free_if_idle(self) noexcept
@@ -91,6 +96,7 @@ cdef class Context:
     cdef int _check_seq(self, long seq_id) except -1
     cdef int _validate(self, Batch batch) except -1
     cdef const float * _logits(self) except NULL
+    cdef void _drop_chain(self, int seq_id) noexcept
 
 
 cdef class Sampler:

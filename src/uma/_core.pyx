@@ -9,8 +9,8 @@ a reference to its parent so free order is right, and has an idempotent close().
 
 from cpython.buffer cimport PyBUF_FORMAT, PyBUF_ND, PyBUF_STRIDES, PyBUF_WRITABLE
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
-from libc.stdint cimport int32_t, uint8_t
-from libc.stdlib cimport free, malloc
+from libc.stdint cimport int32_t, uint8_t, uint32_t, uint64_t
+from libc.stdlib cimport calloc, free, malloc
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 from libcpp cimport bool as cbool
 
@@ -23,7 +23,7 @@ import os
 import numpy as np
 
 from uma import errors
-from uma.config import check_sampling
+from uma.config import GREEDY_BELOW as _GREEDY_BELOW, check_sampling
 
 cdef extern from *:
     """
@@ -555,6 +555,17 @@ cdef class Batch:
                 k += 1
         return out
 
+    cdef object _output_index(self):
+        """Batch position of each logits row, in row order (llama.cpp's `i` for a row)."""
+        out = np.empty(self.n_outputs, dtype=np.int32)
+        cdef int32_t[::1] view = out
+        cdef int i, k = 0
+        for i in range(self._batch.n_tokens):
+            if self._batch.logits[i]:
+                view[k] = i
+                k += 1
+        return out
+
     def tokens(self):
         """(tokens, positions, seq_ids, logits flags) as copies, for inspection."""
         cdef int i, n = self._batch.n_tokens
@@ -630,6 +641,7 @@ cdef class Context:
                   str type_v="f16", str flash_attn="auto", n_threads=None,
                   n_threads_batch=None):
         self._ctx = NULL
+        self._chains = NULL
         model._check_open()
         if model.vocab_only:
             raise errors.InvalidRequestError("a vocab-only model cannot run: load its weights")
@@ -678,16 +690,27 @@ cdef class Context:
         model._n_contexts += 1
         self._output_seqs = np.empty(0, dtype=np.int32)
         _live["context"] += 1
+        self._chains = <L.llama_sampler **>calloc(n_seq_max, sizeof(L.llama_sampler *))
+        if self._chains == NULL:
+            raise MemoryError()
+        self._chain_keys = [None] * n_seq_max
 
     def __dealloc__(self):
         self._free()
 
     cdef void _free(self) noexcept:
+        cdef int i
         if self._ctx != NULL:
             L.llama_free(self._ctx)
             self._ctx = NULL
             _live["context"] -= 1
             self.model._release_context()
+        if self._chains != NULL:  # after the context: it uses them to the end
+            for i in range(len(self._chain_keys)):
+                if self._chains[i] != NULL:
+                    L.llama_sampler_free(self._chains[i])
+            free(self._chains)
+            self._chains = NULL
 
     cdef void _free_if_idle(self) noexcept:
         if self._closing and self._exports == 0 and not self._sampling:
@@ -826,6 +849,8 @@ cdef class Context:
             raise errors.decode_error(rc, _last_problem())
         self._n_outputs = batch.n_outputs
         self._output_seqs = batch.output_seqs()
+        if self._n_chains:
+            self._output_index = batch._output_index()
         return self._n_outputs
 
     @property
@@ -864,6 +889,112 @@ cdef class Context:
     def logits_address(self):
         """Address of llama.cpp's logits buffer, for checking that views do not copy."""
         return <size_t>self._logits()
+
+    # sampling on the device --------------------------------------------------------------------
+
+    def set_sampler(self, int seq_id, *, float temperature=0.0, int top_k=0, float top_p=1.0,
+                    float min_p=0.0, seed=0):
+        """Samples seq_id's logits rows on the device from the next decode on (llama.cpp's
+        backend sampling): the rows never reach the host, sampled_tokens() has the tokens.
+        temperature <= 0 is greedy (an arg-max in the graph); otherwise temperature, top-k,
+        top-p and min-p filter in that order, as the host Sampler does, and a seeded draw
+        picks (reproducible, though not the host's draw for the same seed). Returns False where
+        the backend cannot run the chain: the sequence's rows then keep their logits.
+
+        Changing a sequence's chain makes the next decode re-plan its compute graph, so the
+        same parameters again keep the chain and only restart its draws from the seed: keep
+        chains on sequences across requests."""
+        self._check_open()
+        self._check_seq(seq_id)
+        check_sampling(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                       repeat_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0,
+                       penalty_last_n=0, seed=seed)
+        greedy = temperature < _GREEDY_BELOW
+        if top_k >= self.model.n_vocab:  # keeps every token; ggml_top_k needs k <= n
+            top_k = 0
+        # The device's min-p keeps logits strictly above max + log(min_p) (ggml_step): at 1
+        # that drops the best token too. 1 - 1e-4 stays clear of float32 rounding at logits
+        # up to ~100 and keeps what the host keeps but for tokens 0.01 % less likely.
+        min_p = min(min_p, 0.9999)
+        key = ("greedy",) if greedy else (temperature, top_k, top_p, min_p, seed)
+        if self._chain_keys[seq_id] == key:
+            L.llama_sampler_reset(self._chains[seq_id])  # host state only: no graph change
+            return True
+        cdef uint64_t s64 = <uint64_t>(seed & 0xFFFFFFFFFFFFFFFF)
+        cdef uint32_t s32 = <uint32_t>((s64 ^ (s64 >> 32)) & 0xFFFFFFFF)
+        if s32 == 0xFFFFFFFF:  # LLAMA_DEFAULT_SEED: llama.cpp would draw a random seed
+            s32 = 0xFFFFFFFE
+        cdef L.llama_sampler * chain = L.llama_sampler_chain_init(
+            L.llama_sampler_chain_default_params())
+        if greedy:
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
+        else:
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_temp(temperature))
+            if top_k > 0:
+                L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_k(top_k))
+            if top_p < 1.0:
+                L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_p(top_p, 1))
+            if min_p > 0.0:
+                L.llama_sampler_chain_add(chain, L.llama_sampler_init_min_p(min_p, 1))
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_dist(s32))
+        cdef bint ok
+        with nogil:
+            L.llama_synchronize(self._ctx)  # a decode in flight may still use the old chain
+            ok = L.llama_set_sampler(self._ctx, seq_id, chain)
+        self._drop_chain(seq_id)  # llama.cpp let go of it either way
+        if not ok:
+            L.llama_sampler_free(chain)
+            return False
+        self._chains[seq_id] = chain
+        self._chain_keys[seq_id] = key
+        self._n_chains += 1
+        return True
+
+    def clear_sampler(self, int seq_id):
+        """Hands seq_id's rows back to the host (logits() and the host Sampler)."""
+        self._check_open()
+        self._check_seq(seq_id)
+        if self._chains[seq_id] == NULL:
+            return
+        with nogil:
+            L.llama_synchronize(self._ctx)
+            L.llama_set_sampler(self._ctx, seq_id, NULL)
+        self._drop_chain(seq_id)
+
+    cdef void _drop_chain(self, int seq_id) noexcept:
+        if self._chains[seq_id] != NULL:
+            L.llama_sampler_free(self._chains[seq_id])
+            self._chains[seq_id] = NULL
+            self._n_chains -= 1
+        self._chain_keys[seq_id] = None
+
+    def device_sampled(self, int seq_id):
+        """Whether seq_id's rows are sampled on the device (set_sampler)."""
+        self._check_open()
+        self._check_seq(seq_id)
+        return self._chains[seq_id] != NULL
+
+    def sampled_tokens(self):
+        """The last decode's tokens sampled on the device, one per logits row (int32, -1 for
+        rows of sequences without a device sampler). Waits for the device (GIL released)."""
+        self._check_open()
+        out = np.full(self._n_outputs, -1, dtype=np.int32)
+        if not self._n_chains or not self._n_outputs:
+            return out
+        cdef int32_t[::1] view = out
+        cdef const int32_t[::1] index = self._output_index
+        cdef int i, n = self._n_outputs
+        with nogil:
+            for i in range(n):
+                view[i] = L.llama_get_sampled_token_ith(self._ctx, index[i])
+        return out
+
+    def synchronize(self):
+        """Waits for the last decode to finish on the device (GIL released). A decode returns
+        once its work is queued on a GPU; reading logits or tokens waits anyway."""
+        self._check_open()
+        with nogil:
+            L.llama_synchronize(self._ctx)
 
     # per-sequence memory ----------------------------------------------------------------------
 

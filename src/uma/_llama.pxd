@@ -72,6 +72,25 @@ cdef extern from "llama.h" nogil:
         bint kv_unified
         bint swa_full
 
+    cdef struct llama_sampler:
+        pass
+
+    struct llama_sampler_chain_params:
+        bint no_perf
+
+    llama_sampler_chain_params llama_sampler_chain_default_params()
+    llama_sampler * llama_sampler_chain_init(llama_sampler_chain_params params)
+    void llama_sampler_chain_add(llama_sampler * chain, llama_sampler * smpl)
+    llama_sampler * llama_sampler_init_greedy()
+    llama_sampler * llama_sampler_init_dist(uint32_t seed)
+    llama_sampler * llama_sampler_init_top_k(int32_t k)
+    llama_sampler * llama_sampler_init_top_p(float p, size_t min_keep)
+    llama_sampler * llama_sampler_init_min_p(float p, size_t min_keep)
+    llama_sampler * llama_sampler_init_temp(float t)
+    void llama_sampler_free(llama_sampler * smpl)
+    void llama_sampler_reset(llama_sampler * smpl)
+    bint llama_set_sampler(llama_context * ctx, llama_seq_id seq_id, llama_sampler * smpl)
+
     ctypedef struct llama_chat_message:
         const char * role
         const char * content
@@ -150,5 +169,6 @@ cdef extern from "llama.h" nogil:
     void llama_batch_free(llama_batch batch)
     int32_t llama_decode(llama_context * ctx, llama_batch batch)
     void llama_synchronize(llama_context * ctx)
+    llama_token llama_get_sampled_token_ith(llama_context * ctx, int32_t i)
     float * llama_get_logits(llama_context * ctx)
     float * llama_get_logits_ith(llama_context * ctx, int32_t i)

@@ -10,6 +10,7 @@ import ipaddress
 import math
 import os
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from uma.errors import InvalidRequestError
 
@@ -112,6 +113,19 @@ class SamplingParams:
             if not isinstance(getattr(self, name), bool):
                 raise InvalidRequestError(f"{name} must be a boolean")
 
+    @property
+    def device_capable(self) -> bool:
+        """Whether the device's samplers compute what these options ask: all but log-probs
+        and the penalties (whose history the host sampler keeps)."""
+        return not self.logprobs and self.repeat_penalty == 1 and not self.frequency_penalty \
+            and not self.presence_penalty
+
+    def device_options(self) -> DeviceOptions:
+        """The fields uma._core.Context.set_sampler takes."""
+        greedy = self.temperature < GREEDY_BELOW
+        return DeviceOptions(temperature=0.0 if greedy else self.temperature, top_k=self.top_k,
+                             top_p=self.top_p, min_p=self.min_p, seed=self.seed)
+
     def sampler_options(self) -> dict[str, float | int]:
         """The fields the native sampler takes (uma._core.Sampler.configure). A temperature
         below GREEDY_BELOW is greedy: dividing logits by it would overflow a 32-bit float."""
@@ -119,6 +133,14 @@ class SamplingParams:
         if self.temperature < GREEDY_BELOW:
             options["temperature"] = 0.0
         return options
+
+
+class DeviceOptions(TypedDict):
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    seed: int
 
 
 _SAMPLER_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty",
@@ -144,6 +166,9 @@ class EngineConfig:
     type_k: str = "f16"
     type_v: str = "f16"
     flash_attn: str = "auto"
+    # sample on the device (llama.cpp's backend samplers) where a request's options allow:
+    # "auto" where the model runs on a GPU, "on", or "off" (the host sampler for every row)
+    device_sampling: str = "auto"
     policy: str = "slo"  # latency guard, QoS lanes, ΣBMT guard; or "baseline" (docs/SCHEDULING.md)
     tick_target_ms: float = 30.0  # the baseline policy's tick time budget
     latency_cap: float = 1.20  # slo: interactive tick time allowed relative to their own
@@ -179,6 +204,9 @@ class EngineConfig:
         if self.flash_attn not in ("auto", "on", "off"):
             raise InvalidRequestError(
                 f"flash_attn must be 'auto', 'on' or 'off', not {self.flash_attn!r}")
+        if self.device_sampling not in ("auto", "on", "off"):
+            raise InvalidRequestError(
+                f"device_sampling must be 'auto', 'on' or 'off', not {self.device_sampling!r}")
         if not isinstance(self.kv_unified, bool):
             raise InvalidRequestError("kv_unified must be a boolean")
         if _number("tick_target_ms", self.tick_target_ms) <= 0:

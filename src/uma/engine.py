@@ -112,7 +112,8 @@ class Engine:
         policy = create_policy(config.policy, config)
         self._executor = Executor(self.ctx, policy, self._output, self.metrics, core,
                                   bmt=BmtModel.of(self.model, config.type_k),
-                                  bmt_budget_gbps=self._bandwidth(config, core))
+                                  bmt_budget_gbps=self._bandwidth(config, core),
+                                  device_sampling=self._device_sampling(config, core))
         self._submitted = self.metrics.counter("requests_submitted_total", "requests accepted")
         self.metrics.gauge("slots_total", "requests decoded at once (KV sequences)").set(
             config.n_seq_max)
@@ -130,6 +131,15 @@ class Engine:
         if core.backends() == ("cpu",) or config.n_gpu_layers == 0:
             return probe_bandwidth_gbps()
         return 0.0
+
+    @staticmethod
+    def _device_sampling(config: EngineConfig, core: ModuleType) -> bool:
+        """Whether rows are sampled on the device: where the model's output is on a GPU the
+        device's arg-max saves the copy of every logits row (512 KB each with a 128k
+        vocabulary) and the host's pass over it; on a CPU the host sampler is as fast."""
+        if config.device_sampling != "auto":
+            return config.device_sampling == "on"
+        return core.backends() != ("cpu",) and config.n_gpu_layers != 0
 
     # --- submitting ------------------------------------------------------------------------
 

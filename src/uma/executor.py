@@ -65,14 +65,18 @@ class Executor:
 
     def __init__(self, ctx: _core.Context, policy: BatchPolicy, output: OutputStage,
                  metrics: Registry, core: ModuleType, bmt: BmtModel | None = None,
-                 bmt_budget_gbps: float = 0.0) -> None:
-        """core: the module whose Batch and Sampler go with ctx (uma._core, or a stand-in)."""
+                 bmt_budget_gbps: float = 0.0, device_sampling: bool = False) -> None:
+        """core: the module whose Batch and Sampler go with ctx (uma._core, or a stand-in).
+        device_sampling: sample on the device the rows of requests whose options it can
+        compute (Context.set_sampler); the host sampler takes the others."""
         self.ctx = ctx
         self.model = ctx.model
         self.policy = policy
         self.output = output
         self.batch = core.Batch(ctx.n_batch)
         self.sampler = core.Sampler(ctx.n_seq_max, self.model.n_vocab)
+        self.device_sampling = device_sampling
+        self.on_device = np.zeros(ctx.n_seq_max, dtype=bool)  # by sequence: sampled there
         self.n_ctx_seq = ctx.n_ctx_seq
         self.eog = frozenset(int(t) for t in self.model.eog_tokens())
         # Free sequence ids, lowest handed out first, so the sequences decoding together stay a
@@ -222,8 +226,20 @@ class Executor:
                 if req.params.repeat_penalty != 1 or req.params.frequency_penalty \
                         or req.params.presence_penalty:
                     self.sampler.accept(req.seq_id, req.tokens)
+                self._route(req)
             except Exception as exc:  # noqa: BLE001 - this request's alone
                 self.fail(req, exc)
+
+    def _route(self, req: Request) -> None:
+        """Picks where the request's rows are sampled. A sequence keeps its device chain
+        after its request ends, and the next request with the same options reuses it: a
+        changed chain costs the next decode a re-plan of its compute graph."""
+        seq = req.seq_id
+        self.on_device[seq] = False
+        if self.device_sampling and req.params.device_capable:
+            self.on_device[seq] = self.ctx.set_sampler(seq, **req.params.device_options())
+        else:
+            self.ctx.clear_sampler(seq)
 
     # --- the tick ---------------------------------------------------------------------------
 
@@ -362,9 +378,45 @@ class Executor:
         """Samples every logits row of the last decode: (sequence ids, tokens, log-probs).
         If the batched call fails, each row is sampled on its own and only the rows that
         fail alone end their requests."""
+        device = self.on_device[seqs]
+        if device.any():
+            return self._sample_device(seqs, device, logprobs)
         if logprobs is None:
             logprobs = any(self.running[s].params.logprobs for s in seqs.tolist())
         rows = np.arange(len(seqs), dtype=np.int32)
+        return self._sample_host(seqs, rows, logprobs)
+
+    def _sample_device(self, seqs: np.ndarray, device: np.ndarray, logprobs: bool | None
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Reads the device's tokens and samples the other rows on the host. Device rows have
+        no log-probs (their requests did not ask; NaN where another row's did)."""
+        tokens = self.ctx.sampled_tokens()
+        missing = device & (tokens < 0)
+        if missing.any():  # the backend could not run a chain after all: host from now on
+            log.warning("the device sampler returned no token for %d rows; sampling on the "
+                        "host from now on", int(missing.sum()))
+            self.device_sampling = False
+            for seq in seqs[missing].tolist():
+                self.fail(self.running[seq], UmaError(
+                    "the device's sampler returned no token for this request"))
+        host = ~device
+        if logprobs is None:
+            logprobs = any(self.running[s].params.logprobs for s in seqs[host].tolist())
+        lps = np.full(len(seqs), np.nan, np.float32) if logprobs else None
+        keep = device & ~missing
+        if host.any():
+            h_seqs, h_tokens, h_lps = self._sample_host(
+                seqs[host], np.flatnonzero(host).astype(np.int32), logprobs)
+            kept = np.isin(seqs, h_seqs) & host
+            keep |= kept
+            tokens[kept] = h_tokens
+            if lps is not None and h_lps is not None:
+                lps[kept] = h_lps
+        return seqs[keep], tokens[keep], None if lps is None else lps[keep]
+
+    def _sample_host(self, seqs: np.ndarray, rows: np.ndarray, logprobs: bool
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Samples logits rows `rows` (whose sequences are `seqs`) on the host."""
         try:
             sampled = self.sampler.sample(self.ctx, rows, seqs, logprobs=logprobs)
         except Exception:  # noqa: BLE001 - narrowed down row by row below

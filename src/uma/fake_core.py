@@ -778,6 +778,32 @@ class Context:
         """Address of the buffer logits() views."""
         return int(self.logits().ctypes.data)
 
+    # sampling on the device -------------------------------------------------------------------
+
+    def set_sampler(self, seq_id: int, *, temperature: float = 0.0, top_k: int = 0,
+                    top_p: float = 1.0, min_p: float = 0.0, seed: int = 0) -> bool:
+        """The fake device has no samplers: False, the rows stay the host's (as where the
+        real backend cannot run a chain)."""
+        self._check_open()
+        self._check_seq(_int(seq_id))
+        return False
+
+    def clear_sampler(self, seq_id: int) -> None:
+        self._check_open()
+        self._check_seq(_int(seq_id))
+
+    def device_sampled(self, seq_id: int) -> bool:
+        self._check_open()
+        self._check_seq(_int(seq_id))
+        return False
+
+    def sampled_tokens(self) -> np.ndarray:
+        self._check_open()
+        return np.full(self._n_outputs, -1, dtype=np.int32)
+
+    def synchronize(self) -> None:
+        self._check_open()
+
     # per-sequence memory ----------------------------------------------------------------------
 
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:

@@ -96,6 +96,8 @@ SETTINGS: tuple[Setting, ...] = (
     _e("type_v", str, "f16", "V cache type (kv_type sets both)", flag=False),
     _e("kv_unified", bool, "on", "one KV buffer shared by all requests"),
     _e("flash_attn", str, "auto", "flash attention: auto, on or off"),
+    _e("device_sampling", str, "auto (on where the model runs on a GPU)",
+       "sample on the device where a request allows: auto, on or off"),
     _e("policy", str, "slo", "scheduling policy: slo or baseline"),
     _e("tick_ms", float, "30", "baseline policy: tick time budget in ms", "tick_target_ms"),
     _e("latency_cap", float, "1.2",
