@@ -85,6 +85,8 @@ def main() -> int:
     ap.add_argument("--kv-unified", action="store_true",
                     help="one KV buffer for all streams, on both sides (llama-batched-bench's "
                          "default is off)")
+    ap.add_argument("--device-sampling", default="auto",
+                    help="the engine's device_sampling: auto, on or off")
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     ns = ap.parse_args()
 
@@ -94,7 +96,7 @@ def main() -> int:
     for pl in (int(x) for x in ns.streams.split(",")):
         engine = uma.Engine(model, n_ctx=pl * (ns.pp + ns.tg) + 64, n_seq_max=pl, n_batch=2048,
                             n_ubatch=512, n_threads=ns.threads, n_gpu_layers=ns.gpu_layers,
-                            kv_unified=ns.kv_unified)
+                            kv_unified=ns.kv_unified, device_sampling=ns.device_sampling)
         engine.generate("warm up", max_tokens=4)
         ours, theirs = [], []
         for i in range(ns.repeat):
@@ -118,7 +120,7 @@ def main() -> int:
               flush=True)
     report = {
         "model": str(model), "backend": ns.backend, "threads": ns.threads, "pp": ns.pp,
-        "kv_unified": ns.kv_unified,
+        "kv_unified": ns.kv_unified, "device_sampling": ns.device_sampling,
         "tg": ns.tg, "gpu_layers": ns.gpu_layers, "rows": rows,
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
         "median_ratio": statistics.median(r["ratio"] for r in rows),

@@ -1,9 +1,13 @@
 """Where a decode tick's time goes: the bare core loop against the engine, decode-only ticks.
 
-    python benches/profile_tick.py --model 1b --streams 32 --gpu-layers 99 --threads 8
+    python benches/profile_tick.py --model 1b --streams 1,8,32 --gpu-layers 99 --threads 8
 
-The core loop is what uma._core alone achieves (decode + native greedy sampling, no Python
-scheduling); the engine figures come from its executor's per-tick trace, decode-only ticks.
+The core loop is what uma._core alone achieves: decode and sample with no Python scheduling,
+sampling on the host (native greedy) or on the device (an arg-max in the graph). The engine
+figures time each step of its tick (uma.executor: plan, build, run, apply) on decode-only
+ticks, with run split into the decode call, the wait for the device (a GPU decode returns once
+queued), and sampling; "between" is the time from one tick's end to the next one's start (the
+compute thread's loop and waits for the GIL). Medians in ms.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from uma import _core, synth
 
 
 def core_loop(model: _core.Model, streams: int, pp: int, tg: int, threads: int,
-              sample: bool, kv_unified: bool) -> float:
+              sample: str, kv_unified: bool) -> float:
+    """Tokens/s of decode steps over `streams` sequences; sample: "none" (only wait for the
+    logits, as llama-batched-bench does), "host" or "device"."""
     ctx = _core.Context(model, n_ctx=streams * (pp + tg) + 64, n_batch=2048, n_ubatch=512,
                         n_seq_max=streams, n_threads=threads, kv_unified=kv_unified)
     batch = _core.Batch(2048)
@@ -34,14 +40,19 @@ def core_loop(model: _core.Model, streams: int, pp: int, tg: int, threads: int,
     ctx.decode(batch)
     sampler = _core.Sampler(streams, model.n_vocab)
     rows = np.arange(streams, dtype=np.int32)
+    if sample == "device":
+        for s in range(streams):
+            ctx.set_sampler(s)
     t0 = time.perf_counter()
     for i in range(tg):
         batch.clear()
         batch.add_rows(rng.integers(100, 30000, streams).astype(np.int32),
                        np.full(streams, pp + i, np.int32), rows)
         ctx.decode(batch)
-        if sample:
+        if sample == "host":
             sampler.sample(ctx, rows, ctx.output_seqs)
+        elif sample == "device":
+            ctx.sampled_tokens()
         else:
             ctx.logits()  # waits for the GPU and the logits copy, like the peer's sync
     dt = time.perf_counter() - t0
@@ -50,12 +61,65 @@ def core_loop(model: _core.Model, streams: int, pp: int, tg: int, threads: int,
     return streams * tg / dt
 
 
+class TickClock:
+    """Times the executor's steps by wrapping its methods on the instance (nothing in
+    uma.executor changes, nor costs anything when not profiled)."""
+
+    STEPS = ("plan", "build", "run", "apply")
+
+    def __init__(self, executor) -> None:
+        self.ticks: list[dict[str, float]] = []
+        self._cur: dict[str, float] = {}
+        self._end = 0.0
+        for name in self.STEPS:
+            setattr(executor, name, self._timed(name, getattr(executor, name)))
+        sample = executor._sample
+        ctx = executor.ctx
+
+        def timed_sample(*args, **kwargs):
+            t0 = time.perf_counter()
+            ctx.synchronize()  # the wait for the device, apart from sampling itself
+            t1 = time.perf_counter()
+            out = sample(*args, **kwargs)
+            self._cur["wait"] = t1 - t0
+            self._cur["sample"] = time.perf_counter() - t1
+            return out
+
+        executor._sample = timed_sample
+
+    def _timed(self, name, fn):
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            if name == "plan":
+                self._cur = {"between": t0 - self._end if self._end else float("nan")}
+            out = fn(*args, **kwargs)
+            t1 = time.perf_counter()
+            self._cur[name] = t1 - t0
+            if name == "plan" and not out.items:
+                self._end = 0.0
+            if name == "apply":
+                self._end = t1
+                self.ticks.append(self._cur)
+            return out
+        return timed
+
+    def summary(self, ticks: list[dict[str, float]]) -> dict[str, float]:
+        med = {k: 1e3 * statistics.median(t.get(k, 0.0) for t in ticks)
+               for k in ("between", *self.STEPS, "wait", "sample")}
+        med["decode_call"] = med["run"] - med["wait"] - med["sample"]
+        total = [t["between"] + sum(t[k] for k in self.STEPS) for t in ticks
+                 if t["between"] == t["between"]]
+        med["tick"] = 1e3 * statistics.median(total)
+        return med
+
+
 def engine_ticks(path: Path, streams: int, pp: int, tg: int, threads: int, gpu_layers: int,
-                 kv_unified: bool) -> dict:
+                 kv_unified: bool, device_sampling: str) -> dict:
     engine = uma.Engine(path, n_ctx=streams * (pp + tg) + 64, n_seq_max=streams, n_batch=2048,
                         n_ubatch=512, n_threads=threads, n_gpu_layers=gpu_layers,
-                        kv_unified=kv_unified)
+                        kv_unified=kv_unified, device_sampling=device_sampling)
     engine.generate("warm up", max_tokens=4)
+    clock = TickClock(engine._executor)
     engine._executor.trace = trace = []
     rng = np.random.default_rng(1)
     handles = [engine.submit(rng.integers(100, 30000, pp).astype(np.int32), max_tokens=tg,
@@ -63,33 +127,39 @@ def engine_ticks(path: Path, streams: int, pp: int, tg: int, threads: int, gpu_l
     for h in handles:
         h.result()
     engine.close()
-    full = [t for t in trace if t[0] == 0 and t[1] == streams]
-    med = lambda i: 1e3 * statistics.median(t[i] for t in full)  # noqa: E731
-    return {"ticks": len(trace), "decode_only_full": len(full), "decode_ms": med(2),
-            "sample_ms": med(3), "tick_ms": med(4),
-            "other_ms": med(4) - med(2) - med(3), "tok_s": streams / (med(4) / 1e3)}
+    full = [i for i, t in enumerate(trace) if t[0] == 0 and t[1] == streams]
+    med = clock.summary([clock.ticks[i] for i in full[1:]])
+    return {"ticks": len(trace), "decode_only_full": len(full), **med,
+            "tok_s": streams / (med["tick"] / 1e3)}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="134m")
-    ap.add_argument("--streams", type=int, default=8)
+    ap.add_argument("--streams", default="8", help="stream counts, comma-separated")
     ap.add_argument("--pp", type=int, default=128)
     ap.add_argument("--tg", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--gpu-layers", type=int, default=0)
     ap.add_argument("--kv-unified", action="store_true")
+    ap.add_argument("--sampling", default="host,device",
+                    help="where the engine samples, comma-separated: host, device")
     ns = ap.parse_args()
     path = Path(ns.model) if Path(ns.model).exists() else synth.cached_model(ns.model)
-    model = _core.Model(path, n_gpu_layers=ns.gpu_layers)
-    args = (model, ns.streams, ns.pp, ns.tg, ns.threads)
-    print(f"core loop, no sampling:   {core_loop(*args, False, ns.kv_unified):9.1f} tok/s")
-    print(f"core loop, greedy native: {core_loop(*args, True, ns.kv_unified):9.1f} tok/s")
-    model.close()
-    ticks = engine_ticks(path, ns.streams, ns.pp, ns.tg, ns.threads, ns.gpu_layers,
-                         ns.kv_unified)
-    print("engine, decode-only ticks: " + ", ".join(
-        f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in ticks.items()))
+    for streams in (int(x) for x in ns.streams.split(",")):
+        model = _core.Model(path, n_gpu_layers=ns.gpu_layers)
+        args = (model, streams, ns.pp, ns.tg, ns.threads)
+        for sample in ("none", "host", "device"):
+            print(f"streams {streams:3d}  core loop, sampling {sample:6s}: "
+                  f"{core_loop(*args, sample, ns.kv_unified):9.1f} tok/s", flush=True)
+        model.close()
+        for where in ns.sampling.split(","):
+            ticks = engine_ticks(path, streams, ns.pp, ns.tg, ns.threads, ns.gpu_layers,
+                                 ns.kv_unified, "on" if where == "device" else "off")
+            shown = ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                              for k, v in ticks.items())
+            print(f"streams {streams:3d}  engine, {where} sampling, decode-only ticks: {shown}",
+                  flush=True)
     return 0
 
 

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# GPU speed end to end (docs/BENCHMARKS.md "GPU speed"): where a tick's time goes, the engine
+# against llama-batched-bench with host and device sampling, and the served path against
+# llama-server. Two parts, each within one device call; the second reuses the first's build.
+#
+#   PART=engine bash benches/device/gpu_speed.sh   # build, tick profile, in-process engine
+#   PART=served bash benches/device/gpu_speed.sh   # HTTP/SSE streams and one stream's overhead
+#
+# Carried into the checkout beforehand (git-ignored): .device/llama-src.tar.xz and
+# .device/vocab.tar (benches/device/gpu_pack.sh says what they hold), .whl/*.whl.
+# Results: $OUT (default ./out-gpu), one log and one JSON per benchmark and model.
+set -uo pipefail
+OUT=$(realpath -m "${OUT:-out-gpu}")
+mkdir -p "$OUT"
+MODELS=${MODELS:-1b}
+STREAMS=${STREAMS:-1,8,32}
+PART=${PART:-engine}
+
+if [ ! -f third_party/llama.cpp/CMakeLists.txt ]; then
+  mkdir -p third_party/llama.cpp && tar -xf .device/llama-src.tar.* -C third_party/llama.cpp
+fi
+if [ -f .device/vocab.tar ] && [ ! -f third_party/llama.cpp/models/ggml-vocab-llama-bpe.gguf ]; then
+  tar -xf .device/vocab.tar -C third_party/llama.cpp
+fi
+python3 -m pip install -q --no-index --no-deps .whl/*.whl
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt"
+start=$(date +%s)  # a no-op when a warm machine still has the build
+cmake -S . -B build/llama-tools-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DUMA_BACKEND=cuda \
+  -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" \
+  -DUMA_LLAMA_TOOLS=ON -DPython_EXECUTABLE="$(command -v python3)" > "$OUT/build.log" 2>&1
+cmake --build build/llama-tools-cuda --target _core llama-batched-bench llama-server \
+  -j "$(nproc)" >> "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+echo "build_seconds $(( $(date +%s) - start ))" | tee -a "$OUT/build.log"
+cp build/llama-tools-cuda/_core*.so src/uma/
+export PYTHONPATH=$PWD/src
+GPU="--gpu-layers 99 --threads 8"
+quiet() { grep --line-buffered -v "^ggml_cuda_init\|^  Device"; }
+
+for m in $MODELS; do
+  python3 -c "from uma import synth; print(synth.cached_model('$m'))" > /dev/null
+  if [[ $PART == engine ]]; then
+    # each step of a tick, decode-only, host and device sampling; the bare core loop beside
+    timeout 200 python3 benches/profile_tick.py --model "$m" $GPU --streams "$STREAMS" \
+      --pp 128 --tg 256 2>&1 | quiet | tee -a "$OUT/profile_$m.txt"
+    # the engine against llama-batched-bench, alternating, 3 runs a side
+    for ds in on off; do
+      timeout 200 python3 benches/decode_throughput.py --model "$m" --backend cuda $GPU \
+        --streams "$STREAMS" --pp 128 --tg 256 --repeat 3 --device-sampling $ds \
+        --out "$OUT/decode_${m}_sampling_$ds.json" 2>&1 | quiet | tee -a "$OUT/log.txt"
+    done
+  else
+    # served: streams over HTTP/SSE against llama-server, then one stream's TTFT and CPU
+    timeout 300 python3 benches/decode_scaling.py --model "$m" --backend cuda $GPU \
+      --streams "$STREAMS" --tokens 256 --out "$OUT/decode_scaling_$m" 2>&1 | quiet \
+      | tee -a "$OUT/log.txt"
+    timeout 200 python3 benches/overhead.py --model "$m" --backend cuda $GPU --repeat 3 \
+      --out "$OUT/overhead_$m.json" 2>&1 | quiet | tee -a "$OUT/log.txt"
+  fi
+done
+ls -la "$OUT"
