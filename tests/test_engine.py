@@ -24,9 +24,12 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_path):
-    with uma.Engine(tiny_path, n_ctx=4096, n_seq_max=8, n_batch=256) as e:
+@pytest.fixture(scope="module", params=["off", "on"], ids=["serial", "overlapped"])
+def engine(tiny_path, request):
+    """Ticks serial (the CPU's default) and overlapped (the GPU's: a tick's output is handed
+    on during the next decode); every test of it holds for both."""
+    with uma.Engine(tiny_path, n_ctx=4096, n_seq_max=8, n_batch=256,
+                    overlap=request.param) as e:
         yield e
 
 
@@ -83,8 +86,9 @@ def test_events_add_up_to_the_result(engine):
     assert list(result.timings.token_ms) == sorted(result.timings.token_ms)
 
 
-def test_64_requests_on_8_sequences_all_complete_in_order(tiny_path):
-    with uma.Engine(tiny_path, n_ctx=2048, n_seq_max=8) as e:
+@pytest.mark.parametrize("overlap", ["off", "on"])
+def test_64_requests_on_8_sequences_all_complete_in_order(tiny_path, overlap):
+    with uma.Engine(tiny_path, n_ctx=2048, n_seq_max=8, overlap=overlap) as e:
         handles = [e.submit(PROMPTS[i % 8], max_tokens=4, ignore_eos=True) for i in range(64)]
         results = [h.result(timeout=60) for h in handles]
         assert len({h.rid for h in handles}) == 64
@@ -116,8 +120,9 @@ def test_a_promoted_request_moves_ahead_in_the_queue(tiny_path):
                 < first_bg.result(timeout=30).timings.admitted_ns)
 
 
-def test_cancel_mid_stream_frees_the_kv(tiny_path):
-    with uma.Engine(tiny_path, n_ctx=1024, n_seq_max=2) as e:
+@pytest.mark.parametrize("overlap", ["off", "on"])
+def test_cancel_mid_stream_frees_the_kv(tiny_path, overlap):
+    with uma.Engine(tiny_path, n_ctx=1024, n_seq_max=2, overlap=overlap) as e:
         handle = e.submit("Keep going forever", max_tokens=10_000, ignore_eos=True)
         for seen, _event in enumerate(handle, start=1):
             if seen == 5:
@@ -130,8 +135,9 @@ def test_cancel_mid_stream_frees_the_kv(tiny_path):
         assert all(e.ctx.seq_pos_max(s) == -1 for s in range(2))
 
 
-def test_cancel_while_queued(tiny_path):
-    with uma.Engine(tiny_path, n_ctx=1024, n_seq_max=1) as e:
+@pytest.mark.parametrize("overlap", ["off", "on"])
+def test_cancel_while_queued(tiny_path, overlap):
+    with uma.Engine(tiny_path, n_ctx=1024, n_seq_max=1, overlap=overlap) as e:
         running = e.submit("first", max_tokens=30, ignore_eos=True)
         queued = e.submit("second", max_tokens=30)
         queued.cancel()

@@ -129,6 +129,7 @@ def run(
     kv_unified: bool | None = _opt("kv_unified", "--kv-unified/--no-kv-unified"),
     flash_attn: str | None = _opt("flash_attn"),
     device_sampling: str | None = _opt("device_sampling"),
+    overlap: str | None = _opt("overlap"),
     policy: str | None = _opt("policy"),
     tick_ms: float | None = _opt("tick_ms"),
     latency_cap: float | None = _opt("latency_cap"),

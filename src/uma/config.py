@@ -169,6 +169,9 @@ class EngineConfig:
     # sample on the device (llama.cpp's backend samplers) where a request's options allow:
     # "auto" where the model runs on a GPU, "on", or "off" (the host sampler for every row)
     device_sampling: str = "auto"
+    # publish a tick's tokens while the device runs the next decode: "auto" where the model
+    # runs on a GPU (a decode call returns once queued there), "on" or "off"
+    overlap: str = "auto"
     policy: str = "slo"  # latency guard, QoS lanes, ΣBMT guard; or "baseline" (docs/SCHEDULING.md)
     tick_target_ms: float = 30.0  # the baseline policy's tick time budget
     latency_cap: float = 1.20  # slo: interactive tick time allowed relative to their own
@@ -204,9 +207,10 @@ class EngineConfig:
         if self.flash_attn not in ("auto", "on", "off"):
             raise InvalidRequestError(
                 f"flash_attn must be 'auto', 'on' or 'off', not {self.flash_attn!r}")
-        if self.device_sampling not in ("auto", "on", "off"):
-            raise InvalidRequestError(
-                f"device_sampling must be 'auto', 'on' or 'off', not {self.device_sampling!r}")
+        for name in ("device_sampling", "overlap"):
+            if getattr(self, name) not in ("auto", "on", "off"):
+                raise InvalidRequestError(
+                    f"{name} must be 'auto', 'on' or 'off', not {getattr(self, name)!r}")
         if not isinstance(self.kv_unified, bool):
             raise InvalidRequestError("kv_unified must be a boolean")
         if _number("tick_target_ms", self.tick_target_ms) <= 0:

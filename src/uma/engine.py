@@ -61,6 +61,10 @@ def rss_bytes() -> int:
 Prompt = str | Sequence[int] | np.ndarray | Sequence[dict[str, str]]
 
 
+_GPU_BACKENDS = {"cuda", "metal", "vulkan"}  # what uma._core.backends() may name besides cpu
+DEVICE_SAMPLING_MAX_SEQ = 16  # device_sampling=auto: sequences beyond which the host samples
+
+
 class Engine:
     """Continuous batching over one llama.cpp context. Thread-safe and asyncio-friendly.
 
@@ -113,7 +117,8 @@ class Engine:
         self._executor = Executor(self.ctx, policy, self._output, self.metrics, core,
                                   bmt=BmtModel.of(self.model, config.type_k),
                                   bmt_budget_gbps=self._bandwidth(config, core),
-                                  device_sampling=self._device_sampling(config, core))
+                                  device_sampling=self._device_sampling(config, core),
+                                  overlap=self._on_gpu(config.overlap, config, core))
         self._submitted = self.metrics.counter("requests_submitted_total", "requests accepted")
         self.metrics.gauge("slots_total", "requests decoded at once (KV sequences)").set(
             config.n_seq_max)
@@ -132,14 +137,25 @@ class Engine:
             return probe_bandwidth_gbps()
         return 0.0
 
+    @classmethod
+    def _device_sampling(cls, config: EngineConfig, core: ModuleType) -> bool:
+        """auto: on a GPU, with at most DEVICE_SAMPLING_MAX_SEQ sequences. llama.cpp's backend
+        samplers are one sub-graph per sequence: on an H100 (1B f16, 128k vocabulary) they
+        gave +17 % decode tokens/s at 8 streams against copying the logits to the host, and
+        -6 % at 32, where 32 separate arg-max kernels outweigh one 16 MB copy."""
+        if config.device_sampling == "auto" and config.n_seq_max > DEVICE_SAMPLING_MAX_SEQ:
+            return False
+        return cls._on_gpu(config.device_sampling, config, core)
+
     @staticmethod
-    def _device_sampling(config: EngineConfig, core: ModuleType) -> bool:
-        """Whether rows are sampled on the device: where the model's output is on a GPU the
-        device's arg-max saves the copy of every logits row (512 KB each with a 128k
-        vocabulary) and the host's pass over it; on a CPU the host sampler is as fast."""
-        if config.device_sampling != "auto":
-            return config.device_sampling == "on"
-        return core.backends() != ("cpu",) and config.n_gpu_layers != 0
+    def _on_gpu(setting: str, config: EngineConfig, core: ModuleType) -> bool:
+        """An auto/on/off setting that pays where the model runs on a GPU: device sampling
+        (the device's arg-max saves copying each logits row, 512 KB with a 128k vocabulary,
+        and the host's pass over it; on a CPU it runs slower than the host sampler) and
+        overlapped ticks (a GPU decode call returns once queued; a CPU one once done)."""
+        if setting != "auto":
+            return setting == "on"
+        return bool(_GPU_BACKENDS & set(core.backends())) and config.n_gpu_layers != 0
 
     # --- submitting ------------------------------------------------------------------------
 

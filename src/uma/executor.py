@@ -34,7 +34,7 @@ import numpy as np
 from uma.calibration import DeviceTiming
 from uma.errors import DecodeAbortedError, NoKVSlotError, UmaError
 from uma.metrics import LoadMeter, Registry
-from uma.output import OutputStage
+from uma.output import END, TOKEN, Event, OutputStage
 from uma.request import Request
 from uma.sched.bmt import BmtModel
 from uma.sched.cost import CostModel, attended
@@ -65,10 +65,13 @@ class Executor:
 
     def __init__(self, ctx: _core.Context, policy: BatchPolicy, output: OutputStage,
                  metrics: Registry, core: ModuleType, bmt: BmtModel | None = None,
-                 bmt_budget_gbps: float = 0.0, device_sampling: bool = False) -> None:
+                 bmt_budget_gbps: float = 0.0, device_sampling: bool = False,
+                 overlap: bool = False) -> None:
         """core: the module whose Batch and Sampler go with ctx (uma._core, or a stand-in).
         device_sampling: sample on the device the rows of requests whose options it can
-        compute (Context.set_sampler); the host sampler takes the others."""
+        compute (Context.set_sampler); the host sampler takes the others.
+        overlap: publish a tick's tokens and statistics while the device runs the next
+        decode (for devices whose decode call returns once the work is queued: GPUs)."""
         self.ctx = ctx
         self.model = ctx.model
         self.policy = policy
@@ -76,6 +79,13 @@ class Executor:
         self.batch = core.Batch(ctx.n_batch)
         self.sampler = core.Sampler(ctx.n_seq_max, self.model.n_vocab)
         self.device_sampling = device_sampling
+        self.overlap = overlap
+        # What the tick hands on, kept until _flush: output events in order, the tokens'
+        # latencies for the metrics, and the tick's report for the statistics.
+        self._outbox: list[Event] = []
+        self._latencies: list[tuple[Priority, float, bool]] = []  # (class, ms, first token)
+        self._due: TickReport | None = None
+        self._n_new_tokens = 0
         self.on_device = np.zeros(ctx.n_seq_max, dtype=bool)  # by sequence: sampled there
         self.n_ctx_seq = ctx.n_ctx_seq
         self.eog = frozenset(int(t) for t in self.model.eog_tokens())
@@ -172,7 +182,7 @@ class Executor:
         self.m.finished[reason].inc()
         self.m.running.set(len(self.running))
         self.m.kv_cells.set(sum(r.n_past for r in self.running.values()))
-        self.output.end(req, reason, error, time.monotonic_ns())
+        self._outbox.append((END, req, reason, error, time.monotonic_ns(), False))
 
     def release_all(self, reason: str, error: UmaError | None = None) -> None:
         for req in list(self.running.values()):
@@ -180,6 +190,25 @@ class Executor:
         for q in self.waiting.values():
             while q:
                 self.release(q.popleft(), reason, error)
+        self._flush()
+
+    def _flush(self) -> None:
+        """Hands on what the ticks so far produced: the output events in one batch, the
+        latencies to the metrics, the last tick's report to the statistics."""
+        if self._due is not None:
+            self.stats.record(self._due)
+            self._due = None
+        if self._latencies:
+            m = self.m
+            for priority, ms, first in self._latencies:
+                (m.ttft if first else m.itl)[priority].observe(ms)
+            self._latencies = []
+        if self._n_new_tokens:
+            self.m.generated_tokens.inc(self._n_new_tokens)
+            self._n_new_tokens = 0
+        if self._outbox:
+            self.output.publish(self._outbox)
+            self._outbox = []
 
     def fail(self, req: Request, exc: BaseException) -> None:
         """Ends one request with an error of its own; every other request goes on. An error
@@ -247,6 +276,7 @@ class Executor:
         """Runs one tick. Returns False when there was nothing to run."""
         plan = self.plan()
         if not plan.items:
+            self._flush()
             return False
         plan = self.build(plan)
         ran = self.run(plan)
@@ -341,6 +371,8 @@ class Executor:
                 return Ran(plan, time.perf_counter() - t0)
             try:
                 n_out = self.ctx.decode(self.batch)
+                if self.overlap:  # while the device works: the last tick's output
+                    self._flush()
                 break
             except NoKVSlotError:
                 self.m.kv_full.inc()
@@ -521,20 +553,22 @@ class Executor:
                 except Exception as exc:  # noqa: BLE001 - this request's alone
                     self.fail(req, exc)
         self._memory = ran.plan.memory
-        self.stats.record(self._report(ran))
+        self._due = self._report(ran)
+        if not self.overlap or not self.running:  # nothing to overlap it with
+            self._flush()
 
     def _accept(self, req: Request, token: int, logprob: float | None, now: int) -> None:
         if req.first_token_ns == 0:
             req.first_token_ns = now
-            self.m.ttft[req.priority].observe((now - req.arrival_ns) / 1e6)
+            self._latencies.append((req.priority, (now - req.arrival_ns) / 1e6, True))
         elif req.last_token_ns:
-            self.m.itl[req.priority].observe((now - req.last_token_ns) / 1e6)
+            self._latencies.append((req.priority, (now - req.last_token_ns) / 1e6, False))
         req.last_token_ns = now
         req.n_sampled += 1
         req.last_token = token
-        self.m.generated_tokens.inc()
+        self._n_new_tokens += 1
         is_eog = token in self.eog and not req.params.ignore_eos
-        self.output.token(req, token, logprob, now, hidden=is_eog)
+        self._outbox.append((TOKEN, req, token, logprob, now, is_eog))
         if is_eog:
             self.release(req, "stop")
             return

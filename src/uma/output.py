@@ -17,6 +17,7 @@ import math
 import queue
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from uma.errors import UmaError
 from uma.handle import Result, Timings, TokenEvent, Usage
@@ -25,7 +26,8 @@ from uma.text import StopMatcher, TextStream
 
 log = logging.getLogger("uma.output")
 
-_TOKEN, _END, _QUIT = 0, 1, 2
+TOKEN, END, _QUIT = 0, 1, 2
+Event = tuple[int, Request, Any, Any, int, bool]
 
 
 class _Stream:
@@ -56,28 +58,34 @@ class OutputStage:
     def token(self, req: Request, token: int, logprob: float | None, t_ns: int,
               hidden: bool) -> None:
         """A sampled token; hidden ones (end-of-generation) count but show no text."""
-        self._queue.put((_TOKEN, req, token, logprob, t_ns, hidden))
+        self._queue.put(((TOKEN, req, token, logprob, t_ns, hidden),))
 
     def end(self, req: Request, reason: str, error: UmaError | None, t_ns: int) -> None:
-        self._queue.put((_END, req, reason, error, t_ns, False))
+        self._queue.put(((END, req, reason, error, t_ns, False),))
+
+    def publish(self, events: list[Event]) -> None:
+        """A tick's events at once, in order: (TOKEN, req, token, logprob, t_ns, hidden) or
+        (END, req, reason, error, t_ns, False). One hand-over and one wake-up a tick, however
+        many streams."""
+        self._queue.put(events)
 
     def close(self) -> None:
         """Publishes everything queued so far, then stops the thread."""
-        self._queue.put((_QUIT, None, None, None, 0, False))
+        self._queue.put(((_QUIT, None, None, None, 0, False),))
         self._thread.join()
 
     def _run(self) -> None:
         while True:
-            kind, req, a, b, t_ns, hidden = self._queue.get()
-            if kind == _QUIT:
-                return
-            try:
-                if kind == _TOKEN:
-                    self._publish_token(req, a, b, t_ns, hidden)
-                else:
-                    self._publish_end(req, a, b, t_ns)
-            except Exception as exc:  # noqa: BLE001 - this request's alone
-                self._failed(req, kind == _END, exc, t_ns)
+            for kind, req, a, b, t_ns, hidden in self._queue.get():
+                if kind == _QUIT:
+                    return
+                try:
+                    if kind == TOKEN:
+                        self._publish_token(req, a, b, t_ns, hidden)
+                    else:
+                        self._publish_end(req, a, b, t_ns)
+                except Exception as exc:  # noqa: BLE001 - this request's alone
+                    self._failed(req, kind == END, exc, t_ns)
 
     def _failed(self, req: Request, ended: bool, exc: Exception, t_ns: int) -> None:
         """Ends one request's output after a failure producing it."""
