@@ -4,7 +4,8 @@
 # llama-server. Two parts, each within one device call; the second reuses the first's build.
 #
 #   PART=engine bash benches/device/gpu_speed.sh   # build, tick profile, in-process engine
-#   PART=served bash benches/device/gpu_speed.sh   # HTTP/SSE streams and one stream's overhead
+#   PART=served bash benches/device/gpu_speed.sh   # HTTP/SSE streams, one stream's overhead
+#                                                  # and its longest gaps over a minute
 #
 # Carried into the checkout beforehand (git-ignored): .device/llama-src.tar.xz and
 # .device/vocab.tar (benches/device/gpu_pack.sh says what they hold), .whl/*.whl.
@@ -15,6 +16,7 @@ mkdir -p "$OUT"
 MODELS=${MODELS:-1b}
 STREAMS=${STREAMS:-1,8,32}
 PART=${PART:-engine}
+SAMPLING=${SAMPLING:-on off}  # the engine's device_sampling in decode_throughput, in turn
 
 if [ ! -f third_party/llama.cpp/CMakeLists.txt ]; then
   mkdir -p third_party/llama.cpp && tar -xf .device/llama-src.tar.* -C third_party/llama.cpp
@@ -43,7 +45,7 @@ for m in $MODELS; do
     timeout 200 python3 benches/profile_tick.py --model "$m" $GPU --streams "$STREAMS" \
       --pp 128 --tg 256 2>&1 | quiet | tee -a "$OUT/profile_$m.txt"
     # the engine against llama-batched-bench, alternating, 3 runs a side
-    for ds in on off; do
+    for ds in $SAMPLING; do
       timeout 200 python3 benches/decode_throughput.py --model "$m" --backend cuda $GPU \
         --streams "$STREAMS" --pp 128 --tg 256 --repeat 3 --device-sampling $ds \
         --out "$OUT/decode_${m}_sampling_$ds.json" 2>&1 | quiet | tee -a "$OUT/log.txt"
@@ -55,6 +57,9 @@ for m in $MODELS; do
       | tee -a "$OUT/log.txt"
     timeout 200 python3 benches/overhead.py --model "$m" --backend cuda $GPU --repeat 3 \
       --out "$OUT/overhead_$m.json" 2>&1 | quiet | tee -a "$OUT/log.txt"
+    # one stream alone for a minute a path: the longest gap against the median
+    timeout 280 python3 benches/lone_stream.py --model "$m" $GPU --seconds 60 \
+      --out "$OUT/lone_stream_$m.json" 2>&1 | quiet | tee -a "$OUT/log.txt"
   fi
 done
 ls -la "$OUT"
