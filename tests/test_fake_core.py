@@ -24,6 +24,7 @@ from uma.errors import (
     InvalidTokenError,
     NoKVSlotError,
 )
+from uma.output import TOKEN
 from uma.testing import fake_core as fc
 
 STUB = Path(__file__).resolve().parents[1] / "src" / "uma" / "_core.pyi"  # the real surface
@@ -619,3 +620,16 @@ def test_chat_messages_and_from_config_on_the_fake_core():
         assert result.token_ids == e.generate(prompt, max_tokens=4).token_ids
         with pytest.raises(InvalidRequestError):
             e.chat([{"role": "user"}])
+
+
+def test_overlapped_ticks_hand_a_token_on_with_the_next_decode_but_a_first_token_at_once():
+    pending = []  # the events waiting in the executor as each decode starts
+    with make_engine(overlap="on") as e:
+        assert e.wait_ready(TIMEOUT)
+        e.ctx.before_decode = lambda batch: pending.append(
+            [event[0] for event in e._executor._outbox])
+        result = e.generate(PROMPTS[1], max_tokens=6, ignore_eos=True)
+    assert len(result.token_ids) == 6
+    # the prompt's decode; the first token's (handed on at once); then each later token's,
+    # handed on once the decode after it is under way; the last goes with the request's end
+    assert pending == [[], [], [TOKEN], [TOKEN], [TOKEN], [TOKEN]]

@@ -17,6 +17,9 @@ MODELS=${MODELS:-1b}
 STREAMS=${STREAMS:-1,8,32}
 PART=${PART:-engine}
 SAMPLING=${SAMPLING:-on off}  # the engine's device_sampling in decode_throughput, in turn
+SERVED=${SERVED:-scaling overhead lone}  # the served part's benchmarks
+LONE_PATHS=${LONE_PATHS:-engine,socket,http}
+LONE_SECONDS=${LONE_SECONDS:-60}
 
 if [ ! -f third_party/llama.cpp/CMakeLists.txt ]; then
   mkdir -p third_party/llama.cpp && tar -xf .device/llama-src.tar.* -C third_party/llama.cpp
@@ -52,13 +55,14 @@ for m in $MODELS; do
     done
   else
     # served: streams over HTTP/SSE against llama-server, then one stream's TTFT and CPU
-    timeout 300 python3 benches/decode_scaling.py --model "$m" --backend cuda $GPU \
+    [[ $SERVED == *scaling* ]] && timeout 300 python3 benches/decode_scaling.py --model "$m" --backend cuda $GPU \
       --streams "$STREAMS" --tokens 256 --out "$OUT/decode_scaling_$m" 2>&1 | quiet \
       | tee -a "$OUT/log.txt"
-    timeout 200 python3 benches/overhead.py --model "$m" --backend cuda $GPU --repeat 3 \
+    [[ $SERVED == *overhead* ]] && timeout 200 python3 benches/overhead.py --model "$m" --backend cuda $GPU --repeat 3 \
       --out "$OUT/overhead_$m.json" 2>&1 | quiet | tee -a "$OUT/log.txt"
     # one stream alone for a minute a path: the longest gap against the median
-    timeout 280 python3 benches/lone_stream.py --model "$m" $GPU --seconds 60 \
+    [[ $SERVED == *lone* ]] && timeout 280 python3 benches/lone_stream.py --model "$m" $GPU \
+      --seconds "$LONE_SECONDS" --paths "$LONE_PATHS" \
       --out "$OUT/lone_stream_$m.json" 2>&1 | quiet | tee -a "$OUT/log.txt"
   fi
 done

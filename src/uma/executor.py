@@ -86,6 +86,7 @@ class Executor:
         self._latencies: list[tuple[Priority, float, bool]] = []  # (class, ms, first token)
         self._due: TickReport | None = None
         self._n_new_tokens = 0
+        self._first_token = False  # this tick sampled some request's first token
         self.on_device = np.zeros(ctx.n_seq_max, dtype=bool)  # by sequence: sampled there
         self.n_ctx_seq = ctx.n_ctx_seq
         self.eog = frozenset(int(t) for t in self.model.eog_tokens())
@@ -554,12 +555,16 @@ class Executor:
                     self.fail(req, exc)
         self._memory = ran.plan.memory
         self._due = self._report(ran)
-        if not self.overlap or not self.running:  # nothing to overlap it with
+        # A first token goes out at once, not with the next decode: time to first token is
+        # what a client waits on, and it comes once a request.
+        if not self.overlap or not self.running or self._first_token:
             self._flush()
+        self._first_token = False
 
     def _accept(self, req: Request, token: int, logprob: float | None, now: int) -> None:
         if req.first_token_ns == 0:
             req.first_token_ns = now
+            self._first_token = True
             self._latencies.append((req.priority, (now - req.arrival_ns) / 1e6, True))
         elif req.last_token_ns:
             self._latencies.append((req.priority, (now - req.last_token_ns) / 1e6, False))
