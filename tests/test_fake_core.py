@@ -633,3 +633,32 @@ def test_overlapped_ticks_hand_a_token_on_with_the_next_decode_but_a_first_token
     # the prompt's decode; the first token's (handed on at once); then each later token's,
     # handed on once the decode after it is under way; the last goes with the request's end
     assert pending == [[], [], [TOKEN], [TOKEN], [TOKEN], [TOKEN]]
+
+
+def test_overlapped_ticks_run_a_steady_plan_again_without_asking_the_policy():
+    """Interactive decoders alone, nothing queued: the policy is asked again only when the
+    running set changes. A background request makes it plan every tick."""
+    for priority, steady in (("interactive", True), ("background", False)):
+        with make_engine(overlap="on") as e:
+            assert e.wait_ready(TIMEOUT)
+            ex = e._executor
+            asked = []
+
+            class Counting:  # the policy is frozen: count its plans through a proxy
+                def __getattr__(self, name, policy=ex.policy):
+                    return getattr(policy, name)
+
+                def schedule_tick(self, state, policy=ex.policy, asked=asked):
+                    asked.append(state.tick)
+                    return policy.schedule_tick(state)
+
+            ex.policy = Counting()
+            handles = [e.submit(p, max_tokens=40, ignore_eos=True, priority=priority)
+                       for p in PROMPTS[:2]]
+            results = [h.result(TIMEOUT) for h in handles]
+            ticks = e.snapshot()["ticks_total"]
+        assert all(len(r.token_ids) == 40 for r in results)
+        if steady:
+            assert len(asked) <= 6 < ticks - 30
+        else:
+            assert len(asked) >= 40
