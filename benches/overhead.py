@@ -50,6 +50,7 @@ class Run:
     prompt_tokens: int
     server_cpu_s: float
     client_cpu_s: float
+    server_ttft_ms: float = float("nan")  # the daemon's own, where the path reports it
 
     @property
     def cpu_ms_per_token(self) -> float:
@@ -69,12 +70,13 @@ def measured(side: str, pid: int, stream: Callable[[], Stream]) -> Run:
     gen_s = s.times[-1] - s.times[0]
     n = s.completion_tokens
     return Run(side, 1e3 * s.ttft_s, (n - 1) / gen_s if gen_s > 0 else float("nan"), n,
-               s.prompt_tokens, server1 - server0, client1 - client0)
+               s.prompt_tokens, server1 - server0, client1 - client0, s.server_ttft_ms)
 
 
 def median_row(runs: list[Run]) -> dict:
     return {
         "ttft_ms": statistics.median(r.ttft_ms for r in runs),
+        "server_ttft_ms": statistics.median(r.server_ttft_ms for r in runs),
         "tokens_per_s": statistics.median(r.tokens_per_s for r in runs),
         "cpu_ms_per_token": statistics.median(r.cpu_ms_per_token for r in runs),
         "server_cpu_ms_per_token": statistics.median(1e3 * r.server_cpu_s / r.tokens
@@ -133,6 +135,9 @@ def main() -> int:
               f"{r['client_cpu_ms_per_token']:8.3f} "
               f"{100 * (r['ttft_ms'] / base['ttft_ms'] - 1):+12.1f}% "
               f"{100 * (r['cpu_ms_per_token'] / base['cpu_ms_per_token'] - 1):+11.1f}%")
+    inside = rows["uma socket"]["server_ttft_ms"]
+    print(f"uma socket: {inside:.2f} ms of its TTFT inside the daemon (arrival to first token "
+          f"sampled), {rows['uma socket']['ttft_ms'] - inside:.2f} ms in transport and client")
     report = {
         "model": str(model), "threads": ns.threads, "max_tokens": ns.max_tokens,
         "repeat": ns.repeat, "ctx": ns.ctx, "machine": platform.machine(),

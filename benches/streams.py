@@ -40,6 +40,7 @@ class Stream:
     completion_tokens: int = 0
     prompt_tokens: int = 0
     label: str = ""
+    server_ttft_ms: float = float("nan")  # the daemon's own (arrival to first token), socket
 
     @property
     def ttft_s(self) -> float:
@@ -86,8 +87,10 @@ def socket_completion(path: str, prompt: str, *, label: str = "", **params) -> S
         for event in events:
             if event.token_ids:
                 s.times.append(time.perf_counter())
-        usage = events.result().usage
+        result = events.result()
+    usage = result.usage
     s.completion_tokens, s.prompt_tokens = usage.completion_tokens, usage.prompt_tokens
+    s.server_ttft_ms = result.timings.ttft_ms
     return s
 
 

@@ -12,6 +12,7 @@ requests get the grace period).
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -138,6 +139,12 @@ def serve(conf: Settings, say=None) -> int:
         signal.signal(sig, stop)
     if stopping.is_set():  # a signal between the last check and here
         stop()
+    # Everything start-up made (modules, the model's metadata, the HTTP stack) lives as long
+    # as the daemon. Frozen out of the collector's sight, a full collection walks only what
+    # serving allocates, not the ~41,000 start-up objects (a 10 ms pause on this project's
+    # 2-core CPU, taken on whichever thread allocates, the compute thread's included).
+    gc.collect()
+    gc.freeze()
     where = conf.server.socket + (f" and {gateway.url}" if gateway is not None else "")
     say(f"uma: serving {name} on {where} (ctx {engine.ctx.n_ctx}, "
         f"parallel {conf.engine.n_seq_max}, backends {','.join(_core.backends())}, "
