@@ -169,3 +169,23 @@ def test_bad_slots_and_shapes_are_rejected(sampler, row):
         sampler.sample_array(row[None], [9])
     with pytest.raises(InvalidRequestError):
         sampler.sample_array(row[:10][None], [0])
+
+
+@pytest.mark.parametrize("n_vocab", [7, 1024, 5000, 128256])
+def test_greedy_takes_the_first_of_equal_maxima_across_blocks_and_never_a_nan(n_vocab):
+    s = _core.Sampler(1, n_vocab, 1)
+    try:
+        rng = np.random.default_rng(n_vocab)
+        for _ in range(20):
+            row = rng.normal(size=n_vocab).astype(np.float32)
+            picks = np.sort(rng.choice(n_vocab, size=min(3, n_vocab), replace=False))
+            row[picks] = row.max() + 1.0  # ties, often in different 1024-logit blocks
+            row[rng.choice(n_vocab, size=n_vocab // 7, replace=False)] = np.nan
+            best = np.nanmax(row)
+            expected = int(np.flatnonzero(row == best)[0])
+            assert s.sample_array(row[None], [0])[0] == expected
+        last = np.zeros(n_vocab, np.float32)
+        last[-1] = 1.0  # the maximum in the last, partial block
+        assert s.sample_array(last[None], [0])[0] == n_vocab - 1
+    finally:
+        s.close()

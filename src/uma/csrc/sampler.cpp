@@ -14,23 +14,43 @@ inline bool before(const Candidate & a, const Candidate & b) {
     return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
 }
 
-// Two passes: the maximum in eight independent lanes (which compilers vectorise, unlike a
-// running arg-max), then the first index holding it. NaNs never win; an all-NaN row gives 0.
-inline int32_t argmax(const float * row, int32_t n) {
+// The maximum of a block in eight independent lanes, which compilers vectorise (a running
+// arg-max they do not). NaNs never win.
+inline float block_max(const float * x, int32_t n) {
     constexpr int32_t kLanes = 8;
     float lanes[kLanes];
     for (float & l : lanes) l = -std::numeric_limits<float>::infinity();
     int32_t i = 0;
     for (; i + kLanes <= n; i += kLanes) {
-        for (int32_t k = 0; k < kLanes; ++k) lanes[k] = row[i + k] > lanes[k] ? row[i + k] : lanes[k];
+        for (int32_t k = 0; k < kLanes; ++k) lanes[k] = x[i + k] > lanes[k] ? x[i + k] : lanes[k];
     }
     float m = lanes[0];
     for (int32_t k = 1; k < kLanes; ++k) m = lanes[k] > m ? lanes[k] : m;
-    for (; i < n; ++i) m = row[i] > m ? row[i] : m;
-    for (i = 0; i < n; ++i) {
-        if (row[i] == m) return i;
+    for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+// The first index of the row's maximum in one pass over it: block maxima (vectorised), the
+// first block holding the largest, then a scan of that block alone. Scanning the whole row
+// again for the index made greedy sampling 5x slower than numpy's arg-max (32 rows of a
+// 128k vocabulary: 1.4 ms against 0.28 on one core). An all-NaN row gives 0.
+inline int32_t argmax(const float * row, int32_t n) {
+    constexpr int32_t kBlock = 1024;  // 4 KB: the rescan stays in L1
+    float best = -std::numeric_limits<float>::infinity();
+    int32_t best_block = -1;
+    for (int32_t b = 0; b < n; b += kBlock) {
+        const float m = block_max(row + b, std::min(kBlock, n - b));
+        if (m > best) {
+            best = m;
+            best_block = b;
+        }
     }
-    return 0;
+    if (best_block < 0) return 0;
+    const int32_t end = std::min(best_block + kBlock, n);
+    for (int32_t i = best_block; i < end; ++i) {
+        if (row[i] == best) return i;
+    }
+    return best_block;
 }
 
 // log softmax of one entry, over the raw row: the model's own belief in the token.
