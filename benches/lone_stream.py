@@ -26,6 +26,7 @@ import uma  # noqa: E402
 from servers import uma_server  # noqa: E402
 from streams import socket_completion, sse_completion  # noqa: E402
 from uma import synth  # noqa: E402
+from uma.client import Client  # noqa: E402
 
 PROMPT = "Tell a long story about a lighthouse keeper."
 
@@ -108,6 +109,12 @@ def main() -> int:
             if "socket" in paths:
                 s = socket_completion(server.socket, PROMPT, max_tokens=tokens, ignore_eos=True)
                 report["socket"] = gaps_report(s.times, None)
+                # the daemon's own inter-token gaps (sampled to sampled): a long gap seen by
+                # the client but not here was the transport's
+                with Client(server.socket) as client:
+                    itl = client.metrics()["inter_token_ms_interactive"]
+                report["socket"]["daemon_itl"] = {k: itl[k] for k in ("p50", "p99", "max")
+                                                  if k in itl}
                 print("socket", json.dumps(report["socket"]), flush=True)
             if "http" in paths:
                 s = sse_completion(server.port, {**body, "temperature": 0}, timeout=600)

@@ -1,8 +1,11 @@
 """The executor: calibration before serving (on the real core) and its tick spread."""
 
+import numpy as np
+import pytest
+
 import uma
 from uma.sched.cost import CostEstimate
-from uma.tick_stats import TickSpread
+from uma.tick_stats import TickSpread, p95
 
 
 def test_calibration_prices_ticks_at_what_the_device_charges_and_leaves_the_cache_empty(
@@ -39,6 +42,13 @@ def test_tick_spread_reports_the_p95_of_recent_ratios_every_16_samples():
     assert spread.decode == 1.0 and spread.alone == 1.0
     assert spread.alone_sorted == (1.0,) * 64  # the window behind it, for policies' tails
 
+
+
+def test_the_spreads_p95_is_numpys_without_numpys_first_call():
+    rng = np.random.default_rng(3)
+    for n in (1, 2, 32, 63, 256):
+        values = rng.lognormal(size=n).tolist()
+        assert p95(sorted(values)) == pytest.approx(float(np.percentile(values, 95)))
 
 
 def test_tick_spread_keeps_background_prompt_ticks_apart_from_decode_ticks():

@@ -10,8 +10,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from uma.metrics import LoadMeter, Registry
 from uma.priority import Priority
 from uma.sched.cost import CostModel
@@ -119,9 +117,21 @@ class TickSpread:
         values.append(value)
         self._added[name] += 1
         if len(values) >= 2 * self.EVERY and self._added[name] % self.EVERY == 0:
-            setattr(self, name, max(1.0, float(np.percentile(values, 95))))
+            ordered = sorted(values)
+            setattr(self, name, max(1.0, p95(ordered)))
             if name == "alone":
-                self.alone_sorted = tuple(sorted(values))
+                self.alone_sorted = tuple(ordered)
+
+
+def p95(ordered: list[float]) -> float:
+    """The 95th percentile of sorted values, interpolated between the two nearest (numpy's
+    default). Not numpy.percentile: its first call in a process took 7 ms on a 2-core CPU and
+    52-82 ms on an H100 host, a stall in the 32nd tick of a fresh daemon's first stream;
+    a sort of 256 floats takes microseconds."""
+    pos = 0.95 * (len(ordered) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (pos - lo) * (ordered[hi] - ordered[lo])
 
 
 class TickStats:
