@@ -61,7 +61,7 @@ for m in $MODELS; do
     [[ $SERVED == *overhead* ]] && timeout 200 python3 benches/overhead.py --model "$m" --backend cuda $GPU --repeat 3 \
       --out "$OUT/overhead_$m.json" 2>&1 | quiet | tee -a "$OUT/log.txt"
     # one stream alone for a minute a path: the longest gap against the median
-    [[ $SERVED == *lone* ]] && timeout 280 python3 benches/lone_stream.py --model "$m" $GPU \
+    [[ $SERVED == *lone* ]] && timeout 280 python3 benches/lone_stream.py --model "$m" --backend cuda $GPU \
       --seconds "$LONE_SECONDS" --paths "$LONE_PATHS" \
       --out "$OUT/lone_stream_$m.json" 2>&1 | quiet | tee -a "$OUT/log.txt"
   fi
