@@ -256,6 +256,15 @@ def test_what_the_device_cannot_sample_stays_on_the_host(tiny_path, alone):
         assert drawn[0].token_ids == drawn[1].token_ids != alone[p].token_ids[:12]
 
 
+def test_a_top_p_too_small_for_the_samplers_floats_keeps_the_top_token(engine):
+    """5e-324 passes as a double but is 0 as the samplers' 32-bit float (which they refuse):
+    it keeps the most probable token alone, as any tiny top_p does."""
+    greedy = engine.generate("seeded sampling", max_tokens=12, ignore_eos=True)
+    tiny = engine.generate("seeded sampling", max_tokens=12, ignore_eos=True,
+                           temperature=1.0, top_p=5e-324, seed=5)
+    assert tiny.finish_reason == "length" and tiny.token_ids == greedy.token_ids
+
+
 @pytest.mark.parametrize(
     ("prompt", "options", "match"),
     [

@@ -19,6 +19,7 @@ from uma.errors import InvalidRequestError
 # A value checked only as a 64-bit float (temperature 1e308) became inf in the sampler.
 MAX_TEMPERATURE = 100.0  # far past the point where sampling is uniform noise
 GREEDY_BELOW = 1e-5  # a temperature this low is greedy decoding (1/temperature stays finite)
+FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal 32-bit float
 REPEAT_PENALTY_RANGE = (0.01, 100.0)
 MAX_PENALTY_LAST_N = 1 << 20
 _INT32_LIMIT = 1 << 31
@@ -124,7 +125,7 @@ class SamplingParams:
         """The fields uma._core.Context.set_sampler takes."""
         greedy = self.temperature < GREEDY_BELOW
         return DeviceOptions(temperature=0.0 if greedy else self.temperature, top_k=self.top_k,
-                             top_p=self.top_p, min_p=self.min_p, seed=self.seed)
+                             top_p=self._top_p32, min_p=self.min_p, seed=self.seed)
 
     def sampler_options(self) -> dict[str, float | int]:
         """The fields the native sampler takes (uma._core.Sampler.configure). A temperature
@@ -132,7 +133,15 @@ class SamplingParams:
         options = {name: getattr(self, name) for name in _SAMPLER_OPTIONS}
         if self.temperature < GREEDY_BELOW:
             options["temperature"] = 0.0
+        options["top_p"] = self._top_p32
         return options
+
+    @property
+    def _top_p32(self) -> float:
+        """top_p as the samplers' 32-bit float can hold it: a top_p below its smallest normal
+        (5e-324 passes as a double) would become 0, which they refuse; the smallest normal
+        keeps the meaning, the most probable token alone."""
+        return max(self.top_p, FLOAT32_TINY)
 
 
 class DeviceOptions(TypedDict):

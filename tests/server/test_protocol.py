@@ -57,6 +57,18 @@ def test_generate_with_prompt_and_defaults():
         req.id = "other"  # type: ignore[misc]
 
 
+def test_short_prompts_are_submitted_on_the_io_thread_long_ones_by_a_worker():
+    limits = RequestLimits(max_prompt_bytes=1 << 20)
+    n = p.QUICK_PROMPT_CHARS
+    assert parse(gen(prompt="x" * n), limits).quick_to_submit
+    assert not parse(gen(prompt="x" * (n + 1)), limits).quick_to_submit
+    half = [{"role": "user", "content": "y" * (n // 2)}] * 2
+    assert parse(gen(prompt=None, messages=half), limits).quick_to_submit
+    assert not parse(gen(prompt=None, messages=[*half, {"role": "user", "content": "z"}]),
+                     limits).quick_to_submit
+    assert parse(gen(prompt=None, tokens=[1, 2, 3])).quick_to_submit
+
+
 def test_generate_with_every_option():
     req = parse(gen(
         max_tokens=32, temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, repeat_penalty=1.1,

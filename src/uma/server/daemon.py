@@ -345,10 +345,14 @@ class Daemon:
                 f"at most {self.config.max_inflight} requests in flight per connection"))
             return
         conn.requests[req.id] = _Entry(req.stream)
-        self._submitter.submit(self._submit, conn, req)
+        if req.quick_to_submit:
+            self._submit(conn, req)
+        else:
+            self._submitter.submit(self._submit, conn, req)
 
     def _submit(self, conn: _Connection, req: P.GenerateRequest) -> None:
-        """On the submit pool: tokenise and queue; the result goes back through _ready."""
+        """On the submit pool (or here, for a short prompt): tokenise and queue; the result
+        goes back through _ready."""
         try:
             handle = self.engine.submit(req.engine_prompt, req.params, priority=req.priority)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an error event

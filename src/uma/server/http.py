@@ -119,8 +119,13 @@ class _Api:
                                         default_priority=_header_priority(request))
             gen = api_req.generate
             try:
-                handle = await asyncio.to_thread(
-                    self.engine.submit, gen.engine_prompt, gen.params, priority=gen.priority)
+                if gen.quick_to_submit:
+                    handle = self.engine.submit(gen.engine_prompt, gen.params,
+                                                priority=gen.priority)
+                else:
+                    handle = await asyncio.to_thread(
+                        self.engine.submit, gen.engine_prompt, gen.params,
+                        priority=gen.priority)
             except Exception as exc:  # noqa: BLE001 - each one has its HTTP answer
                 raise error_for(exc) from exc
         except ApiError:
