@@ -554,6 +554,33 @@ def test_http_and_socket_clients_share_the_model(tiny_path, model):
         assert "uma: stopped\n" in d.stderr
 
 
+def test_the_gpu_modes_serve_the_engines_greedy_tokens_on_both_doors(tiny_path):
+    """Overlapped ticks and device sampling (the defaults on a GPU), forced on here: the same
+    greedy tokens over the socket and over HTTP as in process with neither. One request at a
+    time, so every path decodes the same batch shapes."""
+    prompts = ["Hello", "The quick brown fox", "def main():"]
+    with Engine(tiny_path, n_ctx=2048, n_seq_max=2, n_threads=THREADS, overlap="off",
+                device_sampling="off") as e:
+        alone = {p: e.generate(p, max_tokens=16, ignore_eos=True).token_ids for p in prompts}
+    with testing.run_daemon(tiny_path, "--http", "127.0.0.1:0", "--api-key", KEY,
+                            "--parallel", "2", "--ctx", "2048", "--threads", str(THREADS),
+                            "--overlap", "on", "--device-sampling", "on") as d:
+        url = re.search(r"http://[\d.]+:\d+", "".join(d.stderr)).group(0)
+        for p in prompts:
+            with Client(d.socket) as c:
+                over_socket = c.generate(p, max_tokens=16, ignore_eos=True)
+            assert over_socket.token_ids == alone[p]
+            r = httpx.post(f"{url}/v1/completions", timeout=60,
+                           headers={"Authorization": f"Bearer {KEY}"},
+                           json={"prompt": p, "max_tokens": 16, "ignore_eos": True,
+                                 "stream": True, "stream_options": {"include_usage": True}})
+            chunks = [json.loads(line[6:]) for line in r.text.splitlines()
+                      if line.startswith("data: {")]
+            text = "".join(ch["choices"][0]["text"] for ch in chunks if ch["choices"])
+            assert chunks[-1]["usage"]["completion_tokens"] == 16
+            assert text == over_socket.text
+
+
 def test_public_bind_needs_a_key_or_allow_public(tmp_path, tiny_path):
     base = {"model": "m.gguf", "socket": "/tmp/s"}
     with pytest.raises(InvalidRequestError, match="allow-public"):
