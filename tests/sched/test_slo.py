@@ -431,3 +431,17 @@ def test_background_prompt_ticks_that_stray_further_are_planned_further_under_th
     # each up to its line, one more token (under 5 ms here) would cross it
     assert target - 5 < predicted[0] <= target
     assert target / 1.3 - 5 < predicted[1] <= target / 1.3
+
+
+def test_lone_background_work_moves_whatever_a_mispriced_model_predicts():
+    """A cost model that learned a 191 ms step on an overloaded CPU priced every tick past the
+    idle budget: a lone background prompt or decoder was never planned, no tick ran to
+    correct the model, and the compute thread spun on empty plans. With nothing else in the
+    tick there is no one to protect: they go in."""
+    inflated = dataclasses.replace(COST, fixed_ms=191.0)
+    policy = SloPolicy()
+    for phase in (Phase.PREFILL, Phase.DECODE):
+        lone = session(0, BG, phase, prompt=4)
+        snapshot = dataclasses.replace(state([lone]), cost=inflated)
+        plan = policy.schedule_tick(snapshot)
+        assert [i.seq_id for i in plan.items] == [0], phase

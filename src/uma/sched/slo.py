@@ -447,7 +447,11 @@ def qos_decoders(policy: SloPolicy, state: SchedulerState, d: Lanes, b: Budget) 
     for s in candidates:
         trial = served + [s]
         tick_ms = cost.predict(0, len(trial), decode_kv(trial))
-        if tick_ms > b.budget_ms and not policy._starving(mem):
+        # The first decoder of a tick goes in whatever the prediction says: with nobody else
+        # in the tick there is no one to protect, and a cost model that had learned a 191 ms
+        # step on an overloaded CPU parked a lone background request for good (no tick ran
+        # to correct it; the compute thread spun on empty plans).
+        if tick_ms > b.budget_ms and served and not policy._starving(mem):
             extra = tick_ms - cost.predict(0, len(served), decode_kv(served))
             if extra > owed:
                 break
@@ -576,6 +580,10 @@ def prompt_chunks(policy: SloPolicy, state: SchedulerState, d: Lanes, a: Allowan
     inter_waiting = len(back) < len(a.waiting)
     used = sum(i.n_tokens for i in f.items)
     rescue_ms = None if a.rescue_ms is None else a.rescue_ms - f.ms
+    if rescue_ms is None and not f.items and a.room == state.n_batch:
+        # Nothing else in the tick: a background prompt moves whatever the cost model
+        # predicts (as a starving one does), or a mispriced model stalls it for good.
+        rescue_ms = a.spare_ms
 
     def spend(extra_ms: float) -> list[BatchItem]:
         total_ms = a.spare_ms + extra_ms
