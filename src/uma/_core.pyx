@@ -52,6 +52,11 @@ def backends():
     return tuple((<bytes>UMA_BACKENDS).decode().split(","))
 
 
+def max_parallel_sequences():
+    """The most sequences one context may hold (llama.cpp's LLAMA_MAX_SEQ)."""
+    return L.llama_max_parallel_sequences()
+
+
 def system_info():
     """llama.cpp's description of the CPU features and backends in use."""
     return (<bytes>L.llama_print_system_info()).decode(errors="replace")

@@ -130,6 +130,8 @@ def run(
     flash_attn: str | None = _opt("flash_attn"),
     device_sampling: str | None = _opt("device_sampling"),
     overlap: str | None = _opt("overlap"),
+    prefix_cache: int | None = _opt("prefix_cache"),
+    prefix_cache_tokens: int | None = _opt("prefix_cache_tokens"),
     policy: str | None = _opt("policy"),
     tick_ms: float | None = _opt("tick_ms"),
     latency_cap: float | None = _opt("latency_cap"),

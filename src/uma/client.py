@@ -160,7 +160,8 @@ class _Stream:
             token_ids=tuple(eos.get("token_ids") or self._token_ids),
             finish_reason=eos["reason"],
             usage=Usage(int(usage.get("prompt_tokens") or 0),
-                        int(usage.get("completion_tokens") or 0)),
+                        int(usage.get("completion_tokens") or 0),
+                        int(usage.get("cached_tokens") or 0)),
             timings=Timings(
                 admitted_ns=int(timings.get("admitted_ns") or 0),
                 queue_ms=_number(timings, "queue_ms"), ttft_ms=_number(timings, "ttft_ms"),

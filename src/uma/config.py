@@ -99,6 +99,7 @@ class SamplingParams:
     stop: tuple[str, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
     logprobs: bool = False
+    cache_prompt: bool = True  # reuse a cached prefix of the prompt (llama-server's name)
 
     def __post_init__(self) -> None:
         check_sampling(**{name: getattr(self, name) for name in _SAMPLER_OPTIONS})
@@ -110,7 +111,7 @@ class SamplingParams:
         if any(s == "" for s in stop):
             raise InvalidRequestError("stop strings must not be empty")
         object.__setattr__(self, "stop", tuple(stop))
-        for name in ("ignore_eos", "logprobs"):
+        for name in ("ignore_eos", "logprobs", "cache_prompt"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidRequestError(f"{name} must be a boolean")
 
@@ -187,6 +188,11 @@ class EngineConfig:
     tick_budget_ms: float | None = None  # slo: a fixed tick budget instead of the cap
     bmt_budget_gbps: float | None = None  # memory bandwidth for ticks; None: probe on CPU, 0: off
     max_queue: int = 1024  # requests waiting beyond this are refused
+    # prefix cache: finished requests' KV kept for prompts that start the same (0: off; needs
+    # kv_unified), in at most this many spare sequences and prefix_cache_tokens tokens (None:
+    # half the context)
+    prefix_cache: int = 8
+    prefix_cache_tokens: int | None = None
     # slo: the scheduling policy's knobs given, as (name, value) pairs (hashable, so the config
     # stays frozen; a dict is taken too); the rest keep SloPolicy's defaults (uma.sched.knobs)
     slo: tuple[tuple[str, float | int | bool], ...] = ()
@@ -231,6 +237,13 @@ class EngineConfig:
         if self.bmt_budget_gbps is not None and _number(
                 "bmt_budget_gbps", self.bmt_budget_gbps) < 0:
             raise InvalidRequestError(f"bmt_budget_gbps must be >= 0, not {self.bmt_budget_gbps}")
+        if not 0 <= _integer("prefix_cache", self.prefix_cache) <= 64:
+            raise InvalidRequestError(
+                f"prefix_cache must be in [0, 64] (0: off), not {self.prefix_cache}")
+        if self.prefix_cache_tokens is not None and not 0 <= _integer(
+                "prefix_cache_tokens", self.prefix_cache_tokens) < _INT32_LIMIT:
+            raise InvalidRequestError(
+                f"prefix_cache_tokens must be in [0, 2**31), not {self.prefix_cache_tokens}")
         if self.policy not in ("slo", "baseline"):
             raise InvalidRequestError(f"policy must be 'slo' or 'baseline', not {self.policy!r}")
         # Imported here: uma.sched.knobs reads SloPolicy, whose module imports this one.

@@ -36,6 +36,7 @@ from uma.executor import Executor
 from uma.handle import RequestHandle, Result
 from uma.metrics import Registry
 from uma.output import OutputStage
+from uma.prefix_cache import KvPrefixCache
 from uma.priority import Priority
 from uma.request import Request
 from uma.sched.bmt import BmtModel, probe_bandwidth_gbps
@@ -105,7 +106,8 @@ class Engine:
         try:
             self.ctx = core.Context(
                 self.model, n_ctx=config.n_ctx, n_batch=config.n_batch, n_ubatch=config.n_ubatch,
-                n_seq_max=config.n_seq_max, kv_unified=config.kv_unified, type_k=config.type_k,
+                n_seq_max=config.n_seq_max + self._cache_seqs(config, core),
+                kv_unified=config.kv_unified, type_k=config.type_k,
                 type_v=config.type_v, flash_attn=config.flash_attn, n_threads=config.n_threads,
                 n_threads_batch=config.n_threads_batch)
         except BaseException:
@@ -114,7 +116,12 @@ class Engine:
         self.n_ctx_seq = self.ctx.n_ctx_seq
         self._output = OutputStage(self.model, on_stop=self._poke)
         policy = create_policy(config.policy, config)
+        spare = range(config.n_seq_max, self.ctx.n_seq_max)
+        budget = (self.ctx.n_ctx // 2 if config.prefix_cache_tokens is None
+                  else config.prefix_cache_tokens)
+        prefix = KvPrefixCache(self.ctx, spare, budget) if spare and budget else None
         self._executor = Executor(self.ctx, policy, self._output, self.metrics, core,
+                                  n_running=config.n_seq_max, prefix=prefix,
                                   bmt=BmtModel.of(self.model, config.type_k),
                                   bmt_budget_gbps=self._bandwidth(config, core),
                                   device_sampling=self._device_sampling(config, core),
@@ -136,6 +143,17 @@ class Engine:
         if core.backends() == ("cpu",) or config.n_gpu_layers == 0:
             return probe_bandwidth_gbps()
         return 0.0
+
+    @staticmethod
+    def _cache_seqs(config: EngineConfig, core: ModuleType) -> int:
+        """Spare sequences for the prefix cache: with one KV buffer for all sequences a cached
+        prefix shares its cells with the request that made it and with those that reuse it.
+        With a buffer per sequence each spare one would take its share of the context from
+        the requests, so the cache is off there."""
+        if not config.kv_unified or config.prefix_cache_tokens == 0:
+            return 0
+        room = int(core.max_parallel_sequences()) - config.n_seq_max
+        return max(0, min(config.prefix_cache, room))
 
     @classmethod
     def _device_sampling(cls, config: EngineConfig, core: ModuleType) -> bool:

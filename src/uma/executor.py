@@ -35,6 +35,7 @@ from uma.calibration import DeviceTiming
 from uma.errors import DecodeAbortedError, NoKVSlotError, UmaError
 from uma.metrics import LoadMeter, Registry
 from uma.output import END, TOKEN, Event, OutputStage
+from uma.prefix_cache import KvPrefixCache
 from uma.request import Request
 from uma.sched.bmt import BmtModel
 from uma.sched.cost import CostModel, attended
@@ -66,12 +67,15 @@ class Executor:
     def __init__(self, ctx: _core.Context, policy: BatchPolicy, output: OutputStage,
                  metrics: Registry, core: ModuleType, bmt: BmtModel | None = None,
                  bmt_budget_gbps: float = 0.0, device_sampling: bool = False,
-                 overlap: bool = False) -> None:
+                 overlap: bool = False, n_running: int | None = None,
+                 prefix: KvPrefixCache | None = None) -> None:
         """core: the module whose Batch and Sampler go with ctx (uma._core, or a stand-in).
         device_sampling: sample on the device the rows of requests whose options it can
         compute (Context.set_sampler); the host sampler takes the others.
         overlap: publish a tick's tokens and statistics while the device runs the next
-        decode (for devices whose decode call returns once the work is queued: GPUs)."""
+        decode (for devices whose decode call returns once the work is queued: GPUs).
+        n_running: sequences for requests (the first ones; default all); prefix: the prefix
+        cache, which holds the context's other sequences."""
         self.ctx = ctx
         self.model = ctx.model
         self.policy = policy
@@ -100,7 +104,9 @@ class Executor:
         # contiguous range. With per-sequence KV (kv_unified=False) llama.cpp computes attention
         # over every stream from the lowest to the highest id in a batch: three decoders on
         # streams 0, 1, 3 took 14.9 ms a step against 9.0 ms on 0, 1, 2 (134M, 2 CPU threads).
-        self.free_seqs = list(range(ctx.n_seq_max))  # a heap
+        self.n_running = ctx.n_seq_max if n_running is None else n_running
+        self.free_seqs = list(range(self.n_running))  # a heap
+        self.prefix = prefix
         self.waiting: dict[Priority, collections.deque[Request]] = {
             p: collections.deque() for p in Priority}
         self.running: dict[int, Request] = {}
@@ -183,6 +189,8 @@ class Executor:
         """Ends a request: its KV is cleared first, then its result is published."""
         self._changes += 1
         if req.seq_id >= 0:
+            if reason != "error":
+                self._keep(req)
             self.ctx.seq_rm(req.seq_id)
             heapq.heappush(self.free_seqs, req.seq_id)
             del self.running[req.seq_id]
@@ -261,6 +269,7 @@ class Executor:
             req.admitted_ns = req.admitted_ns or time.monotonic_ns()
             self.running[req.seq_id] = req
             try:
+                self._reuse(req)
                 self.sampler.configure(req.seq_id, **req.params.sampler_options())
                 if req.params.repeat_penalty != 1 or req.params.frequency_penalty \
                         or req.params.presence_penalty:
@@ -268,6 +277,28 @@ class Executor:
                 self._route(req)
             except Exception as exc:  # noqa: BLE001 - this request's alone
                 self.fail(req, exc)
+
+    def _reuse(self, req: Request) -> None:
+        """Starts the request's sequence with the longest cached prefix of what it must
+        prefill; only the rest is prefilled."""
+        if self.prefix is None or not req.params.cache_prompt:
+            return
+        n = self.prefix.reuse(req.seq_id, req.tokens)
+        self.m.prefix_lookups.inc()
+        if n:
+            req.n_prefilled = req.n_past = n
+            if req.tokens is req.prompt:  # not a preempted request's own prefill
+                req.cached_tokens = n
+            self.m.prefix_hits.inc()
+            self.m.prefix_tokens.inc(n)
+
+    def _keep(self, req: Request) -> None:
+        """Leaves what the request's sequence holds to the prefix cache."""
+        if self.prefix is None or req.n_past <= 0:
+            return
+        decoded = np.concatenate([req.prompt, np.asarray(req.generated, np.int32)])
+        self.prefix.keep(req.seq_id, decoded[:req.n_past])
+        self.m.prefix_cached.set(self.prefix.tokens)
 
     def _route(self, req: Request) -> None:
         """Picks where the request's rows are sampled. A sequence keeps its device chain
@@ -307,7 +338,7 @@ class Executor:
             sessions=tuple(r.view() for r in self.running.values()),
             n_waiting=sum(len(q) for q in self.waiting.values()),
             n_batch=self.batch.capacity,
-            n_seq_max=self.ctx.n_seq_max,
+            n_seq_max=self.n_running,
             decode_ms_ewma=self.stats.decode_ewma,
             cost=self.cost.estimate,
             tick=self.stats.ticks,
@@ -400,6 +431,9 @@ class Executor:
                     self._flush()
                 break
             except NoKVSlotError:
+                if self.prefix is not None and self.prefix.evict_one():
+                    self.m.prefix_cached.set(self.prefix.tokens)
+                    continue  # the same batch again, with the cache's cells freed
                 self.m.kv_full.inc()
                 plan = self._shed(plan)
                 if not plan.items:
@@ -552,6 +586,7 @@ class Executor:
         its prompt and what it generated so far again, then continue where it stopped."""
         self.m.preempted.inc()
         self._changes += 1
+        self._keep(req)  # its next admission finds its own cells again
         self.ctx.seq_rm(req.seq_id)
         heapq.heappush(self.free_seqs, req.seq_id)
         del self.running[req.seq_id]

@@ -113,6 +113,10 @@ def _int(value) -> int:
 # --- module functions ----------------------------------------------------------------------
 
 
+def max_parallel_sequences() -> int:
+    return _MAX_SEQ
+
+
 def backends() -> tuple[str, ...]:
     """('fake',): not ('cpu',), so the engine does not time host memory bandwidth for its
     ΣBMT budget (a few hundred ms) unless the config asks for n_gpu_layers=0."""

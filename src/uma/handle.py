@@ -31,6 +31,7 @@ class TokenEvent:
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # of the prompt tokens, reused from the prefix cache
 
     @property
     def total_tokens(self) -> int:

@@ -158,7 +158,8 @@ class OutputStage:
         )
         result = Result(
             text="".join(st.parts), token_ids=tuple(st.ids), finish_reason=reason,
-            usage=Usage(req.n_prompt, len(st.ids)), timings=timings, error=error,
+            usage=Usage(req.n_prompt, len(st.ids), req.cached_tokens), timings=timings,
+            error=error,
             logprobs=None if st.logprobs is None else tuple(st.logprobs),
         )
         req.handle._push(result=result)

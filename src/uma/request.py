@@ -14,8 +14,9 @@ class Request:
 
     __slots__ = (
         "rid", "handle", "params", "priority", "prompt", "tokens", "generated", "seq_id",
-        "n_prefilled", "n_past", "n_sampled", "last_token", "arrival_ns", "admitted_ns",
-        "first_token_ns", "last_token_ns", "cancelled", "stop_hit", "failure", "done",
+        "n_prefilled", "n_past", "cached_tokens", "n_sampled", "last_token", "arrival_ns",
+        "admitted_ns", "first_token_ns", "last_token_ns", "cancelled", "stop_hit", "failure",
+        "done",
     )
 
     def __init__(self, rid: int, tokens: np.ndarray, params: SamplingParams,
@@ -30,6 +31,7 @@ class Request:
         self.seq_id = -1  # KV sequence while running
         self.n_prefilled = 0
         self.n_past = 0  # KV positions held
+        self.cached_tokens = 0  # of the prompt, taken from the prefix cache rather than prefilled
         self.n_sampled = 0  # tokens sampled, EOG included
         self.last_token = -1  # the latest sampled token, fed by the next decode step
         self.arrival_ns = now_ns

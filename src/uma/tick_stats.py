@@ -74,6 +74,14 @@ class TickMetrics:
         self.over_budget = reg.counter("ticks_over_budget_total", "ticks longer than budget")
         self.kv_full = reg.counter("kv_full_total", "decodes that found no KV slot")
         self.preempted = reg.counter("preemptions_total", "requests sent back to the queue")
+        self.prefix_lookups = reg.counter("prefix_cache_lookups_total",
+                                          "admissions that looked for a cached prefix")
+        self.prefix_hits = reg.counter("prefix_cache_hits_total",
+                                       "admissions that reused a cached prefix")
+        self.prefix_tokens = reg.counter("prefix_cache_reused_tokens_total",
+                                         "prompt tokens reused instead of prefilled")
+        self.prefix_cached = reg.gauge("prefix_cache_tokens",
+                                       "tokens the prefix cache holds (cells shared included)")
         self.finished = {r: reg.counter(f"requests_{r}_total", f"requests ended: {r}")
                          for r in ("stop", "length", "cancelled", "error")}
         self.ttft = {p: reg.histogram(f"ttft_ms_{p.value}", f"time to first token, {p.value}")

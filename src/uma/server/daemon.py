@@ -408,7 +408,8 @@ class Daemon:
         if r.finish_reason == "error" and r.error is not None:
             return P.error_event(request_id, P.error_code_for(r.error), str(r.error))
         usage = {"prompt_tokens": r.usage.prompt_tokens,
-                 "completion_tokens": r.usage.completion_tokens}
+                 "completion_tokens": r.usage.completion_tokens,
+                 "cached_tokens": r.usage.cached_tokens}
         t = r.timings
         timings = {"queue_ms": t.queue_ms, "ttft_ms": t.ttft_ms, "total_ms": t.total_ms}
         return P.eos_event(request_id, r.finish_reason, usage, timings,

@@ -29,7 +29,8 @@ from uma.server import protocol as P
 # llama-server also takes), and priority: 'interactive' or 'background'.
 _PASSED = (
     "temperature", "top_p", "seed", "frequency_penalty", "presence_penalty",
-    "top_k", "min_p", "repeat_penalty", "penalty_last_n", "ignore_eos", "priority",
+    "top_k", "min_p", "repeat_penalty", "penalty_last_n", "ignore_eos", "cache_prompt",
+    "priority",
 )
 # Leading words of protocol/SamplingParams messages that name a body field.
 _PARAMS = frozenset({*_PASSED, "max_tokens", "stop", "prompt", "messages", "tokens"})
@@ -338,7 +339,8 @@ class ChatFormat(_Format):
 def usage(result: Result) -> dict:
     u = result.usage
     return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
-            "total_tokens": u.total_tokens}
+            "total_tokens": u.total_tokens,
+            "prompt_tokens_details": {"cached_tokens": u.cached_tokens}}
 
 
 def _finite(logprob: float) -> float:

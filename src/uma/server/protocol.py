@@ -203,7 +203,7 @@ _PROMPT_FIELDS = ("prompt", "messages", "tokens")
 _FIELDS = {
     "generate": frozenset({
         "type", "id", *_PROMPT_FIELDS, *_SAMPLER_FIELDS, "max_tokens", "stop", "stream",
-        "priority", "logprobs", "ignore_eos",
+        "priority", "logprobs", "ignore_eos", "cache_prompt",
     }),
     "cancel": frozenset({"type", "id"}),
     "priority": frozenset({"type", "id", "priority"}),
@@ -262,7 +262,7 @@ def _parse_generate(msg: dict, limits: RequestLimits,
     request_id = _id(msg, required=True)
     prompt, messages, tokens = _prompt(msg, limits)
     options = {name: msg[name] for name in _SAMPLER_FIELDS if msg.get(name) is not None}
-    for name in ("logprobs", "ignore_eos"):
+    for name in ("logprobs", "ignore_eos", "cache_prompt"):
         if msg.get(name) is not None:
             options[name] = msg[name]
     params = SamplingParams(max_tokens=_max_tokens(msg.get("max_tokens"), limits),

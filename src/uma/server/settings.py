@@ -108,6 +108,8 @@ SETTINGS: tuple[Setting, ...] = (
     _e("bmt_budget", float, "probed on CPU, off on GPUs",
        "slo: memory bandwidth for ticks in GB/s (0: off)", "bmt_budget_gbps"),
     _e("max_queue", int, "1024", "requests waiting beyond this are refused", flag=False),
+    _e("prefix_cache", int, "8", "finished requests' prompts kept for reuse (0: off)"),
+    _e("prefix_cache_tokens", int, "half of ctx", "tokens the prefix cache may hold"),
     *(_knob(k) for k in KNOBS),
     _s("socket", str, "$XDG_RUNTIME_DIR/uma.sock, else /tmp/uma-$UID.sock",
        "Unix socket path"),

@@ -1,0 +1,139 @@
+"""The prefix cache's KV tier on the real core: hits prefill only the rest and change no token,
+entries leave for running work, and it can be turned off (per engine and per request)."""
+
+import numpy as np
+import pytest
+
+import uma
+from uma import _core
+from uma.prefix_cache import MIN_REUSE_TOKENS, KvPrefixCache
+
+from .helpers import assert_same_greedy
+
+SYSTEM = "You are a careful assistant who answers in one short sentence. " * 12
+QUESTIONS = ["What is a lighthouse?", "Why is the sea salty at all?", "Name three birds."]
+
+
+def engine(tiny_path, **options):
+    return uma.Engine(tiny_path, **{"n_ctx": 4096, "n_seq_max": 2, **options})
+
+
+@pytest.fixture(scope="module")
+def cold(tiny_path):
+    """Each prompt's greedy tokens with no cache."""
+    with engine(tiny_path, prefix_cache=0) as e:
+        return {q: e.generate(SYSTEM + q, max_tokens=16, ignore_eos=True, logprobs=True)
+                for q in QUESTIONS}
+
+
+def same(expected, got):
+    assert_same_greedy(expected.token_ids, got.token_ids, expected.logprobs, got.logprobs)
+
+
+def test_a_shared_system_prompt_is_prefilled_once(tiny_path, cold):
+    with engine(tiny_path) as e:
+        results = [e.generate(SYSTEM + q, max_tokens=16, ignore_eos=True, logprobs=True)
+                   for q in QUESTIONS]
+        snap = e.snapshot()
+        system = len(e.model.tokenize(SYSTEM))
+    assert results[0].usage.cached_tokens == 0
+    for r, q in zip(results, QUESTIONS, strict=True):
+        same(cold[q], r)
+    # every later request reuses at least the system prompt, never its own last token
+    for r in results[1:]:
+        assert system - 2 <= r.usage.cached_tokens < r.usage.prompt_tokens
+    assert snap["prefix_cache_hits_total"] == 2
+    assert snap["prefix_cache_reused_tokens_total"] == sum(r.usage.cached_tokens
+                                                          for r in results)
+
+
+def test_the_same_prompt_again_re_evaluates_only_its_last_token(tiny_path, cold):
+    q = QUESTIONS[0]
+    with engine(tiny_path) as e:
+        first = e.generate(SYSTEM + q, max_tokens=16, ignore_eos=True, logprobs=True)
+        again = e.generate(SYSTEM + q, max_tokens=16, ignore_eos=True, logprobs=True)
+    assert again.usage.cached_tokens == again.usage.prompt_tokens - 1
+    same(cold[q], first)
+    same(cold[q], again)
+
+
+def test_a_chats_next_turn_starts_where_the_last_one_ended(tiny_path):
+    with engine(tiny_path) as e, engine(tiny_path, prefix_cache=0) as plain:
+        turn1 = e.model.tokenize(SYSTEM + QUESTIONS[0])
+        reply = e.generate(turn1, max_tokens=24, ignore_eos=True)
+        # the next turn: the history as tokens (the reply as generated), a new question
+        turn2 = np.concatenate([turn1, reply.token_ids,
+                                e.model.tokenize(QUESTIONS[1], add_special=False)])
+        hit = e.generate(turn2, max_tokens=16, ignore_eos=True, logprobs=True)
+        miss = plain.generate(turn2, max_tokens=16, ignore_eos=True, logprobs=True)
+    # the KV held the prompt and every reply token but the last (sampled, never decoded)
+    assert hit.usage.cached_tokens == len(turn1) + len(reply.token_ids) - 1
+    same(miss, hit)
+
+
+def test_cached_entries_leave_when_running_work_needs_the_room(tiny_path, cold):
+    """A context with room for about one request at a time: each new prompt finds the cache
+    holding the last one's cells, which must go for the decode to fit."""
+    prompts = [SYSTEM + q for q in QUESTIONS] * 2
+    with engine(tiny_path, n_ctx=256, n_seq_max=1) as e:
+        results = [e.generate(p, max_tokens=16, ignore_eos=True, logprobs=True)
+                   for p in prompts]
+        snap = e.snapshot()
+    for r, q in zip(results, QUESTIONS * 2, strict=True):
+        same(cold[q], r)
+    assert snap["preemptions_total"] == 0 and snap["requests_error_total"] == 0
+
+
+def test_a_small_budget_keeps_only_the_newest(tiny_path):
+    with engine(tiny_path, prefix_cache_tokens=200) as e:
+        for q in QUESTIONS:
+            e.generate(SYSTEM + q, max_tokens=4, ignore_eos=True)
+        assert 0 < e.snapshot()["prefix_cache_tokens"] <= 200
+        # the newest entry is the one kept: the last question hits in full
+        again = e.generate(SYSTEM + QUESTIONS[-1], max_tokens=4, ignore_eos=True)
+    assert again.usage.cached_tokens == again.usage.prompt_tokens - 1
+
+
+@pytest.mark.parametrize("options", [{"prefix_cache": 0}, {"prefix_cache_tokens": 0},
+                                     {"kv_unified": False}])
+def test_the_cache_can_be_off(tiny_path, options):
+    with engine(tiny_path, **options) as e:
+        for _ in range(2):
+            r = e.generate(SYSTEM + QUESTIONS[0], max_tokens=4, ignore_eos=True)
+        assert r.usage.cached_tokens == 0
+        assert e.snapshot()["prefix_cache_lookups_total"] == 0
+        assert e.ctx.n_seq_max == 2  # no spare sequences
+
+
+def test_a_request_may_opt_out(tiny_path):
+    with engine(tiny_path) as e:
+        e.generate(SYSTEM + QUESTIONS[0], max_tokens=4, ignore_eos=True)
+        r = e.generate(SYSTEM + QUESTIONS[0], max_tokens=4, ignore_eos=True,
+                       cache_prompt=False)
+    assert r.usage.cached_tokens == 0
+
+
+def test_short_prefixes_are_not_worth_a_copy(model):
+    ctx = _core.Context(model, n_ctx=512, n_seq_max=3)
+    batch = _core.Batch(64)
+    try:
+        cache = KvPrefixCache(ctx, range(1, 3), budget=512)
+        short = np.arange(100, 100 + MIN_REUSE_TOKENS - 1, dtype=np.int32)
+        batch.add_sequence(short, 0, 0)
+        ctx.decode(batch)
+        cache.keep(0, short)
+        assert len(cache) == 0
+        long = np.arange(100, 140, dtype=np.int32)
+        ctx.seq_rm(0)
+        batch.clear()
+        batch.add_sequence(long, 0, 0)
+        ctx.decode(batch)
+        cache.keep(0, long)
+        ctx.seq_rm(0)
+        assert len(cache) == 1 and cache.tokens == 40
+        assert cache.reuse(0, long[:MIN_REUSE_TOKENS]) == 0  # all but the last: too short
+        assert cache.reuse(0, long[:30]) == 29 and ctx.seq_pos_max(0) == 28
+        assert cache.evict_one() and not cache.evict_one()
+    finally:
+        batch.close()
+        ctx.close()
