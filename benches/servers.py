@@ -69,15 +69,19 @@ ACCEPT_ANYTHING = '{"parsers":[{"type":"epsilon"}],"rules":{},"root":0}'
 
 @contextmanager
 def llama_server(tool: Path, model: Path, *, threads: int, ctx: int, parallel: int = 1,
-                 gpu_layers: int = 0, args: tuple[str, ...] = ()) -> Iterator[Server]:
+                 gpu_layers: int = 0, args: tuple[str, ...] = (),
+                 prompt_cache: bool = False) -> Iterator[Server]:
     """llama-server splits ctx between its `parallel` slots; prompt caching is off so both
-    sides compute every prompt."""
+    sides compute every prompt, unless prompt_cache (its default settings: each slot reuses
+    the prompt it last held, plus its RAM cache)."""
     with socket.socket() as s:  # a free port; llama-server cannot report the one it picked
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [str(tool), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
            "-t", str(threads), "-tb", str(threads), "-c", str(ctx), "-np", str(parallel),
-           "-ngl", str(gpu_layers), "--no-cache-prompt", "-cram", "0", "--log-disable", *args]
+           "-ngl", str(gpu_layers), "--log-disable", *args]
+    if not prompt_cache:
+        cmd += ["--no-cache-prompt", "-cram", "0"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 300
@@ -93,7 +97,7 @@ def llama_server(tool: Path, model: Path, *, threads: int, ctx: int, parallel: i
                 raise RuntimeError(f"llama-server did not start: {' '.join(cmd)}")
             time.sleep(0.2)
         yield Server("llama-server", proc.pid, port, extra={
-            "cache_prompt": False, "chat_parser": ACCEPT_ANYTHING})
+            "cache_prompt": prompt_cache, "chat_parser": ACCEPT_ANYTHING})
     finally:
         proc.terminate()
         try:
