@@ -45,6 +45,8 @@ def ask(server: Server, prompt: list[int], max_tokens: int) -> float:
     s = sse_completion(server.port, {"prompt": prompt, "max_tokens": max_tokens,
                                      "temperature": 0, "ignore_eos": True,
                                      **(server.extra or {})})
+    if s.completion_tokens != max_tokens:
+        raise RuntimeError(f"{server.name}: {s.completion_tokens} of {max_tokens} tokens")
     return 1e3 * s.ttft_s
 
 
@@ -97,8 +99,9 @@ def main() -> int:
     for name, start in sides.items():
         with start() as server:
             ask(server, tokens(np.random.default_rng(99), 16), 4)  # warm-up
-            report[name] = {"chat_ttft_ms": chat(server, ns.conversations, ns.turns, seed=1),
-                            "system_ttft_ms": system_prompt(server, ns.apps, seed=2)}
+            # seeds far apart: one generator's draws must not reappear in another's prompt
+            report[name] = {"chat_ttft_ms": chat(server, ns.conversations, ns.turns, seed=1000),
+                            "system_ttft_ms": system_prompt(server, ns.apps, seed=2000)}
         row = report[name]
         print(f"{name:13s} chat TTFT by turn: "
               + ", ".join(f"{v:.0f}" for v in row["chat_ttft_ms"]), flush=True)
