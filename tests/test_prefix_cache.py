@@ -137,3 +137,43 @@ def test_short_prefixes_are_not_worth_a_copy(model):
     finally:
         batch.close()
         ctx.close()
+
+
+@pytest.mark.parametrize("ram_mb", [64, 0])
+def test_an_entry_that_leaves_the_kv_cache_comes_back_from_host_memory(tiny_path, cold, ram_mb):
+    """One spare sequence: an unrelated prompt pushes the system prompt's entry out; with
+    host memory it is restored for the next question (trimmed to the match), without it the
+    prompt is prefilled whole; the greedy tokens are the uncached ones either way."""
+    with engine(tiny_path, n_seq_max=1, prefix_cache=1, prefix_cache_ram_mb=ram_mb) as e:
+        e.generate(SYSTEM + QUESTIONS[0], max_tokens=8, ignore_eos=True)
+        e.generate("Something else entirely, " * 20, max_tokens=4, ignore_eos=True)
+        back = e.generate(SYSTEM + QUESTIONS[1], max_tokens=16, ignore_eos=True,
+                          logprobs=True)
+        snap = e.snapshot()
+        system = len(e.model.tokenize(SYSTEM))
+    same(cold[QUESTIONS[1]], back)
+    if ram_mb:
+        assert system - 2 <= back.usage.cached_tokens < back.usage.prompt_tokens
+        assert snap["prefix_cache_restored_bytes_total"] > 0
+        assert 0 < snap["prefix_cache_ram_bytes"] <= ram_mb << 20
+    else:
+        assert back.usage.cached_tokens == 0 and snap["prefix_cache_ram_bytes"] == 0
+
+
+def test_a_restore_keeps_only_the_matching_positions(model):
+    ctx = _core.Context(model, n_ctx=512, n_seq_max=2)
+    batch = _core.Batch(128)
+    try:
+        cache = KvPrefixCache(ctx, range(1, 2), budget=512, ram_budget=1 << 24)
+        tokens = np.arange(100, 200, dtype=np.int32)
+        batch.add_sequence(tokens, 0, 0)
+        ctx.decode(batch)
+        cache.keep(0, tokens)
+        ctx.seq_rm(0)
+        assert cache.evict_one() and len(cache) == 0 and cache.ram_bytes > 0
+        prompt = np.concatenate([tokens[:90], np.arange(500, 520, dtype=np.int32)])
+        assert cache.reuse(0, prompt) == 90
+        assert ctx.seq_pos_max(0) == 89 and cache.restored_bytes > 0
+    finally:
+        batch.close()
+        ctx.close()

@@ -132,6 +132,7 @@ def run(
     overlap: str | None = _opt("overlap"),
     prefix_cache: int | None = _opt("prefix_cache"),
     prefix_cache_tokens: int | None = _opt("prefix_cache_tokens"),
+    prefix_cache_ram_mb: int | None = _opt("prefix_cache_ram_mb"),
     policy: str | None = _opt("policy"),
     tick_ms: float | None = _opt("tick_ms"),
     latency_cap: float | None = _opt("latency_cap"),

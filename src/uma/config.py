@@ -193,6 +193,7 @@ class EngineConfig:
     # half the context)
     prefix_cache: int = 8
     prefix_cache_tokens: int | None = None
+    prefix_cache_ram_mb: int = 1024  # host memory for entries that leave the KV cache (0: none)
     # slo: the scheduling policy's knobs given, as (name, value) pairs (hashable, so the config
     # stays frozen; a dict is taken too); the rest keep SloPolicy's defaults (uma.sched.knobs)
     slo: tuple[tuple[str, float | int | bool], ...] = ()
@@ -244,6 +245,9 @@ class EngineConfig:
                 "prefix_cache_tokens", self.prefix_cache_tokens) < _INT32_LIMIT:
             raise InvalidRequestError(
                 f"prefix_cache_tokens must be in [0, 2**31), not {self.prefix_cache_tokens}")
+        if not 0 <= _integer("prefix_cache_ram_mb", self.prefix_cache_ram_mb) < 1 << 24:
+            raise InvalidRequestError(
+                f"prefix_cache_ram_mb must be in [0, 2**24), not {self.prefix_cache_ram_mb}")
         if self.policy not in ("slo", "baseline"):
             raise InvalidRequestError(f"policy must be 'slo' or 'baseline', not {self.policy!r}")
         # Imported here: uma.sched.knobs reads SloPolicy, whose module imports this one.

@@ -119,7 +119,8 @@ class Engine:
         spare = range(config.n_seq_max, self.ctx.n_seq_max)
         budget = (self.ctx.n_ctx // 2 if config.prefix_cache_tokens is None
                   else config.prefix_cache_tokens)
-        prefix = KvPrefixCache(self.ctx, spare, budget) if spare and budget else None
+        prefix = KvPrefixCache(self.ctx, spare, budget, config.prefix_cache_ram_mb << 20) \
+            if spare and budget else None
         self._executor = Executor(self.ctx, policy, self._output, self.metrics, core,
                                   n_running=config.n_seq_max, prefix=prefix,
                                   bmt=BmtModel.of(self.model, config.type_k),

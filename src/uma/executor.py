@@ -283,8 +283,11 @@ class Executor:
         prefill; only the rest is prefilled."""
         if self.prefix is None or not req.params.cache_prompt:
             return
+        restored = self.prefix.restored_bytes
         n = self.prefix.reuse(req.seq_id, req.tokens)
         self.m.prefix_lookups.inc()
+        if self.prefix.restored_bytes > restored:
+            self.m.prefix_restored.inc(self.prefix.restored_bytes - restored)
         if n:
             req.n_prefilled = req.n_past = n
             if req.tokens is req.prompt:  # not a preempted request's own prefill
@@ -299,6 +302,7 @@ class Executor:
         decoded = np.concatenate([req.prompt, np.asarray(req.generated, np.int32)])
         self.prefix.keep(req.seq_id, decoded[:req.n_past])
         self.m.prefix_cached.set(self.prefix.tokens)
+        self.m.prefix_ram.set(self.prefix.ram_bytes)
 
     def _route(self, req: Request) -> None:
         """Picks where the request's rows are sampled. A sequence keeps its device chain
@@ -433,6 +437,7 @@ class Executor:
             except NoKVSlotError:
                 if self.prefix is not None and self.prefix.evict_one():
                     self.m.prefix_cached.set(self.prefix.tokens)
+                    self.m.prefix_ram.set(self.prefix.ram_bytes)
                     continue  # the same batch again, with the cache's cells freed
                 self.m.kv_full.inc()
                 plan = self._shed(plan)

@@ -1,5 +1,5 @@
-"""The prefix cache's KV tier: finished requests' KV kept in the context, reused by new prompts
-that start with the same tokens.
+"""The prefix cache: finished requests' KV kept in the context (and, once it must leave, in host
+memory), reused by new prompts that start with the same tokens.
 
 A request that ends leaves its cells to a spare sequence of the context instead of freeing
 them: `llama_memory_seq_cp` with one KV buffer for all sequences (kv_unified) shares cells
@@ -13,6 +13,9 @@ Which prefixes exist and which to drop is uma.prefix_index's (a radix trie with 
 recency); this module owns the spare sequences and the calls into the context. Entries leave
 least recently used first when the spare sequences or the token budget run out, and whenever
 the KV cache has no room for running work (`evict_one`): the cache never fails a request.
+An entry that leaves is snapshotted to host memory first (`llama_state_seq_get_data`) while
+the RAM budget allows; a later prompt that matches a snapshot well beyond any live entry gets
+it restored (`_set_data`) into its sequence, trimmed to the match.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from uma.errors import UmaError
 from uma.prefix_index import PrefixIndex
 
 if TYPE_CHECKING:
@@ -29,18 +33,27 @@ if TYPE_CHECKING:
 # A shorter match is not worth a sequence copy: a few tokens prefill in about the time the
 # copy and the bookkeeping take, and every prompt shares its first (BOS, template) tokens.
 MIN_REUSE_TOKENS = 16
+# A snapshot must beat the live cells by this many tokens to be restored rather than shared.
+RESTORE_GAIN_TOKENS = 64
 
 
 class KvPrefixCache:
     """Cached prefixes in spare sequences `seqs` of `ctx`, at most `budget` tokens in all.
     Used by the executor's thread only."""
 
-    def __init__(self, ctx: _core.Context, seqs: range, budget: int) -> None:
+    def __init__(self, ctx: _core.Context, seqs: range, budget: int,
+                 ram_budget: int = 0) -> None:
+        """ram_budget: bytes of host memory for snapshots of entries that leave the KV cache
+        (0: they are dropped)."""
         self.ctx = ctx
         self.budget = budget
+        self.ram_budget = ram_budget
         self.index = PrefixIndex()
         self._free = list(seqs)
-        self._seq_of: dict[int, int] = {}  # entry -> the spare sequence holding its cells
+        self._seq_of: dict[int, int] = {}  # "kv" entry -> the spare sequence holding its cells
+        self._tokens_of: dict[int, np.ndarray] = {}  # "kv" entry -> its tokens (to snapshot)
+        self._snapshot: dict[int, bytes] = {}  # "ram" entry -> its sequence state
+        self.restored_bytes = 0  # snapshot bytes read back into the KV cache, in all
 
     def __len__(self) -> int:
         return len(self._seq_of)
@@ -49,6 +62,11 @@ class KvPrefixCache:
     def tokens(self) -> int:
         """Tokens the cached entries hold (cells shared with running requests included)."""
         return self.index.total("kv")
+
+    @property
+    def ram_bytes(self) -> int:
+        """Bytes the host-memory snapshots take."""
+        return self.index.total("ram")
 
     def keep(self, seq: int, tokens: np.ndarray) -> None:
         """A request on `seq` ended holding the KV of `tokens` (positions 0..len-1): keeps
@@ -66,6 +84,7 @@ class KvPrefixCache:
         self.ctx.seq_cp(seq, spare, 0, n)
         entry = self.index.insert(tokens, "kv")
         self._seq_of[entry] = spare
+        self._tokens_of[entry] = np.array(tokens, np.int32)
         for victim in self.index.evictions("kv", self.budget).victims:
             self._drop(victim)
 
@@ -73,18 +92,38 @@ class KvPrefixCache:
         """Gives the empty sequence `seq` the longest cached prefix of `tokens`; returns how
         many tokens it holds now (0: none worth reusing). At most all but the last token: the
         prompt's last one is decoded again for its logits."""
-        match = self.index.longest(tokens, "kv")
-        if match is None:
+        kv = self.index.longest(tokens, "kv")
+        ram = self.index.longest(tokens, "ram") if self._snapshot else None
+        kv_n = min(kv.length, len(tokens) - 1) if kv is not None else 0
+        ram_n = min(ram.length, len(tokens) - 1) if ram is not None else 0
+        # A snapshot is restored only where it saves a real prefill beyond the live match:
+        # restoring copies the whole entry back, where sharing live cells copies nothing.
+        if ram is not None and ram_n >= max(kv_n + RESTORE_GAIN_TOKENS, MIN_REUSE_TOKENS) \
+                and self._restore(seq, ram.entry, ram_n):
+            return ram_n
+        if kv is None or kv_n < MIN_REUSE_TOKENS:
             return 0
-        n = min(match.length, len(tokens) - 1)
-        if n < MIN_REUSE_TOKENS:
-            return 0
-        self.ctx.seq_cp(self._seq_of[match.entry], seq, 0, n)
-        self.index.touch(match.entry)
-        return n
+        self.ctx.seq_cp(self._seq_of[kv.entry], seq, 0, kv_n)
+        self.index.touch(kv.entry)
+        return kv_n
+
+    def _restore(self, seq: int, entry: int, n: int) -> bool:
+        """Reads a snapshot back into the empty sequence `seq`, keeping its first n positions;
+        False (and `seq` left empty) where the KV cache has no room for it."""
+        data = self._snapshot[entry]
+        try:
+            self.ctx.set_seq_state(seq, data)
+        except UmaError:
+            self.ctx.seq_rm(seq)
+            return False
+        self.ctx.seq_rm(seq, n, -1)
+        self.index.touch(entry)
+        self.restored_bytes += len(data)
+        return True
 
     def evict_one(self) -> bool:
-        """Drops the least recently used entry; False when there is none."""
+        """Takes the least recently used entry out of the KV cache (to host memory where the
+        budget allows); False when there is none."""
         if not self._seq_of:
             return False
         victims = self.index.evictions("kv", self.index.total("kv") - 1).victims
@@ -95,10 +134,25 @@ class KvPrefixCache:
 
     def clear(self) -> None:
         for entry in list(self._seq_of):
-            self._drop(entry)
+            self._drop(entry, keep=False)
+        for entry in list(self._snapshot):
+            self.index.remove(entry)
+            del self._snapshot[entry]
 
-    def _drop(self, entry: int) -> None:
+    def _drop(self, entry: int, keep: bool = True) -> None:
+        """An entry leaves the KV cache: snapshotted to host memory where the budget allows
+        (the PagedKV idea: an idle chat's KV leaves the device and comes back on its next
+        turn), then its cells are freed."""
         spare = self._seq_of.pop(entry)
+        tokens = self._tokens_of.pop(entry)
+        if keep and self.ram_budget and self.index.covering(tokens, "ram") is None:
+            data = self.ctx.seq_state(spare)
+            if len(data) <= self.ram_budget:
+                saved = self.index.insert(tokens, "ram", nbytes=len(data))
+                self._snapshot[saved] = data
+                for victim in self.index.evictions("ram", self.ram_budget).victims:
+                    self.index.remove(victim)
+                    del self._snapshot[victim]
         self.ctx.seq_rm(spare)  # frees the cells no running request shares
         self.index.remove(entry)
         self._free.append(spare)

@@ -82,6 +82,10 @@ class TickMetrics:
                                          "prompt tokens reused instead of prefilled")
         self.prefix_cached = reg.gauge("prefix_cache_tokens",
                                        "tokens the prefix cache holds (cells shared included)")
+        self.prefix_ram = reg.gauge("prefix_cache_ram_bytes",
+                                    "host memory the prefix cache's snapshots take")
+        self.prefix_restored = reg.counter("prefix_cache_restored_bytes_total",
+                                           "snapshot bytes read back into the KV cache")
         self.finished = {r: reg.counter(f"requests_{r}_total", f"requests ended: {r}")
                          for r in ("stop", "length", "cancelled", "error")}
         self.ttft = {p: reg.histogram(f"ttft_ms_{p.value}", f"time to first token, {p.value}")

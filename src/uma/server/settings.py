@@ -110,6 +110,8 @@ SETTINGS: tuple[Setting, ...] = (
     _e("max_queue", int, "1024", "requests waiting beyond this are refused", flag=False),
     _e("prefix_cache", int, "8", "finished requests' prompts kept for reuse (0: off)"),
     _e("prefix_cache_tokens", int, "half of ctx", "tokens the prefix cache may hold"),
+    _e("prefix_cache_ram_mb", int, "1024",
+       "host memory for cached prompts that leave the KV cache, MiB (0: none)"),
     *(_knob(k) for k in KNOBS),
     _s("socket", str, "$XDG_RUNTIME_DIR/uma.sock, else /tmp/uma-$UID.sock",
        "Unix socket path"),
