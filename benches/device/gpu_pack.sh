@@ -25,25 +25,7 @@ SCENARIOS=${SCENARIOS:-mixed scaling overhead}
 MIXED_ARGS=${MIXED_ARGS:---kv-unified}
 SIDES=${SIDES:-uma slo,uma baseline,llama-server}
 
-if [ ! -f third_party/llama.cpp/CMakeLists.txt ]; then
-  mkdir -p third_party/llama.cpp && tar -xf .device/llama-src.tar.* -C third_party/llama.cpp
-fi
-if [ -f .device/vocab.tar ] && [ ! -f third_party/llama.cpp/models/ggml-vocab-llama-bpe.gguf ]; then
-  tar -xf .device/vocab.tar -C third_party/llama.cpp
-fi
-python3 -m pip install -q --no-index --no-deps .whl/*.whl
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt"
-
-start=$(date +%s)  # a no-op when a warm machine still has the build
-# CUDA_ARCH: the GPU's own architecture only (90: Hopper) keeps a cold build to minutes
-cmake -S . -B build/llama-tools-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DUMA_BACKEND=cuda \
-  -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" \
-  -DUMA_LLAMA_TOOLS=ON -DPython_EXECUTABLE="$(command -v python3)" > "$OUT/build.log" 2>&1
-cmake --build build/llama-tools-cuda --target ${TARGETS:-_core llama-batched-bench llama-server llama-bench} \
-  -j "$(nproc)" >> "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
-echo "build_seconds $(( $(date +%s) - start ))" | tee -a "$OUT/build.log"
-cp build/llama-tools-cuda/_core*.so src/uma/
-export PYTHONPATH=$PWD/src
+. benches/device/setup.sh
 GPU="--backend cuda --gpu-layers 99 --threads 8"
 
 for m in $MODELS; do

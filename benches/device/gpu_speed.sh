@@ -21,23 +21,7 @@ SERVED=${SERVED:-scaling overhead lone}  # the served part's benchmarks
 LONE_PATHS=${LONE_PATHS:-engine,socket,http}
 LONE_SECONDS=${LONE_SECONDS:-60}
 
-if [ ! -f third_party/llama.cpp/CMakeLists.txt ]; then
-  mkdir -p third_party/llama.cpp && tar -xf .device/llama-src.tar.* -C third_party/llama.cpp
-fi
-if [ -f .device/vocab.tar ] && [ ! -f third_party/llama.cpp/models/ggml-vocab-llama-bpe.gguf ]; then
-  tar -xf .device/vocab.tar -C third_party/llama.cpp
-fi
-python3 -m pip install -q --no-index --no-deps .whl/*.whl
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt"
-start=$(date +%s)  # a no-op when a warm machine still has the build
-cmake -S . -B build/llama-tools-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DUMA_BACKEND=cuda \
-  -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" \
-  -DUMA_LLAMA_TOOLS=ON -DPython_EXECUTABLE="$(command -v python3)" > "$OUT/build.log" 2>&1
-cmake --build build/llama-tools-cuda --target _core llama-batched-bench llama-server \
-  -j "$(nproc)" >> "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
-echo "build_seconds $(( $(date +%s) - start ))" | tee -a "$OUT/build.log"
-cp build/llama-tools-cuda/_core*.so src/uma/
-export PYTHONPATH=$PWD/src
+TARGETS=${TARGETS:-_core llama-batched-bench llama-server} . benches/device/setup.sh
 GPU="--gpu-layers 99 --threads 8"
 quiet() { grep --line-buffered -v "^ggml_cuda_init\|^  Device"; }
 

@@ -89,8 +89,6 @@ class Executor:
         self._outbox: list[Event] = []
         self._latencies: list[tuple[Priority, float, bool]] = []  # (class, ms, first token)
         self._due: TickReport | None = None
-        self._n_new_tokens = 0
-        self._first_token = False  # this tick sampled some request's first token
         # Overlapped ticks only: the last plan, while it can be run again unchanged (every
         # request an interactive decoder in it, none queued), and the count of changes to
         # the running set (admissions, releases, preemptions, new classes) it was made at.
@@ -113,6 +111,9 @@ class Executor:
         self.cost = CostModel()
         self.stats = TickStats(metrics, self.cost)
         self.m = self.stats.m  # what requests' results record (TTFT, gaps, finishes)
+        if prefix is not None:  # the cache's sizes are read when asked, not tracked
+            self.m.prefix_cached.fn = lambda: prefix.tokens
+            self.m.prefix_ram.fn = lambda: prefix.ram_bytes
         self.bmt = bmt
         self.bmt_budget_gbps = bmt_budget_gbps
         self.m.bmt_budget.set(bmt_budget_gbps)
@@ -219,10 +220,8 @@ class Executor:
             m = self.m
             for priority, ms, first in self._latencies:
                 (m.ttft if first else m.itl)[priority].observe(ms)
+            m.generated_tokens.inc(len(self._latencies))  # one a token
             self._latencies = []
-        if self._n_new_tokens:
-            self.m.generated_tokens.inc(self._n_new_tokens)
-            self._n_new_tokens = 0
         if self._outbox:
             self.output.publish(self._outbox)
             self._outbox = []
@@ -301,8 +300,6 @@ class Executor:
             return
         decoded = np.concatenate([req.prompt, np.asarray(req.generated, np.int32)])
         self.prefix.keep(req.seq_id, decoded[:req.n_past])
-        self.m.prefix_cached.set(self.prefix.tokens)
-        self.m.prefix_ram.set(self.prefix.ram_bytes)
 
     def _route(self, req: Request) -> None:
         """Picks where the request's rows are sampled. A sequence keeps its device chain
@@ -436,8 +433,6 @@ class Executor:
                 break
             except NoKVSlotError:
                 if self.prefix is not None and self.prefix.evict_one():
-                    self.m.prefix_cached.set(self.prefix.tokens)
-                    self.m.prefix_ram.set(self.prefix.ram_bytes)
                     continue  # the same batch again, with the cache's cells freed
                 self.m.kv_full.inc()
                 plan = self._shed(plan)
@@ -622,21 +617,20 @@ class Executor:
         self._due = self._report(ran)
         # A first token goes out at once, not with the next decode: time to first token is
         # what a client waits on, and it comes once a request.
-        if not self.overlap or not self.running or self._first_token:
+        if not self.overlap or not self.running \
+                or any(first for _, _, first in self._latencies):
             self._flush()
-        self._first_token = False
 
     def _accept(self, req: Request, token: int, logprob: float | None, now: int) -> None:
-        if req.first_token_ns == 0:
+        # every token has one entry: its time to first token, or its gap after the last
+        first = req.first_token_ns == 0
+        since = req.arrival_ns if first else req.last_token_ns
+        self._latencies.append((req.priority, (now - since) / 1e6, first))
+        if first:
             req.first_token_ns = now
-            self._first_token = True
-            self._latencies.append((req.priority, (now - req.arrival_ns) / 1e6, True))
-        elif req.last_token_ns:
-            self._latencies.append((req.priority, (now - req.last_token_ns) / 1e6, False))
         req.last_token_ns = now
         req.n_sampled += 1
         req.last_token = token
-        self._n_new_tokens += 1
         is_eog = token in self.eog and not req.params.ignore_eos
         self._outbox.append((TOKEN, req, token, logprob, now, is_eog))
         if is_eog:

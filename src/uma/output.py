@@ -44,8 +44,8 @@ class _Stream:
 
 
 class OutputStage:
-    """Publishes what the compute thread produced. `token()` and `end()` may be called from
-    any thread; everything else happens on the stage's thread."""
+    """Publishes what the compute thread produced. `publish()` may be called from any thread;
+    everything else happens on the stage's thread."""
 
     def __init__(self, model, on_stop: Callable[[], None]) -> None:
         self._model = model
@@ -54,14 +54,6 @@ class OutputStage:
         self._streams: dict[int, _Stream] = {}
         self._thread = threading.Thread(target=self._run, name="uma-output", daemon=True)
         self._thread.start()
-
-    def token(self, req: Request, token: int, logprob: float | None, t_ns: int,
-              hidden: bool) -> None:
-        """A sampled token; hidden ones (end-of-generation) count but show no text."""
-        self._queue.put(((TOKEN, req, token, logprob, t_ns, hidden),))
-
-    def end(self, req: Request, reason: str, error: UmaError | None, t_ns: int) -> None:
-        self._queue.put(((END, req, reason, error, t_ns, False),))
 
     def publish(self, events: list[Event]) -> None:
         """A tick's events at once, in order: (TOKEN, req, token, logprob, t_ns, hidden) or
