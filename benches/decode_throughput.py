@@ -32,11 +32,12 @@ from uma import synth  # noqa: E402
 
 
 def peer_tg_speed(tool: Path, model: Path, pp: int, tg: int, pl: int, threads: int,
-                  gpu_layers: int, kv_unified: bool) -> float:
+                  gpu_layers: int, kv_unified: bool, kv_type: str) -> float:
     ctx = pl * (pp + tg) + 64
     cmd = [str(tool), "-m", str(model), "-c", str(ctx), "-b", "2048", "-ub", "512",
            "-npp", str(pp), "-ntg", str(tg), "-npl", str(pl), "-t", str(threads),
            "-ngl", str(gpu_layers), "-kvu" if kv_unified else "-no-kvu",
+           "-ctk", kv_type, "-ctv", kv_type,
            "--output-format", "jsonl"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     rows = [json.loads(line) for line in out.stdout.splitlines() + out.stderr.splitlines()
@@ -85,6 +86,8 @@ def main() -> int:
     ap.add_argument("--kv-unified", action="store_true",
                     help="one KV buffer for all streams, on both sides (llama-batched-bench's "
                          "default is off)")
+    ap.add_argument("--kv-type", default="f16", choices=("f16", "q8_0", "q4_0"),
+                    help="the KV cache's type (keys and values), on both sides")
     ap.add_argument("--device-sampling", default="auto",
                     help="the engine's device_sampling: auto, on or off")
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
@@ -96,13 +99,14 @@ def main() -> int:
     for pl in (int(x) for x in ns.streams.split(",")):
         engine = uma.Engine(model, n_ctx=pl * (ns.pp + ns.tg) + 64, n_seq_max=pl, n_batch=2048,
                             n_ubatch=512, n_threads=ns.threads, n_gpu_layers=ns.gpu_layers,
-                            kv_unified=ns.kv_unified, device_sampling=ns.device_sampling)
+                            kv_unified=ns.kv_unified, device_sampling=ns.device_sampling,
+                            type_k=ns.kv_type, type_v=ns.kv_type)
         engine.generate("warm up", max_tokens=4)
         ours, theirs = [], []
         for i in range(ns.repeat):
             ours.append(engine_run(engine, engine.model.n_vocab, ns.pp, ns.tg, pl, seed=i))
             theirs.append(peer_tg_speed(tools["llama-batched-bench"], model, ns.pp, ns.tg, pl,
-                                        ns.threads, ns.gpu_layers, ns.kv_unified))
+                                        ns.threads, ns.gpu_layers, ns.kv_unified, ns.kv_type))
         engine.close()
         best = max(ours, key=lambda r: r["tg_speed"])
         row = {
@@ -120,7 +124,7 @@ def main() -> int:
               flush=True)
     report = {
         "model": str(model), "backend": ns.backend, "threads": ns.threads, "pp": ns.pp,
-        "kv_unified": ns.kv_unified, "device_sampling": ns.device_sampling,
+        "kv_unified": ns.kv_unified, "kv_type": ns.kv_type, "device_sampling": ns.device_sampling,
         "tg": ns.tg, "gpu_layers": ns.gpu_layers, "rows": rows,
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
         "median_ratio": statistics.median(r["ratio"] for r in rows),

@@ -6,6 +6,10 @@
 #   PART=engine bash benches/device/gpu_speed.sh   # build, tick profile, in-process engine
 #   PART=served bash benches/device/gpu_speed.sh   # HTTP/SSE streams, one stream's overhead
 #                                                  # and its longest gaps over a minute
+#   PART=kv bash benches/device/gpu_speed.sh       # long context, 8 streams: q8_0 KV against
+#                                                  # f16, engine and llama-batched-bench
+#   PART=prefix bash benches/device/gpu_speed.sh   # the prefix cache: chat and shared system
+#                                                  # prompt against llama-server, RAM restore
 #
 # Carried into the checkout beforehand (git-ignored): .device/llama-src.tar.xz and
 # .device/vocab.tar (benches/device/gpu_pack.sh says what they hold), .whl/*.whl.
@@ -20,6 +24,9 @@ SAMPLING=${SAMPLING:-on off}  # the engine's device_sampling in decode_throughpu
 SERVED=${SERVED:-scaling overhead lone}  # the served part's benchmarks
 LONE_PATHS=${LONE_PATHS:-engine,socket,http}
 LONE_SECONDS=${LONE_SECONDS:-60}
+PROFILE=${PROFILE:-1}  # 0: the engine part skips the tick profile
+KV_DEPTHS=${KV_DEPTHS:-8192 16384}  # the kv part's prompt tokens a stream
+KV_STREAMS=${KV_STREAMS:-8}
 
 TARGETS=${TARGETS:-_core llama-batched-bench llama-server} . benches/device/setup.sh
 GPU="--gpu-layers 99 --threads 8"
@@ -29,7 +36,7 @@ for m in $MODELS; do
   python3 -c "from uma import synth; print(synth.cached_model('$m'))" > /dev/null
   if [[ $PART == engine ]]; then
     # each step of a tick, decode-only, host and device sampling; the bare core loop beside
-    timeout 200 python3 benches/profile_tick.py --model "$m" $GPU --streams "$STREAMS" \
+    [[ $PROFILE == 1 ]] && timeout 200 python3 benches/profile_tick.py --model "$m" $GPU --streams "$STREAMS" \
       --pp 128 --tg 256 2>&1 | quiet | tee -a "$OUT/profile_$m.txt"
     # the engine against llama-batched-bench, alternating, 3 runs a side
     for ds in $SAMPLING; do
@@ -37,6 +44,20 @@ for m in $MODELS; do
         --streams "$STREAMS" --pp 128 --tg 256 --repeat 3 --device-sampling $ds \
         --out "$OUT/decode_${m}_sampling_$ds.json" 2>&1 | quiet | tee -a "$OUT/log.txt"
     done
+  elif [[ $PART == kv ]]; then
+    # fewer KV bytes a token: q8_0 against f16 at long context, both sides, 3 runs a side
+    for depth in $KV_DEPTHS; do
+      for kv in f16 q8_0; do
+        timeout 280 python3 benches/decode_throughput.py --model "$m" --backend cuda $GPU \
+          --streams "$KV_STREAMS" --pp "$depth" --tg 128 --repeat 3 --kv-unified --kv-type $kv \
+          --out "$OUT/kv_${m}_${depth}_$kv.json" 2>&1 | quiet | tee -a "$OUT/log.txt"
+      done
+    done
+  elif [[ $PART == prefix ]]; then
+    timeout 300 python3 benches/prefix_reuse.py --model "$m" --backend cuda $GPU \
+      --out "$OUT/prefix_reuse_$m.json" 2>&1 | quiet | tee -a "$OUT/log.txt"
+    timeout 200 python3 benches/prefix_restore.py --model "$m" $GPU --history 8000 \
+      --out "$OUT/prefix_restore_$m.json" 2>&1 | quiet | tee -a "$OUT/log.txt"
   else
     # served: streams over HTTP/SSE against llama-server, then one stream's TTFT and CPU
     [[ $SERVED == *scaling* ]] && timeout 300 python3 benches/decode_scaling.py --model "$m" --backend cuda $GPU \
