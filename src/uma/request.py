@@ -58,5 +58,5 @@ class Request:
             seq_id=self.seq_id, rid=self.rid, phase=self.phase, priority=self.priority,
             n_prompt=len(self.tokens), n_prefilled=self.n_prefilled, n_generated=self.n_sampled,
             n_past=self.n_past, arrival_ns=self.arrival_ns, first_token_ns=self.first_token_ns,
-            last_token_ns=self.last_token_ns,
+            last_token_ns=self.last_token_ns, n_cached=self.cached_tokens,
         )

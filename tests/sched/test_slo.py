@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from uma.sched.bmt import BmtModel
 from uma.sched.cost import CostEstimate
-from uma.sched.slo import SloMemory, SloPolicy
+from uma.sched.slo import SloMemory, SloPolicy, ttft_chunk_ms
 from uma.sched.state import Phase, Plan, Priority, SchedulerState, SessionView
 
 # A CPU-like machine: a decode step of n sequences costs 10 + 1·n ms, a prompt token 0.5 ms.
@@ -209,13 +211,29 @@ def test_a_new_interactive_request_starts_at_the_next_tick():
 
 def test_interactive_prompts_progress_even_while_held():
     sessions = [session(0, INT, Phase.DECODE), session(1, INT, Phase.PREFILL, prompt=1000)]
-    policy = SloPolicy()
-    plan = policy.schedule_tick(state(sessions, memory=SloMemory(s=8, hold=5, ramp=0.0)))
-    # the newcomer may stretch the decoder's tick to pause_factor × its solo time
+    held = state(sessions, memory=SloMemory(s=8, hold=5, ramp=0.0))
+    # the newcomer may stretch the decoder's tick to pause_factor × its solo time...
+    policy = SloPolicy(ttft_stretch=1e6)  # (a stretch so long it never decides)
+    plan = policy.schedule_tick(held)
     solo = COST.predict(0, 1)
-    expected = int((policy.pause_factor * solo - solo) / COST.per_prefill_ms)
+    floor = int((policy.pause_factor * solo - solo) / COST.per_prefill_ms)
     assert [(i.seq_id, i.n_tokens) for i in plan.items if i.phase is Phase.PREFILL] == \
-        [(1, expected)]
+        [(1, floor)]
+    # ... or further, where its first token would come later than the stretch allows
+    plan = SloPolicy().schedule_tick(held)
+    assert [i.n_tokens for i in plan.items if i.phase is Phase.PREFILL][0] > floor
+
+
+def test_the_stretch_chunk_finishes_the_prompt_in_the_time_left():
+    # In chunks of c ms, each paying the overhead, a prompt of `work` ms takes
+    # work / (c - overhead) ticks of beside + c: at c = ttft_chunk_ms exactly the time left.
+    for work, overhead, beside, left in [(390, 10, 18, 627), (100, 0, 30, 160),
+                                         (1000, 25, 5, 2060)]:
+        c = ttft_chunk_ms(work, overhead, beside, left)
+        assert overhead < c < work + overhead
+        assert work / (c - overhead) * (beside + c) == pytest.approx(left)
+    assert ttft_chunk_ms(100, 5, 0, 500) == math.inf  # nothing beside it: in whole
+    assert ttft_chunk_ms(100, 5, 10, 115) == math.inf  # due: in whole
 
 
 def test_the_bandwidth_guard_trims_prompt_chunks():

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from uma.sched.cost import CostEstimate
 from uma.sched.slo import SloPolicy
 from uma.sched.state import Phase, Plan, SchedulerState, SessionView
@@ -30,12 +32,12 @@ def simulate(policy, sessions, ticks, arrivals=None, cost=CPU, stop=None) -> Run
     """Runs each plan at the cost model's price and advances what it ran. arrivals: tick ->
     sessions joining then; stop(seq, session) -> True ends a decoding session."""
     sessions, arrivals = list(sessions), arrivals or {}
-    memory, last_ms, last_tokens = None, 0.0, 0
+    memory, last_ms, last_tokens, now_ns = None, 0.0, 0, 0
     run = Run([], [], [], {})
     for t in range(ticks):
-        sessions += arrivals.get(t, [])
+        sessions += [dataclasses.replace(s, arrival_ns=now_ns) for s in arrivals.get(t, [])]
         plan = policy.schedule_tick(SchedulerState(
-            now_ns=t, sessions=tuple(sessions), n_waiting=0, n_batch=512, n_seq_max=16,
+            now_ns=now_ns, sessions=tuple(sessions), n_waiting=0, n_batch=512, n_seq_max=16,
             decode_ms_ewma=0.0, cost=cost, tick=t, last_tick_ms=last_ms,
             last_tick_tokens=last_tokens, memory=memory))
         memory = plan.memory
@@ -47,6 +49,7 @@ def simulate(policy, sessions, ticks, arrivals=None, cost=CPU, stop=None) -> Run
         last_ms = cost.predict(0, len(decode), sum(by_seq[i.seq_id].n_past for i in decode)) \
             + sum(times)
         last_tokens = sum(1 for i in plan.items if i.logits)
+        now_ns += int(last_ms * 1e6)
         run.plans.append(plan)
         run.times.append(last_ms)
         run.back_ms.append(sum(ms for ms, i in zip(times, prefill, strict=True)
@@ -124,6 +127,42 @@ def test_short_interactive_prompts_get_their_first_token_in_one_tick():
     long = simulate(policy, streams(), 200,
                     arrivals={10: [session(30, INT, Phase.PREFILL, prompt=1000)]})
     assert long.first_token[30] > 11
+
+
+def chat_turn(seq=30, history=1500, new=232):
+    """A chat's next turn: the history reused from the prefix cache, new tokens to prefill."""
+    return dataclasses.replace(session(seq, INT, Phase.PREFILL, prompt=history + new,
+                                       prefilled=history), n_cached=history)
+
+
+@pytest.mark.parametrize("stretch", [1.25, 1.5, 3.0])
+def test_a_long_interactive_prompt_gets_its_first_token_within_the_stretch(stretch):
+    # A chat turn arrives while a stream decodes: in whole it would cost the stream one long
+    # tick (as llama-server runs it); in chunks of 1-3 tokens (the floor alone) it waited for
+    # the stream to end. Its first token comes within the stretch of its time in whole
+    # beside the stream (counted from its arrival, so what each chunk's read of the cache
+    # costs does not add up), and the stream is served in every tick, none as long as the
+    # whole.
+    policy = SloPolicy(ttft_stretch=stretch)
+    turn = chat_turn()
+    run = simulate(policy, streams(1), 300, arrivals={10: [turn]})
+    whole_ms = CPU.prefill_ms(turn.prefill_left, turn.n_past) + CPU.predict(0, 1, 200)
+    ttft_ms = sum(run.times[10:run.first_token[30] + 1])
+    assert ttft_ms <= 1.03 * stretch * whole_ms  # chunks round down to whole tokens
+    assert ttft_ms >= 0.9 * stretch * whole_ms  # it uses the stretch: the stream's ticks
+    # are as short as the bound allows
+    assert all(any(i.seq_id == 0 for i in p.items) for p in run.plans)
+    assert max(run.times) < 0.5 * whole_ms
+
+
+def test_a_short_request_with_a_long_cached_history_goes_in_whole():
+    # ttft_burst_tokens counts a request's new tokens: a 100-token turn of a long
+    # conversation is short; the tail of a long prompt is not.
+    run = simulate(SloPolicy(), streams(1), 20, arrivals={5: [chat_turn(new=100)]})
+    assert run.first_token[30] == 5
+    long = session(31, INT, Phase.PREFILL, prompt=400, prefilled=300)
+    plan = simulate(SloPolicy(), [*streams(1), long], 1).plans[0]
+    assert [i.n_tokens for i in plan.items if i.seq_id == 31][0] < 100
 
 
 def test_streams_that_come_and_go_leave_the_background_most_of_the_machine():

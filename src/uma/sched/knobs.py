@@ -155,6 +155,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("ttft_burst_tokens", COUNT,
          "interactive prompts this short go in whole while streams decode (0: off): higher "
          "is faster TTFT, longer pauses"),
+    Knob("ttft_stretch", Range(1),
+         "longer interactive prompts' first token within this x their time in whole: lower "
+         "is sooner, longer ticks"),
 )
 BY_NAME = {k.name: k for k in KNOBS}
 

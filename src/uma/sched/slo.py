@@ -138,8 +138,10 @@ class SloPolicy:
     climb_deadband: float = 0.03  # a rate this much lower reverses a climb; less is noise
     background_share: float = 0.15  # least share of the time owed to background prompts
     # while interactive streams decode (0: no floor)
-    ttft_burst_tokens: int = 128  # an interactive prompt with at most this many tokens left
-    # goes in whole, in one tick, even while streams decode
+    ttft_burst_tokens: int = 128  # an interactive request with at most this many new
+    # tokens goes in whole, in one tick, even while streams decode
+    ttft_stretch: float = 1.25  # a longer one's first token comes within this × the time it
+    # would take in whole beside the streams (in chunks the streams' ticks stretch instead)
     idle_amortise: float = 4.0  # with no stream decoding, a background chunk's work is at
     # least this × its read of the cache (the idle budget stretches to allow it)
     name: str = "slo"
@@ -543,13 +545,17 @@ def bmt_guard(policy: SloPolicy, state: SchedulerState, d: Lanes, b: Budget, dec
 
 def first_tokens(policy: SloPolicy, state: SchedulerState, d: Lanes,
                  a: Allowance) -> FirstTokens:
-    """TTFT first: new interactive prompts go in before any background work. One with at most
-    ttft_burst_tokens left goes in whole, its first token this tick (one longer tick for the
-    streams, as llama-server gives every prompt); a longer one gets what fits the floor or the
-    spare and saved time under the line, whichever is more, and at least one token: a guard
-    that held it back for good would never let it start, and the slow start does not apply.
-    Chunking short prompts to the budget once one stream decoded put the third of three
-    streams starting together at 352 ms to its first token, against llama-server's 62-72 ms."""
+    """TTFT first: new interactive prompts go in before any background work. A request with
+    at most ttft_burst_tokens new tokens (not counting what the prefix cache held) goes in
+    whole, its first token this tick (one longer tick for the streams, as llama-server gives
+    every prompt). A longer one gets the most of: what fits the floor, the spare and saved
+    time under the line, and its stretch chunk (ttft_chunk_ms: what brings its first token
+    within ttft_stretch × its time in whole, counted from its arrival); and at least one
+    token. Chunking short prompts to the budget once one stream decoded put the third of
+    three streams starting together at 352 ms to its first token, against llama-server's
+    62-72 ms; without the stretch chunk a 232-token chat turn beside a stream moved 1-3
+    tokens a tick, waited for the stream to end, and went in whole then (TTFT 1.1-1.7 s on
+    the CPU)."""
     cost, used, ms = state.cost, 0, 0.0
     items: list[BatchItem] = []
     time_ms = max(a.spare_ms + a.under_ms, a.floor_ms)
@@ -557,10 +563,18 @@ def first_tokens(policy: SloPolicy, state: SchedulerState, d: Lanes,
         if s.seq_id in d.back_ids:
             continue
         first = not items
-        if s.prefill_left <= policy.ttft_burst_tokens:
+        new = s.n_prompt - s.n_cached
+        if new <= policy.ttft_burst_tokens:
             n = s.prefill_left
         else:
-            n = max(cost.chunk_tokens(time_ms - ms, s.n_past, first), 0 if items else 1)
+            beside_ms = a.decode_ms + ms
+            overhead_ms = cost.chunk_overhead_ms(s.n_past, first)
+            work_ms = cost.prefill_ms(s.prefill_left, s.n_past, first) - overhead_ms
+            # its time in whole beside this tick's decoders, had it gone in at arrival
+            due_ms = policy.ttft_stretch * (cost.prefill_ms(new, s.n_cached) + beside_ms)
+            left_ms = due_ms - (state.now_ns - s.arrival_ns) / 1e6
+            chunk_ms = max(time_ms - ms, ttft_chunk_ms(work_ms, overhead_ms, beside_ms, left_ms))
+            n = max(cost.chunk_tokens(chunk_ms, s.n_past, first), 0 if items else 1)
         n = min(s.prefill_left, a.room - used, n)
         if n <= 0:
             break
@@ -568,6 +582,18 @@ def first_tokens(policy: SloPolicy, state: SchedulerState, d: Lanes,
         used += n
         ms += cost.prefill_ms(n, s.n_past, first)
     return FirstTokens(tuple(items), ms)
+
+
+def ttft_chunk_ms(work_ms: float, overhead_ms: float, beside_ms: float,
+                  left_ms: float) -> float:
+    """The shortest chunk (ms) that finishes a prompt's work_ms within left_ms. In chunks of
+    c ms, each paying overhead_ms (its read of the cache) and each in a tick with beside_ms of
+    other work, it takes work / (c - overhead) ticks of beside + c ms: at most left_ms where
+    c >= (work × beside + left × overhead) / (left - work). Infinite (in whole) with nothing
+    beside it to protect, or where even in whole it is due."""
+    if beside_ms <= 0.0 or left_ms <= work_ms + overhead_ms + beside_ms:
+        return math.inf
+    return (work_ms * beside_ms + left_ms * overhead_ms) / (left_ms - work_ms)
 
 
 def prompt_chunks(policy: SloPolicy, state: SchedulerState, d: Lanes, a: Allowance, cap: int,

@@ -39,6 +39,7 @@ class SessionView:
     arrival_ns: int  # when the request was submitted
     first_token_ns: int  # when its first token was sampled; 0 before that
     last_token_ns: int  # when its latest token was sampled; 0 before the first
+    n_cached: int = 0  # of n_prompt, tokens the prefix cache held at admission
 
     @property
     def prefill_left(self) -> int:
