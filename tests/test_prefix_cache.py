@@ -7,6 +7,7 @@ import pytest
 import uma
 from uma import _core
 from uma.prefix_cache import MIN_REUSE_TOKENS, KvPrefixCache
+from uma.sched.cost import CostEstimate
 
 from .helpers import assert_same_greedy
 
@@ -172,8 +173,13 @@ def test_a_restore_keeps_only_the_matching_positions(model):
         ctx.seq_rm(0)
         assert cache.evict_one() and len(cache) == 0 and cache.ram_bytes > 0
         prompt = np.concatenate([tokens[:90], np.arange(500, 520, dtype=np.int32)])
+        # where prefilling the match is predicted cheaper than copying the snapshot back,
+        # the prompt is prefilled instead
+        assert cache.reuse(0, prompt, CostEstimate(per_prefill_ms=1e-6)) == 0
+        assert ctx.seq_pos_max(0) == -1 and cache.restored_bytes == 0
         assert cache.reuse(0, prompt) == 90
         assert ctx.seq_pos_max(0) == 89 and cache.restored_bytes > 0
+        assert cache.restore_ms > 0  # timed: later choices use the bandwidth it showed
     finally:
         batch.close()
         ctx.close()

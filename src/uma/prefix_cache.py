@@ -14,27 +14,25 @@ recency); this module owns the spare sequences and the calls into the context. E
 least recently used first when the spare sequences or the token budget run out, and whenever
 the KV cache has no room for running work (`evict_one`): the cache never fails a request.
 An entry that leaves is snapshotted to host memory first (`llama_state_seq_get_data`) while
-the RAM budget allows; a later prompt that matches a snapshot well beyond any live entry gets
-it restored (`_set_data`) into its sequence, trimmed to the match.
+the RAM budget allows; a later prompt can get it restored (`_set_data`) into its sequence,
+trimmed to the match. Which tier a prompt starts from is uma.sched.reuse's choice: this module
+finds the candidates (`candidates`) and carries the choice out (`take`).
 """
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from uma.errors import UmaError
-from uma.prefix_index import PrefixIndex
+from uma.prefix_index import Match, PrefixIndex
+from uma.sched.cost import CostEstimate
+from uma.sched.reuse import MIN_REUSE_TOKENS, RESTORE_BYTES_PER_MS, Candidates, choose_reuse
 
 if TYPE_CHECKING:
     from uma import _core
-
-# A shorter match is not worth a sequence copy: a few tokens prefill in about the time the
-# copy and the bookkeeping take, and every prompt shares its first (BOS, template) tokens.
-MIN_REUSE_TOKENS = 16
-# A snapshot must beat the live cells by this many tokens to be restored rather than shared.
-RESTORE_GAIN_TOKENS = 64
 
 
 class KvPrefixCache:
@@ -54,6 +52,8 @@ class KvPrefixCache:
         self._tokens_of: dict[int, np.ndarray] = {}  # "kv" entry -> its tokens (to snapshot)
         self._snapshot: dict[int, bytes] = {}  # "ram" entry -> its sequence state
         self.restored_bytes = 0  # snapshot bytes read back into the KV cache, in all
+        self.restore_ms = 0.0  # the time those restores took
+        self._match: dict[str, Match | None] = {}  # candidates' matches, until take()
 
     def __len__(self) -> int:
         return len(self._seq_of)
@@ -88,34 +88,57 @@ class KvPrefixCache:
         for victim in self.index.evictions("kv", self.budget).victims:
             self._drop(victim)
 
-    def reuse(self, seq: int, tokens: np.ndarray) -> int:
-        """Gives the empty sequence `seq` the longest cached prefix of `tokens`; returns how
-        many tokens it holds now (0: none worth reusing). At most all but the last token: the
-        prompt's last one is decoded again for its logits."""
+    @property
+    def restore_bytes_per_ms(self) -> float:
+        """The bandwidth restores have shown (RESTORE_BYTES_PER_MS before the first)."""
+        if self.restore_ms <= 0.0:
+            return RESTORE_BYTES_PER_MS
+        return self.restored_bytes / self.restore_ms
+
+    def reuse(self, seq: int, tokens: np.ndarray, cost: CostEstimate | None = None) -> int:
+        """Gives the empty sequence `seq` the cached prefix of `tokens` that saves the most
+        predicted time (uma.sched.reuse.choose_reuse); returns how many tokens it holds now
+        (0: none worth reusing)."""
+        choice = choose_reuse(self.candidates(tokens), cost or CostEstimate(),
+                              self.restore_bytes_per_ms)
+        return self.take(seq, choice.tier, choice.tokens)
+
+    def candidates(self, tokens: np.ndarray) -> Candidates:
+        """The longest match of `tokens` in each tier, at most all but the last token (the
+        prompt's last one is decoded again for its logits); take() uses one of them."""
         kv = self.index.longest(tokens, "kv")
         ram = self.index.longest(tokens, "ram") if self._snapshot else None
-        kv_n = min(kv.length, len(tokens) - 1) if kv is not None else 0
-        ram_n = min(ram.length, len(tokens) - 1) if ram is not None else 0
-        # A snapshot is restored only where it saves a real prefill beyond the live match:
-        # restoring copies the whole entry back, where sharing live cells copies nothing.
-        if ram is not None and ram_n >= max(kv_n + RESTORE_GAIN_TOKENS, MIN_REUSE_TOKENS) \
-                and self._restore(seq, ram.entry, ram_n):
-            return ram_n
-        if kv is None or kv_n < MIN_REUSE_TOKENS:
+        self._match = {"kv": kv, "ram": ram}
+        last = len(tokens) - 1
+        return Candidates(min(kv.length, last) if kv is not None else 0,
+                          min(ram.length, last) if ram is not None else 0,
+                          len(self._snapshot[ram.entry]) if ram is not None else 0)
+
+    def take(self, seq: int, tier: str, n: int) -> int:
+        """Gives the empty sequence `seq` the first n tokens of the last candidates' match in
+        `tier` ("kv": shared cells, "ram": a restore); returns the tokens it holds now (0 where
+        a restore found no room in the KV cache)."""
+        match = self._match.get(tier)
+        self._match = {}
+        if match is None or n <= 0:
             return 0
-        self.ctx.seq_cp(self._seq_of[kv.entry], seq, 0, kv_n)
-        self.index.touch(kv.entry)
-        return kv_n
+        if tier == "ram":
+            return n if self._restore(seq, match.entry, n) else 0
+        self.ctx.seq_cp(self._seq_of[match.entry], seq, 0, n)
+        self.index.touch(match.entry)
+        return n
 
     def _restore(self, seq: int, entry: int, n: int) -> bool:
         """Reads a snapshot back into the empty sequence `seq`, keeping its first n positions;
         False (and `seq` left empty) where the KV cache has no room for it."""
         data = self._snapshot[entry]
+        start = time.perf_counter()
         try:
             self.ctx.set_seq_state(seq, data)
         except UmaError:
             self.ctx.seq_rm(seq)
             return False
+        self.restore_ms += 1e3 * (time.perf_counter() - start)
         self.ctx.seq_rm(seq, n, -1)
         self.index.touch(entry)
         self.restored_bytes += len(data)
