@@ -183,3 +183,49 @@ def test_a_restore_keeps_only_the_matching_positions(model):
     finally:
         batch.close()
         ctx.close()
+
+
+def test_a_request_cancelled_at_its_restore_leaves_other_work_and_the_cache_intact(
+        tiny_path, cold):
+    """A request whose prompt is restored from host memory is cancelled as soon as it is
+    submitted, wherever that lands (queued, at its restore, prefilling): a stream running
+    beside it keeps its tokens, and the snapshot still serves the next such prompt."""
+    other = "Something else entirely, " * 20
+    with engine(tiny_path, prefix_cache=0) as e:
+        beside_cold = e.generate(other, max_tokens=48, ignore_eos=True, logprobs=True)
+    with engine(tiny_path, n_seq_max=2, prefix_cache=1, prefix_cache_ram_mb=64) as e:
+        e.generate(SYSTEM + QUESTIONS[0], max_tokens=4, ignore_eos=True)
+        e.generate(other, max_tokens=4, ignore_eos=True)  # pushes the system prompt to RAM
+        beside = e.submit(other, max_tokens=48, ignore_eos=True, logprobs=True)
+        gone = e.submit(SYSTEM + QUESTIONS[1], max_tokens=64, ignore_eos=True)
+        gone.cancel()
+        assert gone.result(timeout=60).finish_reason == "cancelled"
+        same(beside_cold, beside.result(timeout=60))
+        again = e.generate(SYSTEM + QUESTIONS[1], max_tokens=16, ignore_eos=True,
+                           logprobs=True)
+        snap = e.snapshot()
+        system = len(e.model.tokenize(SYSTEM))
+    same(cold[QUESTIONS[1]], again)
+    assert again.usage.cached_tokens >= system - 2
+    assert snap["requests_error_total"] == 0
+
+
+def test_entries_leave_while_requests_run_side_by_side(tiny_path):
+    """Rounds of two requests at once, each round's prompts new, in a context that holds
+    about two requests: every round finds the last round's entries in the way and they leave
+    for it; no request fails, is preempted or changes a token."""
+    prompts = [[f"Round {r} app {a}: " + "tell me more about the harbour. " * 8
+                for a in range(2)] for r in range(3)]
+    with engine(tiny_path, n_ctx=512, prefix_cache=0) as e:
+        expected = {p: e.generate(p, max_tokens=24, ignore_eos=True, logprobs=True)
+                    for pair in prompts for p in pair}
+    with engine(tiny_path, n_ctx=512, n_seq_max=2) as e:
+        for pair in prompts:
+            handles = [e.submit(p, max_tokens=24, ignore_eos=True, logprobs=True)
+                       for p in pair]
+            for p, h in zip(pair, handles, strict=True):
+                same(expected[p], h.result(timeout=60))
+        snap = e.snapshot()
+    assert snap["prefix_cache_tokens"] > 0  # entries were kept...
+    assert snap["prefix_cache_kv_evictions_total"] > 0  # ...and left for the next rounds
+    assert snap["requests_error_total"] == 0 and snap["preemptions_total"] == 0

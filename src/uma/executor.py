@@ -114,6 +114,7 @@ class Executor:
         if prefix is not None:  # the cache's sizes are read when asked, not tracked
             self.m.prefix_cached.fn = lambda: prefix.tokens
             self.m.prefix_ram.fn = lambda: prefix.ram_bytes
+            prefix.on_evict = lambda tier: self.m.prefix_evicted[tier].inc()
         self.bmt = bmt
         self.bmt_budget_gbps = bmt_budget_gbps
         self.m.bmt_budget.set(bmt_budget_gbps)

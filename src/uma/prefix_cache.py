@@ -22,6 +22,7 @@ finds the candidates (`candidates`) and carries the choice out (`take`).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -53,6 +54,9 @@ class KvPrefixCache:
         self._snapshot: dict[int, bytes] = {}  # "ram" entry -> its sequence state
         self.restored_bytes = 0  # snapshot bytes read back into the KV cache, in all
         self.restore_ms = 0.0  # the time those restores took
+        # called as an entry leaves a tier for room: "kv" (the KV cache, snapshotted or not),
+        # "ram" (a snapshot, for the RAM budget); the executor counts them
+        self.on_evict: Callable[[str], None] = lambda tier: None
         self._match: dict[str, Match | None] = {}  # candidates' matches, until take()
 
     def __len__(self) -> int:
@@ -176,6 +180,9 @@ class KvPrefixCache:
                 for victim in self.index.evictions("ram", self.ram_budget).victims:
                     self.index.remove(victim)
                     del self._snapshot[victim]
+                    self.on_evict("ram")
         self.ctx.seq_rm(spare)  # frees the cells no running request shares
         self.index.remove(entry)
         self._free.append(spare)
+        if keep:
+            self.on_evict("kv")

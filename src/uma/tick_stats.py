@@ -86,6 +86,11 @@ class TickMetrics:
                                     "host memory the prefix cache's snapshots take")
         self.prefix_restored = reg.counter("prefix_cache_restored_bytes_total",
                                            "snapshot bytes read back into the KV cache")
+        self.prefix_evicted = {
+            "kv": reg.counter("prefix_cache_kv_evictions_total",
+                              "cached entries that left the KV cache for room"),
+            "ram": reg.counter("prefix_cache_ram_evictions_total",
+                               "host-memory snapshots dropped for the RAM budget")}
         self.finished = {r: reg.counter(f"requests_{r}_total", f"requests ended: {r}")
                          for r in ("stop", "length", "cancelled", "error")}
         self.ttft = {p: reg.histogram(f"ttft_ms_{p.value}", f"time to first token, {p.value}")
