@@ -49,7 +49,7 @@ for m in $MODELS; do
     for depth in $KV_DEPTHS; do
       for kv in f16 q8_0; do
         timeout 280 python3 benches/decode_throughput.py --model "$m" --backend cuda $GPU \
-          --streams "$KV_STREAMS" --pp "$depth" --tg 128 --repeat 3 --kv-unified --kv-type $kv \
+          --streams "$KV_STREAMS" --pp "$depth" --tg 128 --repeat 3 --kv-unified --kv-type $kv --prefill-first \
           --out "$OUT/kv_${m}_${depth}_$kv.json" 2>&1 | quiet | tee -a "$OUT/log.txt"
       done
     done
