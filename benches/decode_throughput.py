@@ -47,17 +47,9 @@ def peer_tg_speed(tool: Path, model: Path, pp: int, tg: int, pl: int, threads: i
     return float(rows[-1]["speed_tg"])
 
 
-def engine_run(engine: uma.Engine, vocab: int, pp: int, tg: int, pl: int, seed: int,
-               prefill_first: bool = False) -> dict:
+def engine_run(engine: uma.Engine, vocab: int, pp: int, tg: int, pl: int, seed: int) -> dict:
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(100, vocab - 100, pp).astype(np.int32) for _ in range(pl)]
-    if prefill_first:
-        # Long prompts prefill one after another, so the first streams finish their tokens
-        # before the last start and no stretch has them all decoding: prefill each first
-        # (its KV stays in the prefix cache), then the timed requests reuse it and all decode
-        # together from their first tick, as llama-batched-bench's do after its prompt phase.
-        for h in [engine.submit(p, max_tokens=1) for p in prompts]:
-            h.result(timeout=3600)
     before = engine.snapshot()
     handles = [engine.submit(p, max_tokens=tg, ignore_eos=True) for p in prompts]
     results = [h.result(timeout=3600) for h in handles]
@@ -96,9 +88,10 @@ def main() -> int:
                          "default is off)")
     ap.add_argument("--kv-type", default="f16", choices=("f16", "q8_0", "q4_0"),
                     help="the KV cache's type (keys and values), on both sides")
-    ap.add_argument("--prefill-first", action="store_true",
-                    help="prefill every prompt before the timed run (kept by the prefix cache), "
-                         "so that long prompts' streams all decode together")
+    ap.add_argument("--prompts-together", action="store_true",
+                    help="a batch as large as all prompts, so that they go in in one tick and "
+                         "the streams decode together, as llama-batched-bench's do after its "
+                         "prompt phase (long prompts otherwise finish far apart)")
     ap.add_argument("--device-sampling", default="auto",
                     help="the engine's device_sampling: auto, on or off")
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
@@ -108,18 +101,15 @@ def main() -> int:
     model = Path(ns.model) if Path(ns.model).exists() else synth.cached_model(ns.model)
     rows = []
     for pl in (int(x) for x in ns.streams.split(",")):
-        # with --prefill-first the prefix cache keeps every stream's prompt between the phases
-        cache = {"prefix_cache": pl, "prefix_cache_tokens": pl * (ns.pp + ns.tg)} \
-            if ns.prefill_first else {}
-        engine = uma.Engine(model, n_ctx=pl * (ns.pp + ns.tg) + 64, n_seq_max=pl, n_batch=2048,
+        n_batch = max(2048, pl * ns.pp) if ns.prompts_together else 2048
+        engine = uma.Engine(model, n_ctx=pl * (ns.pp + ns.tg) + 64, n_seq_max=pl, n_batch=n_batch,
                             n_ubatch=512, n_threads=ns.threads, n_gpu_layers=ns.gpu_layers,
                             kv_unified=ns.kv_unified, device_sampling=ns.device_sampling,
-                            type_k=ns.kv_type, type_v=ns.kv_type, **cache)
+                            type_k=ns.kv_type, type_v=ns.kv_type)
         engine.generate("warm up", max_tokens=4)
         ours, theirs = [], []
         for i in range(ns.repeat):
-            ours.append(engine_run(engine, engine.model.n_vocab, ns.pp, ns.tg, pl, seed=i,
-                                   prefill_first=ns.prefill_first))
+            ours.append(engine_run(engine, engine.model.n_vocab, ns.pp, ns.tg, pl, seed=i))
             theirs.append(peer_tg_speed(tools["llama-batched-bench"], model, ns.pp, ns.tg, pl,
                                         ns.threads, ns.gpu_layers, ns.kv_unified, ns.kv_type))
         engine.close()
@@ -139,7 +129,7 @@ def main() -> int:
               flush=True)
     report = {
         "model": str(model), "backend": ns.backend, "threads": ns.threads, "pp": ns.pp,
-        "kv_unified": ns.kv_unified, "kv_type": ns.kv_type, "prefill_first": ns.prefill_first,
+        "kv_unified": ns.kv_unified, "kv_type": ns.kv_type, "prompts_together": ns.prompts_together,
         "device_sampling": ns.device_sampling,
         "tg": ns.tg, "gpu_layers": ns.gpu_layers, "rows": rows,
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),

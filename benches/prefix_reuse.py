@@ -11,7 +11,7 @@ new user tokens, and asks for 32 tokens; the history then grows by the user toke
 history up to the last prompt). TTFT by turn, median over the conversations.
 system: --apps requests one after the other, each a 1,500-token system prompt and its own
 40-token question. TTFT of each. Both servers get 4 slots and one KV buffer for all of them;
-the sides run one after the other, each on a fresh server.
+the sides run one after the other, each on a fresh server, --repeat times in alternating order.
 """
 
 from __future__ import annotations
@@ -84,6 +84,7 @@ def main() -> int:
     ap.add_argument("--conversations", type=int, default=2)
     ap.add_argument("--turns", type=int, default=8)
     ap.add_argument("--apps", type=int, default=6)
+    ap.add_argument("--repeat", type=int, default=1, help="runs a side, alternating order")
     ap.add_argument("--out", type=Path, default=None)
     ns = ap.parse_args()
     path = Path(ns.model) if Path(ns.model).exists() else synth.cached_model(ns.model)
@@ -96,17 +97,33 @@ def main() -> int:
         "llama-server": lambda: llama_server(tool, path, prompt_cache=True,
                                              args=("-kvu",), **common),
     }
-    for name, start in sides.items():
-        with start() as server:
-            ask(server, tokens(np.random.default_rng(99), 16), 4)  # warm-up
-            # seeds far apart: one generator's draws must not reappear in another's prompt
-            report[name] = {"chat_ttft_ms": chat(server, ns.conversations, ns.turns, seed=1000),
-                            "system_ttft_ms": system_prompt(server, ns.apps, seed=2000)}
-        row = report[name]
-        print(f"{name:13s} chat TTFT by turn: "
-              + ", ".join(f"{v:.0f}" for v in row["chat_ttft_ms"]), flush=True)
-        print(f"{name:13s} system prompt TTFT: "
-              + ", ".join(f"{v:.0f}" for v in row["system_ttft_ms"]), flush=True)
+    runs: dict[str, dict[str, list[list[float]]]] = {
+        name: {"chat_ttft_ms": [], "system_ttft_ms": []} for name in sides}
+    for r in range(ns.repeat):
+        # the sides alternate which goes first
+        for name in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
+            with sides[name]() as server:
+                ask(server, tokens(np.random.default_rng(99), 16), 4)  # warm-up
+                # seeds far apart: one generator's draws must not reappear in another's prompt
+                runs[name]["chat_ttft_ms"].append(chat(server, ns.conversations, ns.turns,
+                                                       seed=1000 + r))
+                runs[name]["system_ttft_ms"].append(system_prompt(server, ns.apps,
+                                                                  seed=2000 + r))
+            for key, label in (("chat_ttft_ms", "chat TTFT by turn"),
+                               ("system_ttft_ms", "system prompt TTFT")):
+                print(f"run {r} {name:13s} {label}: "
+                      + ", ".join(f"{v:.0f}" for v in runs[name][key][-1]), flush=True)
+    for name, row in runs.items():
+        report[name] = {**row, **{f"{key}_median": [statistics.median(col) for col in
+                                                     zip(*row[key], strict=True)]
+                                  for key in ("chat_ttft_ms", "system_ttft_ms")}}
+        late = [statistics.median(run[2:]) for run in row["chat_ttft_ms"]]
+        report[name]["chat_from_turn_3_median_ms"] = late
+        print(f"{name:13s} median of runs, chat by turn: "
+              + ", ".join(f"{v:.0f}" for v in report[name]["chat_ttft_ms_median"])
+              + f"; from turn 3 on, each run: {', '.join(f'{v:.0f}' for v in late)}; "
+              + "system: " + ", ".join(f"{v:.0f}" for v in report[name]["system_ttft_ms_median"]),
+              flush=True)
     if ns.out:
         ns.out.write_text(json.dumps(report, indent=2))
     return 0

@@ -49,12 +49,13 @@ for m in $MODELS; do
     for depth in $KV_DEPTHS; do
       for kv in f16 q8_0; do
         timeout 280 python3 benches/decode_throughput.py --model "$m" --backend cuda $GPU \
-          --streams "$KV_STREAMS" --pp "$depth" --tg 128 --repeat 3 --kv-unified --kv-type $kv --prefill-first \
+          --streams "$KV_STREAMS" --pp "$depth" --tg 128 --repeat 3 --kv-type $kv \
+          --prompts-together \
           --out "$OUT/kv_${m}_${depth}_$kv.json" 2>&1 | quiet | tee -a "$OUT/log.txt"
       done
     done
   elif [[ $PART == prefix ]]; then
-    timeout 300 python3 benches/prefix_reuse.py --model "$m" --backend cuda $GPU \
+    timeout 300 python3 benches/prefix_reuse.py --model "$m" --backend cuda $GPU --repeat 3 \
       --out "$OUT/prefix_reuse_$m.json" 2>&1 | quiet | tee -a "$OUT/log.txt"
     timeout 200 python3 benches/prefix_restore.py --model "$m" $GPU --history 8000 \
       --out "$OUT/prefix_restore_$m.json" 2>&1 | quiet | tee -a "$OUT/log.txt"
