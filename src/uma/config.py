@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TypedDict
 
+from uma.app import app_name, app_weight
 from uma.errors import InvalidRequestError
 
 # The native sampler holds its options as 32-bit floats; every bound below keeps the values,
@@ -197,6 +198,10 @@ class EngineConfig:
     # slo: the scheduling policy's knobs given, as (name, value) pairs (hashable, so the config
     # stays frozen; a dict is taken too); the rest keep SloPolicy's defaults (uma.sched.knobs)
     slo: tuple[tuple[str, float | int | bool], ...] = ()
+    # fair share between apps (uma.sched.fair): each app's weight, as (name, weight) pairs or a
+    # dict (apps not named weigh 1); fair_share off: first come, first served within a class
+    app_weights: tuple[tuple[str, float], ...] = ()
+    fair_share: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -250,10 +255,24 @@ class EngineConfig:
                 f"prefix_cache_ram_mb must be in [0, 2**24), not {self.prefix_cache_ram_mb}")
         if self.policy not in ("slo", "baseline"):
             raise InvalidRequestError(f"policy must be 'slo' or 'baseline', not {self.policy!r}")
+        if not isinstance(self.fair_share, bool):
+            raise InvalidRequestError("fair_share must be a boolean")
+        object.__setattr__(self, "app_weights", _app_weights(self.app_weights))
         # Imported here: uma.sched.knobs reads SloPolicy, whose module imports this one.
         from uma.sched.knobs import check_knobs
 
         object.__setattr__(self, "slo", check_knobs(self.slo))
+
+
+def _app_weights(value: object) -> tuple[tuple[str, float], ...]:
+    """(name, weight) pairs, checked, sorted by name; a dict is taken too."""
+    try:
+        pairs = dict(value)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        raise InvalidRequestError(
+            "app_weights must map app names to weights, or be (name, weight) pairs") from None
+    return tuple(sorted((app_name(name, "an app_weights name"),
+                         app_weight(w, f"app_weights[{name!r}]")) for name, w in pairs.items()))
 
 
 @dataclass(frozen=True)

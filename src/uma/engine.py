@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from uma.app import DEFAULT_APP, app_name, app_weight
 from uma.config import EngineConfig, SamplingParams
 from uma.errors import (
     ClosedError,
@@ -92,6 +93,7 @@ class Engine:
         # Imported here: the engine's module loads without the compiled core (uma.fake_core).
         core = core_module if core_module is not None else importlib.import_module("uma._core")
         self.config = config
+        self._weights = dict(config.app_weights)
         self._closed = False
         self._cond = threading.Condition()
         self._inbox: list[Request] = []
@@ -126,7 +128,8 @@ class Engine:
                                   bmt=BmtModel.of(self.model, config.type_k),
                                   bmt_budget_gbps=self._bandwidth(config, core),
                                   device_sampling=self._device_sampling(config, core),
-                                  overlap=self._on_gpu(config.overlap, config, core))
+                                  overlap=self._on_gpu(config.overlap, config, core),
+                                  fair_share=config.fair_share)
         self._submitted = self.metrics.counter("requests_submitted_total", "requests accepted")
         self.metrics.gauge("slots_total", "requests decoded at once (KV sequences)").set(
             config.n_seq_max)
@@ -179,13 +182,18 @@ class Engine:
     # --- submitting ------------------------------------------------------------------------
 
     def submit(self, prompt: Prompt, params: SamplingParams | None = None, *,
-               priority: str | Priority = "interactive", **options: Any) -> RequestHandle:
+               priority: str | Priority = "interactive", app: str | None = None,
+               weight: float | None = None, **options: Any) -> RequestHandle:
         """Queues a request and returns its handle at once.
 
         prompt: text, token ids, or chat messages ([{'role': ..., 'content': ...}], rendered
         with the model's chat template). options override fields of params (SamplingParams).
+        app: who sends it, for fair share between apps ('default' if None); weight: its app's
+        share relative to others' (None: the app_weights setting's, else 1).
         Raises InvalidRequestError (and subclasses) for input that can never run.
         """
+        app = DEFAULT_APP if app is None else app_name(app)
+        weight = self._weights.get(app, 1.0) if weight is None else app_weight(weight)
         params = params or SamplingParams()
         if options:
             try:
@@ -213,7 +221,7 @@ class Engine:
                 raise EngineBusyError(
                     f"{self.config.max_queue} requests are already waiting; try again later")
             rid = next(self._rids)
-            req = Request(rid, tokens, params, prio, time.monotonic_ns())
+            req = Request(rid, tokens, params, prio, time.monotonic_ns(), app, weight)
             req.handle = RequestHandle(rid, functools.partial(self._cancel, req))
             req.handle._request = req
             self._inbox.append(req)

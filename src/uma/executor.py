@@ -37,10 +37,11 @@ from uma.metrics import LoadMeter, Registry
 from uma.output import END, TOKEN, Event, OutputStage
 from uma.prefix_cache import KvPrefixCache
 from uma.request import Request
+from uma.sched import fair
 from uma.sched.bmt import BmtModel
 from uma.sched.cost import CostModel, attended
 from uma.sched.policy import BatchPolicy
-from uma.sched.state import BatchItem, Phase, Plan, Priority, SchedulerState, Waiting
+from uma.sched.state import BatchItem, Phase, Plan, Priority, SchedulerState
 from uma.tick_stats import TickReport, TickStats
 
 if TYPE_CHECKING:
@@ -68,14 +69,16 @@ class Executor:
                  metrics: Registry, core: ModuleType, bmt: BmtModel | None = None,
                  bmt_budget_gbps: float = 0.0, device_sampling: bool = False,
                  overlap: bool = False, n_running: int | None = None,
-                 prefix: KvPrefixCache | None = None) -> None:
+                 prefix: KvPrefixCache | None = None, fair_share: bool = False) -> None:
         """core: the module whose Batch and Sampler go with ctx (uma._core, or a stand-in).
         device_sampling: sample on the device the rows of requests whose options it can
         compute (Context.set_sampler); the host sampler takes the others.
         overlap: publish a tick's tokens and statistics while the device runs the next
         decode (for devices whose decode call returns once the work is queued: GPUs).
         n_running: sequences for requests (the first ones; default all); prefix: the prefix
-        cache, which holds the context's other sequences."""
+        cache, which holds the context's other sequences. fair_share: sequences are shared
+        between apps (uma.sched.fair), parking requests of apps over their share for apps
+        waiting below theirs; otherwise the policy admits (first come, first served)."""
         self.ctx = ctx
         self.model = ctx.model
         self.policy = policy
@@ -84,6 +87,7 @@ class Executor:
         self.sampler = core.Sampler(ctx.n_seq_max, self.model.n_vocab)
         self.device_sampling = device_sampling
         self.overlap = overlap
+        self.fair_share = fair_share
         # What the tick hands on, kept until _flush: output events in order, the tokens'
         # latencies for the metrics, and the tick's report for the statistics.
         self._outbox: list[Event] = []
@@ -255,13 +259,27 @@ class Executor:
                     self.release(req, "cancelled")
 
     def _admit(self) -> None:
-        """Gives free sequences to the queued requests the policy picks."""
-        if not self.free_seqs or not any(self.waiting.values()):
+        """Gives free sequences to the queued requests the policy picks (with fair share: the
+        apps furthest below their share first, after parking requests of apps over theirs
+        where an app waits with none free)."""
+        if not any(self.waiting.values()):
+            return
+        sessions = [r.view() for r in self.running.values()]
+        if self.fair_share:
+            views = [r.waiting() for q in self.waiting.values() for r in q]
+            parked = fair.park(sessions, views, len(self.free_seqs), self.n_running)
+            for seq in parked:
+                self.m.fair_parked.inc()
+                self._preempt(self.running[seq])
+            if parked:
+                sessions = [r.view() for r in self.running.values()]
+        if not self.free_seqs:
             return
         queued = {r.rid: r for q in self.waiting.values() for r in q}
-        views = [Waiting(r.rid, r.priority, len(r.tokens), r.arrival_ns)
-                 for r in queued.values()]
-        for rid in self.policy.admit(views, len(self.free_seqs)):
+        views = [r.waiting() for r in queued.values()]
+        chosen = fair.admit_fairly(views, len(self.free_seqs), sessions) if self.fair_share \
+            else self.policy.admit(views, len(self.free_seqs))
+        for rid in chosen:
             req = queued[rid]
             self.waiting[req.priority].remove(req)
             req.seq_id = heapq.heappop(self.free_seqs)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from uma.app import DEFAULT_APP
 from uma.config import SamplingParams
 from uma.handle import RequestHandle
-from uma.sched.state import Phase, Priority, SessionView
+from uma.sched.state import Phase, Priority, SessionView, Waiting
 
 
 class Request:
@@ -16,12 +17,15 @@ class Request:
         "rid", "handle", "params", "priority", "prompt", "tokens", "generated", "seq_id",
         "n_prefilled", "n_past", "cached_tokens", "n_sampled", "last_token", "arrival_ns",
         "admitted_ns", "first_token_ns", "last_token_ns", "cancelled", "stop_hit", "failure",
-        "done",
+        "done", "app", "weight",
     )
 
     def __init__(self, rid: int, tokens: np.ndarray, params: SamplingParams,
-                 priority: Priority, now_ns: int) -> None:
+                 priority: Priority, now_ns: int, app: str = DEFAULT_APP,
+                 weight: float = 1.0) -> None:
         self.rid = rid
+        self.app = app  # who sent it, for fair share (uma.sched.fair)
+        self.weight = weight
         self.handle: RequestHandle | None = None  # set right after, by whoever created it
         self.params = params
         self.priority = priority
@@ -58,5 +62,10 @@ class Request:
             seq_id=self.seq_id, rid=self.rid, phase=self.phase, priority=self.priority,
             n_prompt=len(self.tokens), n_prefilled=self.n_prefilled, n_generated=self.n_sampled,
             n_past=self.n_past, arrival_ns=self.arrival_ns, first_token_ns=self.first_token_ns,
-            last_token_ns=self.last_token_ns, n_cached=self.cached_tokens,
+            last_token_ns=self.last_token_ns, n_cached=self.cached_tokens, app=self.app,
+            weight=self.weight,
         )
+
+    def waiting(self) -> Waiting:
+        return Waiting(self.rid, self.priority, len(self.tokens), self.arrival_ns, self.app,
+                       self.weight)

@@ -74,6 +74,8 @@ class TickMetrics:
         self.over_budget = reg.counter("ticks_over_budget_total", "ticks longer than budget")
         self.kv_full = reg.counter("kv_full_total", "decodes that found no KV slot")
         self.preempted = reg.counter("preemptions_total", "requests sent back to the queue")
+        self.fair_parked = reg.counter("fair_parked_total",
+                                       "of those, parked for an app waiting below its share")
         self.prefix_lookups = reg.counter("prefix_cache_lookups_total",
                                           "admissions that looked for a cached prefix")
         self.prefix_hits = reg.counter("prefix_cache_hits_total",

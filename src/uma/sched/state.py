@@ -40,6 +40,8 @@ class SessionView:
     first_token_ns: int  # when its first token was sampled; 0 before that
     last_token_ns: int  # when its latest token was sampled; 0 before the first
     n_cached: int = 0  # of n_prompt, tokens the prefix cache held at admission
+    app: str = ""  # the app that sent it (uma.sched.fair)
+    weight: float = 1.0  # its app's weight
 
     @property
     def prefill_left(self) -> int:
@@ -54,6 +56,8 @@ class Waiting:
     priority: Priority
     n_prompt: int  # tokens it will prefill
     arrival_ns: int
+    app: str = ""  # the app that sent it (uma.sched.fair)
+    weight: float = 1.0  # its app's weight
 
 
 @dataclass(frozen=True, slots=True)

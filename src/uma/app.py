@@ -1,0 +1,35 @@
+"""App identity: who sent a request, for fair share between apps (uma.sched.fair) and the
+per-app metrics. A name is what an app declares (the socket's `app` field, HTTP's `user` or
+`X-App`, `Engine.submit(app=...)`), else its connection's; a weight scales its share."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from uma.errors import InvalidRequestError
+
+DEFAULT_APP = "default"  # an Engine caller that names none
+MAX_WEIGHT = 1000.0
+# Shown in metrics labels and `uma ps`: printable, no quotes, spaces or braces.
+_NAME = re.compile(r"[A-Za-z0-9._:@/+-]{1,64}")
+
+
+def app_name(value: object, field: str = "app") -> str:
+    """A checked app name; InvalidRequestError naming `field` otherwise."""
+    if type(value) is not str:
+        raise InvalidRequestError(f"{field} must be a string, not {type(value).__name__}")
+    if not _NAME.fullmatch(value):
+        raise InvalidRequestError(
+            f"{field} must be 1-64 characters of letters, digits and ._:@/+-, not {value!r}")
+    return value
+
+
+def app_weight(value: object, field: str = "weight") -> float:
+    """A checked weight: a finite number in (0, MAX_WEIGHT]."""
+    if type(value) not in (int, float):
+        raise InvalidRequestError(f"{field} must be a number, not {type(value).__name__}")
+    weight = float(value)  # type: ignore[arg-type]
+    if not (math.isfinite(weight) and 0 < weight <= MAX_WEIGHT):
+        raise InvalidRequestError(f"{field} must be in (0, {MAX_WEIGHT:g}], not {value!r}")
+    return weight

@@ -1,0 +1,84 @@
+"""Fair share between apps: admission order and parking, on synthetic snapshots."""
+
+from __future__ import annotations
+
+from uma.sched.fair import admit_fairly, park, shares
+from uma.sched.state import Phase, Priority, SessionView, Waiting
+
+INT, BG = Priority.INTERACTIVE, Priority.BACKGROUND
+
+
+def running(seq: int, app: str, priority: Priority = INT, weight: float = 1.0) -> SessionView:
+    return SessionView(seq_id=seq, rid=seq, phase=Phase.DECODE, priority=priority, n_prompt=8,
+                       n_prefilled=8, n_generated=1, n_past=9, arrival_ns=seq,
+                       first_token_ns=1, last_token_ns=1, app=app, weight=weight)
+
+
+def queued(rid: int, app: str, priority: Priority = INT, weight: float = 1.0) -> Waiting:
+    return Waiting(rid, priority, 8, rid, app, weight)
+
+
+def test_one_app_is_first_come_first_served_within_a_class():
+    waiting = [queued(5, "a"), queued(3, "a", BG), queued(4, "a"), queued(1, "a", BG)]
+    assert admit_fairly(waiting, 3) == (4, 5, 1)
+    assert admit_fairly(waiting, 0) == () and admit_fairly([], 4) == ()
+
+
+def test_free_sequences_go_to_the_app_holding_the_fewest():
+    # a holds three, b one: b's later request goes before a's earlier ones, then they alternate
+    sessions = [running(0, "a"), running(1, "a"), running(2, "a"), running(3, "b")]
+    waiting = [queued(10, "a"), queued(11, "a"), queued(12, "b"), queued(13, "b")]
+    assert admit_fairly(waiting, 3, sessions) == (12, 13, 10)
+
+
+def test_weights_scale_what_an_app_holds():
+    waiting = [queued(1, "a", weight=3.0), queued(2, "a", weight=3.0), queued(3, "a", weight=3.0),
+               queued(4, "b"), queued(5, "b")]
+    assert admit_fairly(waiting, 4) == (1, 4, 2, 3)  # a:b = 3:1 once both hold some
+
+
+def test_an_idle_share_is_lent_to_whoever_has_work():
+    # work-conserving: the flood takes every sequence nobody else asks for
+    waiting = [queued(r, "flood") for r in range(10)]
+    assert admit_fairly(waiting, 4) == (0, 1, 2, 3)
+    assert park([running(s, "flood") for s in range(4)], waiting[4:], 0, 4) == ()
+
+
+def test_an_app_that_arrives_during_a_flood_gets_a_sequence_at_the_next_tick():
+    flood = [running(s, "a") for s in range(4)]
+    late = [queued(20, "b")]
+    # the flood's newest request is parked, and b is admitted ahead of a's queue
+    assert park(flood, [queued(10, "a"), *late], 0, 4) == (3,)
+    after = flood[:3]
+    assert admit_fairly([queued(3, "a"), queued(10, "a"), *late], 1, after) == (20,)
+    # from there nobody is parked: each app holds at least its share
+    assert park([*after, running(5, "b")], [queued(3, "a"), queued(10, "a")], 0, 4) == ()
+
+
+def test_a_free_sequence_is_used_before_anyone_is_parked():
+    flood = [running(s, "a") for s in range(3)]
+    assert park(flood, [queued(9, "b")], 1, 4) == ()
+
+
+def test_background_work_never_parks_an_interactive_request():
+    flood = [running(s, "a") for s in range(4)]
+    assert park(flood, [queued(9, "b", BG)], 0, 4) == ()
+    mixed = [running(0, "a"), running(1, "a", BG), running(2, "a"), running(3, "a")]
+    assert park(mixed, [queued(9, "b", BG)], 0, 4) == (1,)  # its own class's, if any
+
+
+def test_more_apps_than_sequences_each_get_one_in_turn():
+    # four apps, two sequences: the share is one each (at least one), so the app holding
+    # two gives one up for a waiting app, and nobody parks anyone to hold a second
+    sessions = [running(0, "a"), running(1, "a")]
+    waiting = [queued(5, "b"), queued(6, "c"), queued(7, "d")]
+    assert shares(sessions, waiting, 2) == {"a": 1, "b": 1, "c": 1, "d": 1}
+    assert park(sessions, waiting, 0, 2) == (1,)
+    assert park([running(0, "a"), running(2, "b")], waiting[1:], 0, 2) == ()
+
+
+def test_a_heavier_app_keeps_more_before_it_is_parked():
+    heavy = [running(s, "a", weight=3.0) for s in range(4)]
+    assert shares(heavy, [queued(9, "b")], 4) == {"a": 3, "b": 1}
+    assert park(heavy, [queued(9, "b")], 0, 4) == (3,)
+    assert park(heavy[:3], [queued(9, "b")], 1, 4) == ()

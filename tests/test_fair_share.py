@@ -1,0 +1,69 @@
+"""Fair share between apps on the real core: an app arriving during another's flood gets a
+sequence at the next tick, the request parked for it resumes with the same tokens, and a
+parked request can be cancelled."""
+
+import pytest
+
+import uma
+
+from .helpers import assert_same_greedy
+
+FLOOD = [f"Job {k}: summarise the harbour's log for the day. " * 3 for k in range(4)]
+QUESTION = "What is a lighthouse?"
+OPTS = {"max_tokens": 32, "ignore_eos": True, "logprobs": True}
+
+
+@pytest.fixture(scope="module")
+def alone(tiny_path):
+    """Each prompt's greedy tokens, undisturbed."""
+    with uma.Engine(tiny_path, n_ctx=2048, n_seq_max=2, prefix_cache=0) as e:
+        return {p: e.generate(p, **OPTS) for p in [*FLOOD, QUESTION]}
+
+
+def same(expected, got):
+    assert_same_greedy(expected.token_ids, got.token_ids, expected.logprobs, got.logprobs)
+
+
+def flood_then_question(e: uma.Engine):
+    flood = [e.submit(p, app="batch", **OPTS) for p in FLOOD]
+    for h in flood[:2]:  # both sequences are the flood's
+        next(iter(h))
+    question = e.submit(QUESTION, app="editor", **OPTS)
+    return flood, question
+
+
+@pytest.mark.parametrize("fair_share", [True, False])
+def test_an_app_arriving_during_a_flood_does_not_wait_behind_it(tiny_path, alone, fair_share):
+    with uma.Engine(tiny_path, n_ctx=2048, n_seq_max=2, fair_share=fair_share) as e:
+        flood, question = flood_then_question(e)
+        asked = question.result(timeout=60)
+        done = [h.result(timeout=60) for h in flood]
+        snap = e.snapshot()
+    # every request, the parked one too, has its undisturbed tokens
+    for p, r in zip(FLOOD, done, strict=True):
+        same(alone[p], r)
+    same(alone[QUESTION], asked)
+    queued = [r.timings.admitted_ns for r in done[2:]]
+    if fair_share:  # the question got a sequence before the flood's queued requests
+        assert asked.timings.admitted_ns < min(queued)
+        assert snap["fair_parked_total"] >= 1
+    else:  # first come, first served: it waited for them
+        assert asked.timings.admitted_ns > min(queued)
+        assert snap["fair_parked_total"] == 0
+
+
+def test_a_parked_request_can_be_cancelled(tiny_path):
+    with uma.Engine(tiny_path, n_ctx=2048, n_seq_max=2) as e:
+        flood, question = flood_then_question(e)
+        next(iter(question))  # admitted: one of the flood's two was parked for it
+        assert e.snapshot()["fair_parked_total"] == 1
+        for h in flood:
+            h.cancel()
+        # the parked one (the flood's newest running) and the queued ones end cancelled
+        assert all(h.result(timeout=60).finish_reason == "cancelled" for h in flood[1:])
+        assert question.result(timeout=60).finish_reason == "length"
+        ex = e._executor
+        assert not ex.running and not any(ex.waiting.values())
+        assert sorted(ex.free_seqs) == [0, 1]  # every sequence back
+        again = e.generate(QUESTION, app="editor", max_tokens=4)
+    assert again.finish_reason == "length"
