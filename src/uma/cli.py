@@ -133,6 +133,8 @@ def run(
     prefix_cache: int | None = _opt("prefix_cache"),
     prefix_cache_tokens: int | None = _opt("prefix_cache_tokens"),
     prefix_cache_ram_mb: int | None = _opt("prefix_cache_ram_mb"),
+    fair_share: bool | None = _opt("fair_share", "--fair-share/--no-fair-share"),
+    app_weights: str | None = _opt("app_weights"),
     policy: str | None = _opt("policy"),
     tick_ms: float | None = _opt("tick_ms"),
     latency_cap: float | None = _opt("latency_cap"),

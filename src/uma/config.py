@@ -265,7 +265,10 @@ class EngineConfig:
 
 
 def _app_weights(value: object) -> tuple[tuple[str, float], ...]:
-    """(name, weight) pairs, checked, sorted by name; a dict is taken too."""
+    """(name, weight) pairs, checked, sorted by name; a dict, or 'NAME=W,NAME=W' (the
+    setting's form), is taken too."""
+    if isinstance(value, str):
+        value = [_weight_pair(item) for item in value.split(",") if item.strip()]
     try:
         pairs = dict(value)  # type: ignore[call-overload]
     except (TypeError, ValueError):
@@ -273,6 +276,17 @@ def _app_weights(value: object) -> tuple[tuple[str, float], ...]:
             "app_weights must map app names to weights, or be (name, weight) pairs") from None
     return tuple(sorted((app_name(name, "an app_weights name"),
                          app_weight(w, f"app_weights[{name!r}]")) for name, w in pairs.items()))
+
+
+def _weight_pair(item: str) -> tuple[str, float]:
+    name, eq, weight = item.strip().partition("=")
+    try:
+        if not eq:
+            raise ValueError
+        return name.strip(), float(weight)
+    except ValueError:
+        raise InvalidRequestError(
+            f"app_weights must be NAME=WEIGHT pairs separated by commas, not {item!r}") from None
 
 
 @dataclass(frozen=True)

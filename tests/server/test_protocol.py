@@ -134,6 +134,9 @@ def test_cancel_priority_metrics_health():
     assert parse({"type": "health", "id": "h"}) == HealthRequest("h")
     assert parse({"type": "configure", "priority": "background"}) == \
         ConfigureRequest(Priority.BACKGROUND)
+    assert parse({"type": "configure", "app": "editor"}) == ConfigureRequest(app="editor")
+    req = parse({"type": "generate", "id": "g", "prompt": "p", "app": "agent-7", "weight": 2})
+    assert (req.app, req.weight) == ("agent-7", 2.0)
 
 
 def test_parses_what_came_over_the_wire():
@@ -173,7 +176,10 @@ def test_unknown_fields_rejected_for_every_type(msg):
     ({"type": "priority", "id": "x"}, "missing field 'priority'"),
     ({"type": "priority", "id": "x", "priority": "urgent"}, "priority"),
     ({"type": "priority", "id": "x", "priority": 1}, "priority"),
-    ({"type": "configure"}, "missing field 'priority'"),
+    ({"type": "configure"}, "a configure request needs priority, app or both"),
+    ({"type": "configure", "app": "has space"}, "app must be 1-64 characters"),
+    ({"type": "generate", "id": "x", "prompt": "p", "app": 7}, "app must be a string"),
+    ({"type": "generate", "id": "x", "prompt": "p", "weight": 0}, "weight must be in (0, 1000]"),
     ({"type": "configure", "priority": "urgent"}, "priority must be 'interactive' or"),
     ({"type": "generate", "id": "x"}, "exactly one of prompt, messages and tokens"),
     (gen(tokens=[1]), "got prompt and tokens"),

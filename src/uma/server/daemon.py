@@ -60,9 +60,9 @@ class _Entry:
 
 class _Connection:
     __slots__ = ("sock", "decoder", "out", "requests", "last_active", "closing", "peer_gone",
-                 "default_priority", "reserved", "paused", "frame_started")
+                 "default_priority", "app", "reserved", "paused", "frame_started")
 
-    def __init__(self, sock: socket.socket, max_frame: int) -> None:
+    def __init__(self, sock: socket.socket, max_frame: int, app: str) -> None:
         self.sock = sock
         self.decoder = FrameDecoder(max_frame)
         self.out = bytearray()
@@ -71,6 +71,7 @@ class _Connection:
         self.closing = False  # close once the output buffer is sent
         self.peer_gone = False
         self.default_priority = Priority.INTERACTIVE  # for requests that name none (configure)
+        self.app = app  # for requests that name none: the connection's, or what configure said
         self.reserved = 0  # bytes of the input budget held for the frame in progress
         self.paused = False  # not read until the input budget has room for its frame
         self.frame_started = 0.0  # when the frame in progress began (or was resumed)
@@ -204,8 +205,9 @@ class Daemon:
                 log.warning("accept failed: %s", exc)
                 return
             sock.setblocking(False)
-            conn = _Connection(sock, self.config.max_frame_bytes)
             self.stats.accepted.inc()
+            conn = _Connection(sock, self.config.max_frame_bytes,
+                               app=f"conn{int(self.stats.accepted.value)}")
             self._conns[sock.fileno()] = conn
             self._sel.register(sock, selectors.EVENT_READ, conn)
             if len(self._conns) > self.config.max_connections:
@@ -314,7 +316,8 @@ class Daemon:
                 else:
                     self.engine.set_priority(entry.handle, req.priority)
         elif isinstance(req, P.ConfigureRequest):
-            conn.default_priority = req.priority
+            conn.default_priority = req.priority or conn.default_priority
+            conn.app = req.app or conn.app
         elif isinstance(req, P.MetricsRequest):
             self._send(conn, P.metrics_event(req.id, self.metrics()))
         elif isinstance(req, P.HealthRequest):
@@ -354,7 +357,8 @@ class Daemon:
         """On the submit pool (or here, for a short prompt): tokenise and queue; the result
         goes back through _ready."""
         try:
-            handle = self.engine.submit(req.engine_prompt, req.params, priority=req.priority)
+            handle = self.engine.submit(req.engine_prompt, req.params, priority=req.priority,
+                                        app=req.app or conn.app, weight=req.weight)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an error event
             self._ready.append((conn, req.id, exc))
             self._wake()

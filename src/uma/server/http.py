@@ -31,6 +31,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from uma.app import app_name
 from uma.config import ServerConfig, parse_http_address
 from uma.engine import Engine
 from uma.errors import InvalidRequestError, UmaError
@@ -118,14 +119,15 @@ class _Api:
             api_req = parse(body, model_id=self.model_id, limits=self.limits,
                                         default_priority=_header_priority(request))
             gen = api_req.generate
+            app = _header_app(request) or api_req.user or _connection_app(request)
             try:
                 if gen.quick_to_submit:
                     handle = self.engine.submit(gen.engine_prompt, gen.params,
-                                                priority=gen.priority)
+                                                priority=gen.priority, app=app)
                 else:
                     handle = await asyncio.to_thread(
                         self.engine.submit, gen.engine_prompt, gen.params,
-                        priority=gen.priority)
+                        priority=gen.priority, app=app)
             except Exception as exc:  # noqa: BLE001 - each one has its HTTP answer
                 raise error_for(exc) from exc
         except ApiError:
@@ -410,6 +412,23 @@ async def _read_json(request: Request, limit: int, timeout_s: float) -> object:
 def _too_large(size: int, limit: int) -> ApiError:
     return ApiError(413, f"the body is {size} bytes or more; this server takes at most {limit}",
                     code="request_too_large")
+
+
+def _header_app(request: Request) -> str | None:
+    """X-App: the app a request comes from, for fair share (before the body's user)."""
+    value = request.headers.get("x-app")
+    if value is None:
+        return None
+    try:
+        return app_name(value.strip(), "X-App")
+    except InvalidRequestError as exc:
+        raise ApiError(400, str(exc), param="X-App") from None
+
+
+def _connection_app(request: Request) -> str:
+    """An app that names itself nowhere is its connection."""
+    client = request.client
+    return f"http:{client.port}" if client is not None else "http"
 
 
 def _header_priority(request: Request) -> Priority:

@@ -20,7 +20,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from uma.errors import ClosedError, ContextOverflowError
+from uma.app import app_name
+from uma.errors import ClosedError, ContextOverflowError, InvalidRequestError
 from uma.handle import Result, TokenEvent
 from uma.priority import Priority
 from uma.server import protocol as P
@@ -78,6 +79,7 @@ class ApiRequest:
     generate: P.GenerateRequest  # prompt, SamplingParams and priority, as the socket has them
     stream: bool  # answer with server-sent events
     include_usage: bool  # stream_options.include_usage: a last chunk with the token counts
+    user: str | None = None  # OpenAI's end-user id: the app, for fair share (else X-App)
 
 
 def parse_completion(body: object, *, model_id: str, limits: P.RequestLimits,
@@ -132,7 +134,12 @@ def _parse(body: dict, fields: dict, model_id: str, limits: P.RequestLimits,
                        param="model", code="model_not_found")
     if _field(body, "n", int) not in (None, 1):
         raise ApiError(400, "n must be 1: send one request per completion", param="n")
-    _field(body, "user", str)
+    user = _field(body, "user", str)
+    if user is not None:
+        try:
+            user = app_name(user, "user")
+        except InvalidRequestError as exc:
+            raise ApiError(400, str(exc), param="user") from None
     if _field(body, "logit_bias", dict):
         raise ApiError(400, "logit_bias is not supported", param="logit_bias")
     stream = bool(_field(body, "stream", bool))
@@ -146,7 +153,7 @@ def _parse(body: dict, fields: dict, model_id: str, limits: P.RequestLimits,
         code = "context_length_exceeded" if exc.code == P.E_LIMIT_001 else None
         raise ApiError(400, exc.message, param=_param_named_in(exc.message), code=code) from None
     assert isinstance(req, P.GenerateRequest)  # the message above is a generate request
-    return ApiRequest(req, stream, include_usage)
+    return ApiRequest(req, stream, include_usage, user)
 
 
 def _object(body: object) -> dict:

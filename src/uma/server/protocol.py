@@ -13,6 +13,7 @@ import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from uma.app import app_name, app_weight
 from uma.config import SamplingParams
 from uma.errors import (
     BatchFullError,
@@ -120,6 +121,8 @@ class GenerateRequest:
     prompt: str | None = None  # raw text, tokenized as is
     messages: tuple[dict[str, str], ...] | None = None  # chat, rendered with the model's template
     tokens: tuple[int, ...] | None = None  # token ids, fed as is
+    app: str | None = None  # who sends it (None: the connection's)
+    weight: float | None = None  # its app's weight (None: the app_weights setting's)
 
     @property
     def engine_prompt(self) -> str | tuple[dict[str, str], ...] | tuple[int, ...]:
@@ -164,10 +167,12 @@ class PriorityRequest:
 
 @dataclass(frozen=True, slots=True)
 class ConfigureRequest:
-    """Set this connection's default class: generate requests that name no priority get it
-    (an app that only runs background jobs says so once, not on every request)."""
+    """Set this connection's defaults: generate requests that name no priority get its class
+    (an app that only runs background jobs says so once, not on every request), and those
+    that name no app its app name (else the connection's own, e.g. 'conn3')."""
 
-    priority: Priority
+    priority: Priority | None = None
+    app: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,11 +208,11 @@ _PROMPT_FIELDS = ("prompt", "messages", "tokens")
 _FIELDS = {
     "generate": frozenset({
         "type", "id", *_PROMPT_FIELDS, *_SAMPLER_FIELDS, "max_tokens", "stop", "stream",
-        "priority", "logprobs", "ignore_eos", "cache_prompt",
+        "priority", "logprobs", "ignore_eos", "cache_prompt", "app", "weight",
     }),
     "cancel": frozenset({"type", "id"}),
     "priority": frozenset({"type", "id", "priority"}),
-    "configure": frozenset({"type", "priority"}),
+    "configure": frozenset({"type", "priority", "app"}),
     "metrics": frozenset({"type", "id"}),
     "health": frozenset({"type", "id"}),
     "stop": frozenset({"type", "id"}),
@@ -243,7 +248,7 @@ def parse_request(msg: dict, limits: RequestLimits,
         if kind == "priority":
             return PriorityRequest(_id(msg, required=True), _required_priority(msg))
         if kind == "configure":
-            return ConfigureRequest(_required_priority(msg))
+            return _parse_configure(msg)
         if kind == "metrics":
             return MetricsRequest(_id(msg, required=False))
         if kind == "stop":
@@ -276,7 +281,17 @@ def _parse_generate(msg: dict, limits: RequestLimits,
     return GenerateRequest(
         id=request_id, params=params, stream=stream, prompt=prompt, messages=messages,
         tokens=tokens,
-        priority=default_priority if priority is None else _priority(priority))
+        priority=default_priority if priority is None else _priority(priority),
+        app=None if msg.get("app") is None else app_name(msg["app"]),
+        weight=None if msg.get("weight") is None else app_weight(msg["weight"]))
+
+
+def _parse_configure(msg: dict) -> ConfigureRequest:
+    priority, app = msg.get("priority"), msg.get("app")
+    if priority is None and app is None:
+        raise ProtocolError(E_PROTO_003, "a configure request needs priority, app or both")
+    return ConfigureRequest(None if priority is None else _priority(priority),
+                            None if app is None else app_name(app))
 
 
 def _prompt(msg: dict, limits: RequestLimits) -> tuple[

@@ -112,6 +112,10 @@ SETTINGS: tuple[Setting, ...] = (
     _e("prefix_cache_tokens", int, "half of ctx", "tokens the prefix cache may hold"),
     _e("prefix_cache_ram_mb", int, "1024",
        "host memory for cached prompts that leave the KV cache, MiB (0: none)"),
+    _e("fair_share", bool, "on", "share sequences fairly between apps (off: first come, first "
+       "served)"),
+    _e("app_weights", str, "none (every app 1)",
+       "apps' weights for fair share, as NAME=W,NAME=W"),
     *(_knob(k) for k in KNOBS),
     _s("socket", str, "$XDG_RUNTIME_DIR/uma.sock, else /tmp/uma-$UID.sock",
        "Unix socket path"),
