@@ -53,7 +53,10 @@ class KvPrefixCache:
         self._tokens_of: dict[int, np.ndarray] = {}  # "kv" entry -> its tokens (to snapshot)
         self._snapshot: dict[int, bytes] = {}  # "ram" entry -> its sequence state
         self.restored_bytes = 0  # snapshot bytes read back into the KV cache, in all
-        self.restore_ms = 0.0  # the time those restores took
+        # bytes copied between the KV cache and host memory either way, and the time it took:
+        # the bandwidth a restore is priced at (every snapshot is timed before any restore)
+        self.copied_bytes = 0
+        self.copy_ms = 0.0
         # called as an entry leaves a tier for room: "kv" (the KV cache, snapshotted or not),
         # "ram" (a snapshot, for the RAM budget); the executor counts them
         self.on_evict: Callable[[str], None] = lambda tier: None
@@ -94,10 +97,11 @@ class KvPrefixCache:
 
     @property
     def restore_bytes_per_ms(self) -> float:
-        """The bandwidth restores have shown (RESTORE_BYTES_PER_MS before the first)."""
-        if self.restore_ms <= 0.0:
+        """The bandwidth snapshots and restores have shown (RESTORE_BYTES_PER_MS before
+        any)."""
+        if self.copy_ms <= 0.0:
             return RESTORE_BYTES_PER_MS
-        return self.restored_bytes / self.restore_ms
+        return self.copied_bytes / self.copy_ms
 
     def reuse(self, seq: int, tokens: np.ndarray, cost: CostEstimate | None = None) -> int:
         """Gives the empty sequence `seq` the cached prefix of `tokens` that saves the most
@@ -142,11 +146,15 @@ class KvPrefixCache:
         except UmaError:
             self.ctx.seq_rm(seq)
             return False
-        self.restore_ms += 1e3 * (time.perf_counter() - start)
+        self._timed_copy(len(data), start)
         self.ctx.seq_rm(seq, n, -1)
         self.index.touch(entry)
         self.restored_bytes += len(data)
         return True
+
+    def _timed_copy(self, nbytes: int, start: float) -> None:
+        self.copied_bytes += nbytes
+        self.copy_ms += 1e3 * (time.perf_counter() - start)
 
     def evict_one(self) -> bool:
         """Takes the least recently used entry out of the KV cache (to host memory where the
@@ -173,7 +181,9 @@ class KvPrefixCache:
         spare = self._seq_of.pop(entry)
         tokens = self._tokens_of.pop(entry)
         if keep and self.ram_budget and self.index.covering(tokens, "ram") is None:
+            start = time.perf_counter()
             data = self.ctx.seq_state(spare)
+            self._timed_copy(len(data), start)
             if len(data) <= self.ram_budget:
                 saved = self.index.insert(tokens, "ram", nbytes=len(data))
                 self._snapshot[saved] = data

@@ -2,11 +2,15 @@
 cache found and of the cost model, like the policy's other steps.
 
 Sharing live cells (the KV tier) copies nothing, so it costs only what the prompt tokens it
-covers no longer cost. A host-memory snapshot (the RAM tier) must first be copied back whole,
-at the bandwidth restores have shown so far; it is taken where the prefill it saves beyond
-the live match is predicted to take longer than that copy. Either way the request's time to
-first token falls by the prefill it no longer does: the executor starts its sequence there,
-and the scheduler plans its first chunk at that depth (SessionView.n_past, n_cached).
+covers no longer cost. A host-memory snapshot (the RAM tier) must first be copied back whole;
+it is taken where the prefill it saves beyond the live match is predicted to take longer than
+that copy, at the bandwidth the cache's copies between the KV cache and host memory have shown
+(each snapshot is timed as it is taken, so the first restore is priced by the copy that made
+its snapshot: with a fixed guess of 2 GB/s an H100 never restored, since an 8,000-token
+snapshot priced at 126 ms looked no faster than its prefill, and it took 37 ms when it did).
+Either way the request's time to first token falls by the prefill it no longer does: the
+executor starts its sequence there, and the scheduler plans its first chunk at that depth
+(SessionView.n_past, n_cached).
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ from uma.sched.cost import CostEstimate
 # A shorter match is not worth a sequence copy: a few tokens prefill in about the time the
 # copy and the bookkeeping take, and every prompt shares its first (BOS, template) tokens.
 MIN_REUSE_TOKENS = 16
-# Host-to-KV bandwidth assumed before any restore was timed (bytes per ms: 2 GB/s), below
-# what a memory copy or a PCIe transfer does, so an untimed restore must save clearly.
+# Host-to-KV bandwidth assumed before any copy was timed (bytes per ms: 2 GB/s), below what
+# a memory copy or a PCIe transfer does. Only a cache that never snapshotted prices with it.
 RESTORE_BYTES_PER_MS = 2e6
 
 
