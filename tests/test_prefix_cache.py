@@ -172,7 +172,6 @@ def test_a_restore_keeps_only_the_matching_positions(model):
         cache.keep(0, tokens)
         ctx.seq_rm(0)
         assert cache.evict_one() and len(cache) == 0 and cache.ram_bytes > 0
-        assert cache.copied_bytes == cache.ram_bytes > 0  # the snapshot's copy, timed
         prompt = np.concatenate([tokens[:90], np.arange(500, 520, dtype=np.int32)])
         # where prefilling the match is predicted cheaper than copying the snapshot back,
         # the prompt is prefilled instead
@@ -180,8 +179,7 @@ def test_a_restore_keeps_only_the_matching_positions(model):
         assert ctx.seq_pos_max(0) == -1 and cache.restored_bytes == 0
         assert cache.reuse(0, prompt) == 90
         assert ctx.seq_pos_max(0) == 89 and cache.restored_bytes > 0
-        # copies both ways are timed: choices use the bandwidth they showed
-        assert cache.copy_ms > 0 and cache.copied_bytes == 2 * cache.restored_bytes
+        assert cache.restore_ms > 0  # timed: later choices use the bandwidth it showed
     finally:
         batch.close()
         ctx.close()

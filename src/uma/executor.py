@@ -302,7 +302,8 @@ class Executor:
         if self.prefix is None or not req.params.cache_prompt:
             return
         restored = self.prefix.restored_bytes
-        n = self.prefix.reuse(req.seq_id, req.tokens, self.cost.estimate)
+        n = self.prefix.reuse(req.seq_id, req.tokens, self.cost.estimate,
+                              self.stats.prompt_ms_per_token)
         self.m.prefix_lookups.inc()
         if self.prefix.restored_bytes > restored:
             self.m.prefix_restored.inc(self.prefix.restored_bytes - restored)

@@ -53,10 +53,9 @@ class KvPrefixCache:
         self._tokens_of: dict[int, np.ndarray] = {}  # "kv" entry -> its tokens (to snapshot)
         self._snapshot: dict[int, bytes] = {}  # "ram" entry -> its sequence state
         self.restored_bytes = 0  # snapshot bytes read back into the KV cache, in all
-        # bytes copied between the KV cache and host memory either way, and the time it took:
-        # the bandwidth a restore is priced at (every snapshot is timed before any restore)
-        self.copied_bytes = 0
-        self.copy_ms = 0.0
+        self.restore_ms = 0.0  # the time those restores took: the bandwidth they are priced at
+        # (not the snapshots': llama.cpp reads a sequence's state off a GPU at a seventh of the
+        # speed it writes it back, 1.2 against 7.8 GB/s on an H100)
         # called as an entry leaves a tier for room: "kv" (the KV cache, snapshotted or not),
         # "ram" (a snapshot, for the RAM budget); the executor counts them
         self.on_evict: Callable[[str], None] = lambda tier: None
@@ -97,18 +96,18 @@ class KvPrefixCache:
 
     @property
     def restore_bytes_per_ms(self) -> float:
-        """The bandwidth snapshots and restores have shown (RESTORE_BYTES_PER_MS before
-        any)."""
-        if self.copy_ms <= 0.0:
+        """The bandwidth restores have shown (RESTORE_BYTES_PER_MS before the first)."""
+        if self.restore_ms <= 0.0:
             return RESTORE_BYTES_PER_MS
-        return self.copied_bytes / self.copy_ms
+        return self.restored_bytes / self.restore_ms
 
-    def reuse(self, seq: int, tokens: np.ndarray, cost: CostEstimate | None = None) -> int:
+    def reuse(self, seq: int, tokens: np.ndarray, cost: CostEstimate | None = None,
+              prompt_ms_per_token: float = 0.0) -> int:
         """Gives the empty sequence `seq` the cached prefix of `tokens` that saves the most
         predicted time (uma.sched.reuse.choose_reuse); returns how many tokens it holds now
         (0: none worth reusing)."""
         choice = choose_reuse(self.candidates(tokens), cost or CostEstimate(),
-                              self.restore_bytes_per_ms)
+                              self.restore_bytes_per_ms, prompt_ms_per_token)
         return self.take(seq, choice.tier, choice.tokens)
 
     def candidates(self, tokens: np.ndarray) -> Candidates:
@@ -146,15 +145,11 @@ class KvPrefixCache:
         except UmaError:
             self.ctx.seq_rm(seq)
             return False
-        self._timed_copy(len(data), start)
+        self.restore_ms += 1e3 * (time.perf_counter() - start)
         self.ctx.seq_rm(seq, n, -1)
         self.index.touch(entry)
         self.restored_bytes += len(data)
         return True
-
-    def _timed_copy(self, nbytes: int, start: float) -> None:
-        self.copied_bytes += nbytes
-        self.copy_ms += 1e3 * (time.perf_counter() - start)
 
     def evict_one(self) -> bool:
         """Takes the least recently used entry out of the KV cache (to host memory where the
@@ -181,9 +176,7 @@ class KvPrefixCache:
         spare = self._seq_of.pop(entry)
         tokens = self._tokens_of.pop(entry)
         if keep and self.ram_budget and self.index.covering(tokens, "ram") is None:
-            start = time.perf_counter()
             data = self.ctx.seq_state(spare)
-            self._timed_copy(len(data), start)
             if len(data) <= self.ram_budget:
                 saved = self.index.insert(tokens, "ram", nbytes=len(data))
                 self._snapshot[saved] = data

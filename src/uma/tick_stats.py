@@ -153,6 +153,11 @@ def p95(ordered: list[float]) -> float:
     return ordered[lo] + (pos - lo) * (ordered[hi] - ordered[lo])
 
 
+# Prompt tokens in a tick past which its time is mostly theirs (on a GPU, past the weights'
+# read), so that its time per token is what a prefill of many more would cost a token.
+LARGE_CHUNK = 256
+
+
 class TickStats:
     """The statistics of the ticks so far, and the instruments that export them."""
 
@@ -165,6 +170,9 @@ class TickStats:
         self.decode_ewma = 0.0  # smoothed llama_decode ms
         self.last_tick_ms = 0.0
         self.last_tick_tokens = 0
+        # what a prompt token has cost in ticks of LARGE_CHUNK tokens or more (smoothed; 0
+        # before one): the prefix cache's floor under the cost model when pricing a prefill
+        self.prompt_ms_per_token = 0.0
         self.trace: list[tuple[Any, ...]] | None = None  # see Executor.trace
 
     def record(self, t: TickReport) -> None:
@@ -183,6 +191,10 @@ class TickStats:
                               t.prompt_attended)
         self.decode_ewma = decode_ms if self.decode_ewma == 0 else \
             0.9 * self.decode_ewma + 0.1 * decode_ms
+        if t.n_prefill >= LARGE_CHUNK:
+            per = tick_ms / t.n_prefill
+            self.prompt_ms_per_token = per if self.prompt_ms_per_token == 0 else \
+                0.7 * self.prompt_ms_per_token + 0.3 * per
         m.ticks.inc()
         m.prefill_tokens.inc(t.n_prefill)
         m.decode_ms_last.set(decode_ms)

@@ -38,3 +38,12 @@ def test_a_slower_restore_bandwidth_turns_the_choice():
     c = Candidates(0, 1000, 100_000_000)
     assert choose_reuse(c, COST, 1e6).tier == "ram"  # 100 ms for 1,000 ms of prefill
     assert choose_reuse(c, COST, 5e4).tier == ""  # 2,000 ms: prefilling is faster
+
+
+def test_a_prefill_is_priced_at_least_at_what_large_prompt_chunks_have_cost():
+    # a cost model that learned prompt tokens as nearly free (small chunks on a GPU) would
+    # prefill rather than restore; the throughput large chunks showed says otherwise
+    free = CostEstimate(per_prefill_ms=0.0001)
+    c = Candidates(0, 8000, 263_551_608)
+    assert choose_reuse(c, free, 7.8e6).tier == ""
+    assert choose_reuse(c, free, 7.8e6, prompt_ms_per_token=0.019).tier == "ram"

@@ -4,10 +4,11 @@ cache found and of the cost model, like the policy's other steps.
 Sharing live cells (the KV tier) copies nothing, so it costs only what the prompt tokens it
 covers no longer cost. A host-memory snapshot (the RAM tier) must first be copied back whole;
 it is taken where the prefill it saves beyond the live match is predicted to take longer than
-that copy, at the bandwidth the cache's copies between the KV cache and host memory have shown
-(each snapshot is timed as it is taken, so the first restore is priced by the copy that made
-its snapshot: with a fixed guess of 2 GB/s an H100 never restored, since an 8,000-token
-snapshot priced at 126 ms looked no faster than its prefill, and it took 37 ms when it did).
+that copy, at the bandwidth restores have shown (RESTORE_BYTES_PER_MS before the first).
+A prefill is priced at the cost model's prediction or at the prompt throughput large chunks
+have shown, whichever is slower: the cost model learns from ticks whose prompt chunks are
+mostly small, and on an H100 it priced 8,000 prompt tokens at 16-70 ms where they took
+155-590 ms, which made every restore (37 ms) look slower than the prefill it saved.
 Either way the request's time to first token falls by the prefill it no longer does: the
 executor starts its sequence there, and the scheduler plans its first chunk at that depth
 (SessionView.n_past, n_cached).
@@ -22,9 +23,9 @@ from uma.sched.cost import CostEstimate
 # A shorter match is not worth a sequence copy: a few tokens prefill in about the time the
 # copy and the bookkeeping take, and every prompt shares its first (BOS, template) tokens.
 MIN_REUSE_TOKENS = 16
-# Host-to-KV bandwidth assumed before any copy was timed (bytes per ms: 2 GB/s), below what
-# a memory copy or a PCIe transfer does. Only a cache that never snapshotted prices with it.
-RESTORE_BYTES_PER_MS = 2e6
+# Host-to-KV bandwidth assumed before the first restore is timed (bytes per ms: 4 GB/s),
+# below what a memory copy or a PCIe transfer does (an H100 restored at 7.8 GB/s).
+RESTORE_BYTES_PER_MS = 4e6
 
 
 class Candidates(NamedTuple):
@@ -41,14 +42,20 @@ class Reuse(NamedTuple):
     saved_ms: float  # predicted prefill time saved, less a restore's copy
 
 
-def choose_reuse(c: Candidates, cost: CostEstimate, restore_bytes_per_ms: float) -> Reuse:
-    """The tier that saves the most predicted time, where it saves any."""
+def choose_reuse(c: Candidates, cost: CostEstimate, restore_bytes_per_ms: float,
+                 prompt_ms_per_token: float = 0.0) -> Reuse:
+    """The tier that saves the most predicted time, where it saves any. prompt_ms_per_token:
+    what large prompt chunks have cost a token (0: unknown), the least a prefill is priced."""
+
+    def prefill_ms(n: int) -> float:
+        return max(cost.prefill_ms(n, 0), n * prompt_ms_per_token)
+
     best = Reuse("", 0, 0.0)
     if c.kv_tokens >= MIN_REUSE_TOKENS:
-        best = Reuse("kv", c.kv_tokens, cost.prefill_ms(c.kv_tokens, 0))
+        best = Reuse("kv", c.kv_tokens, prefill_ms(c.kv_tokens))
     if c.ram_tokens >= MIN_REUSE_TOKENS and c.ram_tokens > best.tokens:
         restore_ms = c.ram_bytes / max(restore_bytes_per_ms, 1.0)
-        saved = cost.prefill_ms(c.ram_tokens, 0) - restore_ms
+        saved = prefill_ms(c.ram_tokens) - restore_ms
         if saved > best.saved_ms:
             best = Reuse("ram", c.ram_tokens, saved)
     return best

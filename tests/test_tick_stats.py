@@ -1,0 +1,22 @@
+"""The tick statistics' own bookkeeping."""
+
+from uma.metrics import Registry
+from uma.sched.cost import CostModel
+from uma.sched.state import BatchItem, Phase, Plan
+from uma.tick_stats import LARGE_CHUNK, TickReport, TickStats
+
+
+def report(n_prefill: int, tick_ms: float) -> TickReport:
+    plan = Plan(items=(BatchItem(0, Phase.PREFILL, n_prefill, logits=True),))
+    return TickReport(plan, n_prefill, 0, tick_ms / 1e3, 0.0, tick_ms / 1e3, tick_ms / 1e3, 1,
+                      0, 0, False, None, 0, 1)
+
+
+def test_what_a_prompt_token_costs_is_learned_from_large_chunks_only():
+    stats = TickStats(Registry(), CostModel())
+    stats.record(report(LARGE_CHUNK - 1, 100.0))  # mostly the tick's fixed cost on a GPU
+    assert stats.prompt_ms_per_token == 0.0
+    stats.record(report(1000, 150.0))
+    assert stats.prompt_ms_per_token == 0.15
+    stats.record(report(1000, 250.0))  # smoothed
+    assert 0.15 < stats.prompt_ms_per_token < 0.25
