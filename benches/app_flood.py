@@ -1,0 +1,114 @@
+"""One app's flood against another app's question: UMA Serve (fair share on, and off) against
+llama-server, through the same HTTP/SSE client.
+
+    python benches/app_flood.py --model 134m --threads 2 --repeat 3
+    python benches/app_flood.py --model 1b --backend cuda --gpu-layers 99 --threads 8
+
+App A (`user` "batch") starts --flood streaming requests of --flood-tokens tokens at once (a
+batch job, an agent fanning out); --delay-s later app B (`user` "editor") asks one
+--question-tokens question. Every server has 4 slots. Reported per side: B's TTFT and tokens/s
+during the flood, B's TTFT alone (a warm request on an idle server), and A's aggregate tokens/s
+(all of A's tokens over the time from its first request to its last token). Each side runs on a
+fresh server, --repeat times, in alternating order. llama-server has no notion of apps: it
+serves first come, first served.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from llama_tools import ensure_tools  # noqa: E402
+from servers import Server, llama_server, uma_server  # noqa: E402
+from streams import Stream, sse_completion  # noqa: E402
+from uma import synth  # noqa: E402
+
+SLOTS = 4
+
+
+def ask(server: Server, user: str, prompt: str, tokens: int) -> Stream:
+    body = {"prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
+            "user": user, **(server.extra or {})}
+    s = sse_completion(server.port, body, label=user)
+    if s.completion_tokens != tokens:
+        raise RuntimeError(f"{server.name}: {s.completion_tokens} of {tokens} tokens")
+    return s
+
+
+def flood(server: Server, ns: argparse.Namespace) -> dict:
+    alone = ask(server, "editor", "What is a lighthouse? Say it briefly.", ns.question_tokens)
+    streams: list[Stream | None] = [None] * ns.flood
+    start = time.perf_counter()
+
+    def job(k: int) -> None:
+        streams[k] = ask(server, "batch", f"Job {k}: summarise the day's harbour log. " * 4,
+                         ns.flood_tokens)
+
+    threads = [threading.Thread(target=job, args=(k,)) for k in range(ns.flood)]
+    for th in threads:
+        th.start()
+    time.sleep(ns.delay_s)  # the question's arrival time, a workload parameter
+    question = ask(server, "editor", "What is a lighthouse? Say it briefly.", ns.question_tokens)
+    for th in threads:
+        th.join()
+    done = [s for s in streams if s is not None]
+    end = max(s.times[-1] for s in done)
+    decode_s = question.times[-1] - question.times[0]
+    return {"question_alone_ttft_ms": 1e3 * alone.ttft_s,
+            "question_ttft_ms": 1e3 * question.ttft_s,
+            "question_tps": (len(question.times) - 1) / decode_s if decode_s > 0 else 0.0,
+            "flood_tps": sum(len(s.times) for s in done) / (end - start)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="134m", help="a synth preset or a GGUF path")
+    ap.add_argument("--backend", default="cpu")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--gpu-layers", type=int, default=0)
+    ap.add_argument("--flood", type=int, default=12, help="app A's requests")
+    ap.add_argument("--flood-tokens", type=int, default=256)
+    ap.add_argument("--question-tokens", type=int, default=64)
+    ap.add_argument("--delay-s", type=float, default=0.5, help="B's question after A's flood")
+    ap.add_argument("--repeat", type=int, default=1, help="runs a side, alternating order")
+    ap.add_argument("--out", type=Path, default=None)
+    ns = ap.parse_args()
+    path = Path(ns.model) if Path(ns.model).exists() else synth.cached_model(ns.model)
+    tool = ensure_tools(ns.backend)["llama-server"]
+    common = {"threads": ns.threads, "ctx": SLOTS * 1024, "parallel": SLOTS,
+              "gpu_layers": ns.gpu_layers}
+    sides = {
+        "uma": lambda: uma_server(path, **common),
+        "uma, fair share off": lambda: uma_server(path, args=("--no-fair-share",), **common),
+        "llama-server": lambda: llama_server(tool, path, args=("-kvu",), **common),
+    }
+    runs: dict[str, list[dict]] = {name: [] for name in sides}
+    for r in range(ns.repeat):
+        for name in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
+            with sides[name]() as server:
+                runs[name].append(flood(server, ns))
+            row = runs[name][-1]
+            print(f"run {r} {name:20s} " + "  ".join(f"{k} {v:.1f}" for k, v in row.items()),
+                  flush=True)
+    report: dict = {"model": str(path), "threads": ns.threads, "flood": ns.flood,
+                    "flood_tokens": ns.flood_tokens, "question_tokens": ns.question_tokens,
+                    "delay_s": ns.delay_s, "runs": runs}
+    for name, rows in runs.items():
+        med = {k: statistics.median(row[k] for row in rows) for k in rows[0]}
+        report[f"{name} median"] = med
+        print(f"{name:20s} median: " + "  ".join(f"{k} {v:.1f}" for k, v in med.items()),
+              flush=True)
+    if ns.out:
+        ns.out.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
