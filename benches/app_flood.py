@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from llama_tools import ensure_tools  # noqa: E402
-from servers import Server, llama_server, uma_server  # noqa: E402
+from servers import Server, add_server_args, llama_server, uma_server  # noqa: E402
 from streams import Stream, sse_completion  # noqa: E402
 from uma import synth  # noqa: E402
 
@@ -69,10 +69,7 @@ def flood(server: Server, ns: argparse.Namespace) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="134m", help="a synth preset or a GGUF path")
-    ap.add_argument("--backend", default="cpu")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--gpu-layers", type=int, default=0)
+    add_server_args(ap)
     ap.add_argument("--flood", type=int, default=12, help="app A's requests")
     ap.add_argument("--flood-tokens", type=int, default=256)
     ap.add_argument("--question-tokens", type=int, default=64)

@@ -28,7 +28,7 @@ import plots  # noqa: E402
 import report  # noqa: E402
 from decode_scaling import device_bandwidth_gbps  # noqa: E402
 from llama_tools import ensure_tools  # noqa: E402
-from servers import llama_server, uma_server  # noqa: E402
+from servers import add_server_args, llama_server, uma_server  # noqa: E402
 from streams import long_prompt, sse_completion  # noqa: E402
 from uma import _core, synth  # noqa: E402
 from uma.sched.bmt import KV_TYPE_BYTES, BmtModel  # noqa: E402
@@ -36,10 +36,7 @@ from uma.sched.bmt import KV_TYPE_BYTES, BmtModel  # noqa: E402
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="134m", help="a synth preset or a GGUF path")
-    ap.add_argument("--backend", default="cpu")
-    ap.add_argument("--gpu-layers", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=2)
+    add_server_args(ap)
     ap.add_argument("--depths", default="2048,4096,8192,16384")
     ap.add_argument("--kv-types", default="f16,q8_0,q4_0")
     ap.add_argument("--tokens", type=int, default=64)

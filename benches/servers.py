@@ -5,6 +5,7 @@ slots and GPU offload on both sides."""
 
 from __future__ import annotations
 
+import argparse
 import http.client
 import os
 import re
@@ -105,3 +106,12 @@ def llama_server(tool: Path, model: Path, *, threads: int, ctx: int, parallel: i
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def add_server_args(ap: argparse.ArgumentParser) -> None:
+    """The options every side-by-side benchmark takes: the model, the llama.cpp build and
+    where the model runs."""
+    ap.add_argument("--model", default="134m", help="a synth preset or a GGUF path")
+    ap.add_argument("--backend", default="cpu", help="which llama.cpp tools build")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--gpu-layers", type=int, default=0)
