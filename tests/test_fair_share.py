@@ -43,6 +43,13 @@ def test_an_app_arriving_during_a_flood_does_not_wait_behind_it(tiny_path, alone
     for p, r in zip(FLOOD, done, strict=True):
         same(alone[p], r)
     same(alone[QUESTION], asked)
+    # the per-app metrics add up: requests, tokens, and the tick time shared out
+    assert snap["app_requests_total"] == {"batch": 4, "editor": 1}
+    assert snap["app_tokens_total"] == {"batch": 4 * 32, "editor": 32}
+    assert {app: h["count"] for app, h in snap["app_ttft_ms"].items()} == {"batch": 4, "editor": 1}
+    service = snap["app_service_ms_total"]
+    assert set(service) == {"batch", "editor"} and service["batch"] > service["editor"] > 0
+    assert sum(service.values()) == pytest.approx(1e3 * snap["tick_seconds_total"], rel=1e-6)
     queued = [r.timings.admitted_ns for r in done[2:]]
     if fair_share:  # the question got a sequence before the flood's queued requests
         assert asked.timings.admitted_ns < min(queued)

@@ -5,7 +5,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from uma.metrics import Histogram, Registry
+from uma.metrics import Counter, Histogram, Registry
 
 samples = st.lists(st.floats(min_value=0, max_value=1e5, allow_nan=False), min_size=1,
                    max_size=200)
@@ -39,3 +39,17 @@ def test_registry_returns_the_first_metric_of_a_name():
     assert reg.counter("requests_total", "again") is c
     c.inc(3)
     assert reg.snapshot() == {"requests_total": 3}
+
+
+def test_a_family_makes_one_instrument_per_label_value_up_to_its_limit():
+    reg = Registry()
+    tokens = reg.family("app_tokens_total", "tokens", "app", Counter)
+    assert reg.family("app_tokens_total", "tokens", "app", Counter) is tokens
+    tokens.max_children = 3
+    for app, n in [("editor", 2), ("chat", 1), ("editor", 3), ("a", 1), ("b", 4), ("c", 5)]:
+        tokens.child(app).inc(n)
+    # past three apps, new ones count together, as "other"
+    assert reg.snapshot()["app_tokens_total"] == {"editor": 5, "chat": 1, "a": 1, "other": 9}
+    ttft = reg.family("app_ttft_ms", "ttft", "app", Histogram)
+    ttft.child("editor").observe(12.0)
+    assert reg.snapshot()["app_ttft_ms"]["editor"]["count"] == 1

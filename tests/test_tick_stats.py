@@ -1,5 +1,7 @@
 """The tick statistics' own bookkeeping."""
 
+import dataclasses
+
 from uma.metrics import Registry
 from uma.sched.cost import CostModel
 from uma.sched.state import BatchItem, Phase, Plan
@@ -20,3 +22,11 @@ def test_what_a_prompt_token_costs_is_learned_from_large_chunks_only():
     assert stats.prompt_ms_per_token == 0.15
     stats.record(report(1000, 250.0))  # smoothed
     assert 0.15 < stats.prompt_ms_per_token < 0.25
+
+
+def test_the_tick_is_shared_out_between_apps_as_their_rows_were_priced():
+    stats = TickStats(Registry(), CostModel())
+    stats.record(dataclasses.replace(report(300, 90.0), apps={"editor": 1.0, "batch": 2.0}))
+    stats.record(dataclasses.replace(report(300, 10.0), apps={"editor": 0.0, "batch": 0.0}))
+    service = {app: c.value for app, c in stats.m.app_service.children.items()}
+    assert service == {"editor": 30.0 + 5.0, "batch": 60.0 + 5.0}  # evenly where unpriced

@@ -368,16 +368,25 @@ def metrics(
 
     table = Table("metric", "value", title=f"uma metrics: {snap.get('model', '')}")
     for name, value in sorted(snap.items()):
-        if isinstance(value, dict):
-            if value.get("count"):
-                value = (f"n={value['count']} p50={value['p50']:.2f} p95={value['p95']:.2f} "
-                         f"p99={value['p99']:.2f} max={value['max']:.2f}")
-            else:
-                continue
-        elif isinstance(value, float):
-            value = f"{value:.4g}"
-        table.add_row(name, str(value))
+        if name.startswith("app_") and isinstance(value, dict):  # per app: a row each
+            for app, v in sorted(value.items()):
+                if (cell := _metric_cell(v)) is not None:
+                    table.add_row(f"{name}{{app={app}}}", cell)
+        elif (cell := _metric_cell(value)) is not None:
+            table.add_row(name, cell)
     Console().print(table)
+
+
+def _metric_cell(value: object) -> str | None:
+    """A metric's value as `uma metrics` shows it; None for a histogram with no samples."""
+    if isinstance(value, dict):
+        if not value.get("count"):
+            return None
+        return (f"n={value['count']} p50={value['p50']:.2f} p95={value['p95']:.2f} "
+                f"p99={value['p99']:.2f} max={value['max']:.2f}")
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
 
 
 @app.command()

@@ -91,7 +91,8 @@ class Executor:
         # What the tick hands on, kept until _flush: output events in order, the tokens'
         # latencies for the metrics, and the tick's report for the statistics.
         self._outbox: list[Event] = []
-        self._latencies: list[tuple[Priority, float, bool]] = []  # (class, ms, first token)
+        # (class, app, ms, first token)
+        self._latencies: list[tuple[Priority, str, float, bool]] = []
         self._due: TickReport | None = None
         # Overlapped ticks only: the last plan, while it can be run again unchanged (every
         # request an interactive decoder in it, none queued), and the count of changes to
@@ -203,6 +204,8 @@ class Executor:
             req.seq_id = -1
         req.done = True
         self.m.finished[reason].inc()
+        self.m.app_requests.child(req.app).inc()
+        self.m.app_tokens.child(req.app).inc(req.n_sampled)
         self.m.running.set(len(self.running))
         self.m.kv_cells.set(sum(r.n_past for r in self.running.values()))
         self._outbox.append((END, req, reason, error, time.monotonic_ns(), False))
@@ -223,8 +226,9 @@ class Executor:
             self._due = None
         if self._latencies:
             m = self.m
-            for priority, ms, first in self._latencies:
+            for priority, app, ms, first in self._latencies:
                 (m.ttft if first else m.itl)[priority].observe(ms)
+                (m.app_ttft if first else m.app_itl).child(app).observe(ms)
             m.generated_tokens.inc(len(self._latencies))  # one a token
             self._latencies = []
         if self._outbox:
@@ -284,7 +288,9 @@ class Executor:
             self.waiting[req.priority].remove(req)
             req.seq_id = heapq.heappop(self.free_seqs)
             self._changes += 1
-            req.admitted_ns = req.admitted_ns or time.monotonic_ns()
+            if not req.admitted_ns:  # a parked or preempted one is not queued anew
+                req.admitted_ns = time.monotonic_ns()
+                self.m.app_queue.child(req.app).observe((req.admitted_ns - req.arrival_ns) / 1e6)
             self.running[req.seq_id] = req
             try:
                 self._reuse(req)
@@ -616,6 +622,7 @@ class Executor:
 
     def apply(self, ran: Ran) -> None:
         """Advances every sequence of the batch and hands sampled tokens on."""
+        apps = self._apps(ran.plan)
         for item in ran.plan.items:
             req = self.running.get(item.seq_id)
             if req is not None:
@@ -634,18 +641,18 @@ class Executor:
                 except Exception as exc:  # noqa: BLE001 - this request's alone
                     self.fail(req, exc)
         self._memory = ran.plan.memory
-        self._due = self._report(ran)
+        self._due = self._report(ran, apps)
         # A first token goes out at once, not with the next decode: time to first token is
         # what a client waits on, and it comes once a request.
         if not self.overlap or not self.running \
-                or any(first for _, _, first in self._latencies):
+                or any(first for *_, first in self._latencies):
             self._flush()
 
     def _accept(self, req: Request, token: int, logprob: float | None, now: int) -> None:
         # every token has one entry: its time to first token, or its gap after the last
         first = req.first_token_ns == 0
         since = req.arrival_ns if first else req.last_token_ns
-        self._latencies.append((req.priority, (now - since) / 1e6, first))
+        self._latencies.append((req.priority, req.app, (now - since) / 1e6, first))
         if first:
             req.first_token_ns = now
         req.last_token_ns = now
@@ -661,7 +668,7 @@ class Executor:
         if req.n_sampled >= req.params.max_tokens or req.n_past >= self.n_ctx_seq:
             self.release(req, "length")
 
-    def _report(self, ran: Ran) -> TickReport:
+    def _report(self, ran: Ran, apps: dict[str, float]) -> TickReport:
         """What the tick did, measured, for the statistics (TickStats.record)."""
         plan = ran.plan
         n_decode = sum(1 for i in plan.items if i.phase is Phase.DECODE)
@@ -677,7 +684,22 @@ class Executor:
             native_s=self.ctx.last_decode_seconds, n_sampled=len(ran.tokens),
             cache_read=self._cache_read, prompt_attended=self._prompt_attended,
             background_prompt=self._background_prompt, solo=self._solo if alone else None,
-            queue_depth=self.n_waiting, running=len(self.running))
+            queue_depth=self.n_waiting, running=len(self.running), apps=apps)
+
+    def _apps(self, plan: Plan) -> dict[str, float]:
+        """Each app's part of the tick, in the cost model's ms for its rows (its prompt tokens
+        and decode rows), by which TickStats shares out the measured time. Taken before the
+        tick's results are applied, while every row's request still holds its sequence."""
+        est = self.cost.estimate
+        parts: dict[str, float] = {}
+        for item in plan.items:
+            req = self.running.get(item.seq_id)
+            if req is None:
+                continue
+            ms = est.per_prefill_ms * item.n_tokens if item.phase is Phase.PREFILL \
+                else est.per_decode_ms
+            parts[req.app] = parts.get(req.app, 0.0) + ms
+        return parts
 
     def close(self) -> None:
         self.sampler.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable, Iterable
+from typing import Generic, TypeVar
 
 # Latency buckets in milliseconds: fine around interactive inter-token times (5-100 ms), coarse
 # out to the multi-second pauses that stock servers show under a long prompt.
@@ -89,6 +90,38 @@ class Histogram:
         }
 
 
+M = TypeVar("M", "Counter", "Histogram")
+
+
+class Family(Generic[M]):
+    """Instruments of one kind, one for each value of a label (an app's name), made on first
+    use. Past max_children values, new ones share the child named OVERFLOW: names that
+    clients choose (or that connections get) must not grow the daemon's memory for ever."""
+
+    __slots__ = ("name", "help", "label", "kind", "children", "max_children")
+    OVERFLOW = "other"
+
+    def __init__(self, name: str, help: str, label: str, kind: type[M],
+                 max_children: int = 64) -> None:
+        self.name, self.help, self.label, self.kind = name, help, label, kind
+        self.children: dict[str, M] = {}
+        self.max_children = max_children
+
+    def child(self, value: str) -> M:
+        c = self.children.get(value)
+        if c is None:
+            if len(self.children) >= self.max_children:
+                value = self.OVERFLOW
+                c = self.children.get(value)
+            if c is None:
+                c = self.children[value] = self.kind(self.name, self.help)
+        return c
+
+    def summary(self) -> dict[str, object]:
+        return {value: c.summary() if isinstance(c, Histogram) else c.value
+                for value, c in self.children.items()}
+
+
 class LoadMeter:
     """The share of recent wall time spent busy, over a window of whole seconds: per-second
     sums, so recording is two list writes (per tick) and reading sums the window."""
@@ -115,11 +148,14 @@ class LoadMeter:
         return min(1.0, busy / self.window)
 
 
+Instrument = Counter | Gauge | Histogram | Family[Counter] | Family[Histogram]
+
+
 class Registry:
     """Named metrics; creating one twice returns the first."""
 
     def __init__(self) -> None:
-        self._metrics: dict[str, Counter | Gauge | Histogram] = {}
+        self._metrics: dict[str, Instrument] = {}
 
     def _get(self, cls, name: str, help: str, *args):
         metric = self._metrics.get(name)
@@ -140,12 +176,17 @@ class Registry:
     ) -> Histogram:
         return self._get(Histogram, name, help, bounds)
 
+    def family(self, name: str, help: str, label: str, kind: type[M]) -> Family[M]:
+        """Per-`label` instruments of `kind` (e.g. per app), under one name."""
+        return self._get(Family, name, help, label, kind)
+
     def __iter__(self):
         return iter(list(self._metrics.values()))
 
     def snapshot(self) -> dict[str, object]:
-        """{name: value} for counters and gauges, {name: summary dict} for histograms."""
+        """{name: value} for counters and gauges, {name: summary dict} for histograms, and
+        {name: {label value: either}} for families."""
         out: dict[str, object] = {}
         for m in self:
-            out[m.name] = m.summary() if isinstance(m, Histogram) else m.value
+            out[m.name] = m.summary() if isinstance(m, Histogram | Family) else m.value
         return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from uma.metrics import Registry
+from uma.metrics import Counter, Histogram, Registry
 from uma.server import prometheus
 
 
@@ -52,3 +52,17 @@ def test_special_values_and_help_escapes():
     text = prometheus.render(reg)
     assert "# HELP uma_a line one\\nback\\\\slash" in text
     assert "uma_a NaN" in text and "uma_b +Inf" in text
+
+
+def test_per_app_metrics_are_one_family_with_an_app_label():
+    reg = Registry()
+    tokens = reg.family("app_tokens_total", "tokens generated", "app", Counter)
+    tokens.child("editor").inc(3)
+    tokens.child('odd"name').inc(1)
+    reg.family("app_ttft_ms", "time to first token", "app", Histogram).child("editor").observe(7)
+    text = prometheus.render(reg)
+    assert "# TYPE uma_app_tokens_total counter" in text
+    assert 'uma_app_tokens_total{app="editor"} 3' in text
+    assert 'uma_app_tokens_total{app="odd\\"name"} 1' in text  # escaped
+    assert 'uma_app_ttft_ms_bucket{app="editor",le="7.5"} 1' in text
+    assert 'uma_app_ttft_ms_count{app="editor"} 1' in text

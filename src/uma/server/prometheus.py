@@ -11,13 +11,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from uma.metrics import Counter, Gauge, Histogram
+from uma.metrics import Counter, Family, Gauge, Histogram
 from uma.priority import Priority
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PREFIX = "uma_"
 
-Metric = Counter | Gauge | Histogram
+Metric = Counter | Gauge | Histogram | Family
 _KINDS = {Counter: "counter", Gauge: "gauge", Histogram: "histogram"}
 
 
@@ -25,10 +25,13 @@ def render(metrics: Iterable[Metric]) -> str:
     """The exposition text of `metrics` (a uma.metrics.Registry or any iterable of its
     instruments): one HELP and TYPE header per family, then its samples."""
     families: dict[str, list[tuple[str, Metric]]] = {}
+    lines: list[str] = []
     for metric in metrics:
+        if isinstance(metric, Family):
+            lines.extend(_family(metric))
+            continue
         base, klass = _split_class(metric.name)
         families.setdefault(base, []).append((klass, metric))
-    lines: list[str] = []
     for base, members in families.items():
         name = PREFIX + base
         first = members[0][1]
@@ -44,6 +47,23 @@ def render(metrics: Iterable[Metric]) -> str:
             else:
                 lines.append(f"{name}{_labels(label)} {_number(metric.value)}")
     return "\n".join(lines) + "\n"
+
+
+def _family(f: Family) -> list[str]:
+    """A labelled family: `uma_app_ttft_ms_bucket{app="editor",le="50"}`."""
+    name = PREFIX + f.name
+    lines = [f"# HELP {name} {_escape_help(f.help)}", f"# TYPE {name} {_KINDS[f.kind]}"]
+    for value, metric in f.children.items():
+        label = f'{f.label}="{_escape_label(value)}"'
+        if isinstance(metric, Histogram):
+            lines.extend(_histogram(name, label, metric))
+        else:
+            lines.append(f"{name}{_labels(label)} {_number(metric.value)}")
+    return lines
+
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def _split_class(name: str) -> tuple[str, str]:
