@@ -193,3 +193,24 @@ def test_a_request_whose_listener_fails_ends_alone(engine, solo):
     failed = bad.result(timeout=60)
     assert failed.finish_reason == "error" and "boom in the listener" in str(failed.error)
     assert_serves_on_and_frees_its_cache(engine)
+
+
+def test_a_tick_whose_statistics_fail_ends_what_is_in_flight_and_serving_goes_on(engine):
+    # A bug in the statistics (a division by zero once) reaches the compute thread's
+    # recovery, which ends every request in flight with the cause; its own flush must not
+    # meet the same failing report again, or the thread stops and every request waits for ever.
+    stats = engine._executor.stats
+    real = stats.record
+    bad = []  # the first report: it fails whenever it is recorded, as a bug in it would
+
+    def record(report):
+        if not bad:
+            bad.append(report)
+        if report is bad[0]:
+            raise ZeroDivisionError("float division by zero")
+        real(report)
+
+    stats.record = record
+    result = engine.submit("a", max_tokens=8, ignore_eos=True).result(timeout=30)
+    assert result.finish_reason == "error" and "ZeroDivisionError" in str(result.error)
+    assert_serves_on_and_frees_its_cache(engine)

@@ -221,19 +221,24 @@ class Executor:
     def _flush(self) -> None:
         """Hands on what the ticks so far produced: the output events in one batch, the
         latencies to the metrics, the last tick's report to the statistics."""
-        if self._due is not None:
-            self.stats.record(self._due)
-            self._due = None
-        if self._latencies:
-            m = self.m
-            for priority, app, ms, first in self._latencies:
-                (m.ttft if first else m.itl)[priority].observe(ms)
-                (m.app_ttft if first else m.app_itl).child(app).observe(ms)
-            m.generated_tokens.inc(len(self._latencies))  # one a token
-            self._latencies = []
-        if self._outbox:
-            self.output.publish(self._outbox)
-            self._outbox = []
+        # Each is taken before it is handed on, and the events go out whatever the statistics
+        # do: a report that fails is not recorded again by the recovery's flush (once, a
+        # failing one stopped the compute thread and every request waited for ever).
+        outbox, self._outbox = self._outbox, []
+        try:
+            if self._due is not None:
+                due, self._due = self._due, None
+                self.stats.record(due)
+            if self._latencies:
+                latencies, self._latencies = self._latencies, []
+                m = self.m
+                for priority, app, ms, first in latencies:
+                    (m.ttft if first else m.itl)[priority].observe(ms)
+                    (m.app_ttft if first else m.app_itl).child(app).observe(ms)
+                m.generated_tokens.inc(len(latencies))  # one a token
+        finally:
+            if outbox:
+                self.output.publish(outbox)
 
     def fail(self, req: Request, exc: BaseException) -> None:
         """Ends one request with an error of its own; every other request goes on. An error
