@@ -6,8 +6,9 @@ llama-server, through the same HTTP/SSE client.
 
 App A (`user` "batch") starts --flood streaming requests of --flood-tokens tokens at once (a
 batch job, an agent fanning out); --delay-s later app B (`user` "editor") asks one
---question-tokens question. Every server has 4 slots. Reported per side: B's TTFT and tokens/s
-during the flood, B's TTFT alone (a warm request on an idle server), and A's aggregate tokens/s
+--question-tokens question. Every server has 4 slots. Reported per side: the first request's
+TTFT after start, B's TTFT alone (the same question again, warm, on an idle server), B's TTFT
+and tokens/s during the flood, and A's aggregate tokens/s
 (all of A's tokens over the time from its first request to its last token). Each side runs on a
 fresh server, --repeat times, in alternating order. llama-server has no notion of apps: it
 serves first come, first served.
@@ -43,6 +44,7 @@ def ask(server: Server, user: str, prompt: str, tokens: int) -> Stream:
 
 
 def flood(server: Server, ns: argparse.Namespace) -> dict:
+    first = ask(server, "editor", "What is a lighthouse? Say it briefly.", ns.question_tokens)
     alone = ask(server, "editor", "What is a lighthouse? Say it briefly.", ns.question_tokens)
     streams: list[Stream | None] = [None] * ns.flood
     start = time.perf_counter()
@@ -61,7 +63,8 @@ def flood(server: Server, ns: argparse.Namespace) -> dict:
     done = [s for s in streams if s is not None]
     end = max(s.times[-1] for s in done)
     decode_s = question.times[-1] - question.times[0]
-    return {"question_alone_ttft_ms": 1e3 * alone.ttft_s,
+    return {"first_request_ttft_ms": 1e3 * first.ttft_s,
+            "question_alone_ttft_ms": 1e3 * alone.ttft_s,
             "question_ttft_ms": 1e3 * question.ttft_s,
             "question_tps": (len(question.times) - 1) / decode_s if decode_s > 0 else 0.0,
             "flood_tps": sum(len(s.times) for s in done) / (end - start)}
