@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from llama_tools import ensure_tools  # noqa: E402
-from servers import Server, add_server_args, llama_server, uma_server  # noqa: E402
+from servers import Server, add_server_args, alternating, llama_server, uma_server  # noqa: E402
 from streams import Stream, sse_completion  # noqa: E402
 from uma import synth  # noqa: E402
 
@@ -90,13 +90,12 @@ def main() -> int:
         "llama-server": lambda: llama_server(tool, path, args=("-kvu",), **common),
     }
     runs: dict[str, list[dict]] = {name: [] for name in sides}
-    for r in range(ns.repeat):
-        for name in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
-            with sides[name]() as server:
-                runs[name].append(flood(server, ns))
-            row = runs[name][-1]
-            print(f"run {r} {name:20s} " + "  ".join(f"{k} {v:.1f}" for k, v in row.items()),
-                  flush=True)
+    for r, name in alternating(list(sides), ns.repeat):
+        with sides[name]() as server:
+            runs[name].append(flood(server, ns))
+        row = runs[name][-1]
+        print(f"run {r} {name:20s} " + "  ".join(f"{k} {v:.1f}" for k, v in row.items()),
+              flush=True)
     report: dict = {"model": str(path), "threads": ns.threads, "flood": ns.flood,
                     "flood_tokens": ns.flood_tokens, "question_tokens": ns.question_tokens,
                     "delay_s": ns.delay_s, "runs": runs}

@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from llama_tools import ensure_tools  # noqa: E402
-from servers import Server, llama_server, uma_server  # noqa: E402
+from servers import Server, add_server_args, alternating, llama_server, uma_server  # noqa: E402
 from streams import sse_completion  # noqa: E402
 from uma import synth  # noqa: E402
 
@@ -77,10 +77,7 @@ def system_prompt(server: Server, apps: int, seed: int) -> list[float]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="134m", help="a synth preset or a GGUF path")
-    ap.add_argument("--backend", default="cpu")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--gpu-layers", type=int, default=0)
+    add_server_args(ap)
     ap.add_argument("--conversations", type=int, default=2)
     ap.add_argument("--turns", type=int, default=8)
     ap.add_argument("--apps", type=int, default=6)
@@ -99,20 +96,17 @@ def main() -> int:
     }
     runs: dict[str, dict[str, list[list[float]]]] = {
         name: {"chat_ttft_ms": [], "system_ttft_ms": []} for name in sides}
-    for r in range(ns.repeat):
-        # the sides alternate which goes first
-        for name in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
-            with sides[name]() as server:
-                ask(server, tokens(np.random.default_rng(99), 16), 4)  # warm-up
-                # seeds far apart: one generator's draws must not reappear in another's prompt
-                runs[name]["chat_ttft_ms"].append(chat(server, ns.conversations, ns.turns,
-                                                       seed=1000 + r))
-                runs[name]["system_ttft_ms"].append(system_prompt(server, ns.apps,
-                                                                  seed=2000 + r))
-            for key, label in (("chat_ttft_ms", "chat TTFT by turn"),
-                               ("system_ttft_ms", "system prompt TTFT")):
-                print(f"run {r} {name:13s} {label}: "
-                      + ", ".join(f"{v:.0f}" for v in runs[name][key][-1]), flush=True)
+    for r, name in alternating(list(sides), ns.repeat):
+        with sides[name]() as server:
+            ask(server, tokens(np.random.default_rng(99), 16), 4)  # warm-up
+            # seeds far apart: one generator's draws must not reappear in another's prompt
+            runs[name]["chat_ttft_ms"].append(chat(server, ns.conversations, ns.turns,
+                                                   seed=1000 + r))
+            runs[name]["system_ttft_ms"].append(system_prompt(server, ns.apps, seed=2000 + r))
+        for key, label in (("chat_ttft_ms", "chat TTFT by turn"),
+                           ("system_ttft_ms", "system prompt TTFT")):
+            print(f"run {r} {name:13s} {label}: "
+                  + ", ".join(f"{v:.0f}" for v in runs[name][key][-1]), flush=True)
     for name, row in runs.items():
         report[name] = {**row, **{f"{key}_median": [statistics.median(col) for col in
                                                      zip(*row[key], strict=True)]

@@ -115,3 +115,11 @@ def add_server_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--backend", default="cpu", help="which llama.cpp tools build")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--gpu-layers", type=int, default=0)
+
+
+def alternating(names: list[str], repeat: int) -> Iterator[tuple[int, str]]:
+    """(run, side) pairs: every side once a run, the order reversed every other run, so that
+    no side always runs first on a machine that warms up or slows down."""
+    for r in range(repeat):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            yield r, name

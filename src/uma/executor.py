@@ -273,21 +273,19 @@ class Executor:
         where an app waits with none free)."""
         if not any(self.waiting.values()):
             return
-        sessions = [r.view() for r in self.running.values()]
         if self.fair_share:
+            sessions = [r.view() for r in self.running.values()]
             views = [r.waiting() for q in self.waiting.values() for r in q]
-            parked = fair.park(sessions, views, len(self.free_seqs), self.n_running)
-            for seq in parked:
+            for seq in fair.park(sessions, views, len(self.free_seqs), self.n_running):
                 self.m.fair_parked.inc()
                 self._preempt(self.running[seq])
-            if parked:
-                sessions = [r.view() for r in self.running.values()]
         if not self.free_seqs:
             return
         queued = {r.rid: r for q in self.waiting.values() for r in q}
         views = [r.waiting() for r in queued.values()]
-        chosen = fair.admit_fairly(views, len(self.free_seqs), sessions) if self.fair_share \
-            else self.policy.admit(views, len(self.free_seqs))
+        chosen = fair.admit_fairly(views, len(self.free_seqs),
+                                   [r.view() for r in self.running.values()]) \
+            if self.fair_share else self.policy.admit(views, len(self.free_seqs))
         for rid in chosen:
             req = queued[rid]
             self.waiting[req.priority].remove(req)

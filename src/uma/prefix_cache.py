@@ -16,7 +16,7 @@ the KV cache has no room for running work (`evict_one`): the cache never fails a
 An entry that leaves is snapshotted to host memory first (`llama_state_seq_get_data`) while
 the RAM budget allows; a later prompt can get it restored (`_set_data`) into its sequence,
 trimmed to the match. Which tier a prompt starts from is uma.sched.reuse's choice: this module
-finds the candidates (`candidates`) and carries the choice out (`take`).
+finds the candidates and carries the choice out (`reuse`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from uma.errors import UmaError
-from uma.prefix_index import Match, PrefixIndex
+from uma.prefix_index import PrefixIndex
 from uma.sched.cost import CostEstimate
 from uma.sched.reuse import MIN_REUSE_TOKENS, RESTORE_BYTES_PER_MS, Candidates, choose_reuse
 
@@ -59,7 +59,6 @@ class KvPrefixCache:
         # called as an entry leaves a tier for room: "kv" (the KV cache, snapshotted or not),
         # "ram" (a snapshot, for the RAM budget); the executor counts them
         self.on_evict: Callable[[str], None] = lambda tier: None
-        self._match: dict[str, Match | None] = {}  # candidates' matches, until take()
 
     def __len__(self) -> int:
         return len(self._seq_of)
@@ -104,36 +103,25 @@ class KvPrefixCache:
     def reuse(self, seq: int, tokens: np.ndarray, cost: CostEstimate | None = None,
               prompt_ms_per_token: float = 0.0) -> int:
         """Gives the empty sequence `seq` the cached prefix of `tokens` that saves the most
-        predicted time (uma.sched.reuse.choose_reuse); returns how many tokens it holds now
-        (0: none worth reusing)."""
-        choice = choose_reuse(self.candidates(tokens), cost or CostEstimate(),
-                              self.restore_bytes_per_ms, prompt_ms_per_token)
-        return self.take(seq, choice.tier, choice.tokens)
-
-    def candidates(self, tokens: np.ndarray) -> Candidates:
-        """The longest match of `tokens` in each tier, at most all but the last token (the
-        prompt's last one is decoded again for its logits); take() uses one of them."""
+        predicted time (uma.sched.reuse.choose_reuse: shared live cells or a restore); returns
+        how many tokens it holds now (0: none worth reusing, or a restore found no room). A
+        match counts at most all but the last token: the prompt's last one is decoded again
+        for its logits."""
         kv = self.index.longest(tokens, "kv")
         ram = self.index.longest(tokens, "ram") if self._snapshot else None
-        self._match = {"kv": kv, "ram": ram}
         last = len(tokens) - 1
-        return Candidates(min(kv.length, last) if kv is not None else 0,
-                          min(ram.length, last) if ram is not None else 0,
-                          len(self._snapshot[ram.entry]) if ram is not None else 0)
-
-    def take(self, seq: int, tier: str, n: int) -> int:
-        """Gives the empty sequence `seq` the first n tokens of the last candidates' match in
-        `tier` ("kv": shared cells, "ram": a restore); returns the tokens it holds now (0 where
-        a restore found no room in the KV cache)."""
-        match = self._match.get(tier)
-        self._match = {}
-        if match is None or n <= 0:
-            return 0
-        if tier == "ram":
-            return n if self._restore(seq, match.entry, n) else 0
-        self.ctx.seq_cp(self._seq_of[match.entry], seq, 0, n)
-        self.index.touch(match.entry)
-        return n
+        candidates = Candidates(min(kv.length, last) if kv is not None else 0,
+                                min(ram.length, last) if ram is not None else 0,
+                                len(self._snapshot[ram.entry]) if ram is not None else 0)
+        choice = choose_reuse(candidates, cost or CostEstimate(), self.restore_bytes_per_ms,
+                              prompt_ms_per_token)
+        if choice.tier == "ram" and ram is not None:
+            return choice.tokens if self._restore(seq, ram.entry, choice.tokens) else 0
+        if choice.tier == "kv" and kv is not None:
+            self.ctx.seq_cp(self._seq_of[kv.entry], seq, 0, choice.tokens)
+            self.index.touch(kv.entry)
+            return choice.tokens
+        return 0
 
     def _restore(self, seq: int, entry: int, n: int) -> bool:
         """Reads a snapshot back into the empty sequence `seq`, keeping its first n positions;
