@@ -74,3 +74,36 @@ def test_a_parked_request_can_be_cancelled(tiny_path):
         assert sorted(ex.free_seqs) == [0, 1]  # every sequence back
         again = e.generate(QUESTION, app="editor", max_tokens=4)
     assert again.finish_reason == "length"
+
+
+def ended_ns(r: uma.Result) -> float:
+    t = r.timings
+    return t.admitted_ns - t.queue_ms * 1e6 + t.total_ms * 1e6
+
+
+def test_apps_outnumbering_the_sequences_take_turns_with_their_own_tokens(tiny_path):
+    long, short = {"max_tokens": 96, "ignore_eos": True}, {"max_tokens": 12, "ignore_eos": True}
+    with uma.Engine(tiny_path, n_ctx=2048, n_seq_max=1, prefix_cache=0) as e:
+        want_long, want_short = e.generate(FLOOD[0], **long), e.generate(QUESTION, **short)
+    # one sequence, two apps, a tiny quantum: they swap every few ticks
+    with uma.Engine(tiny_path, n_ctx=2048, n_seq_max=1, fair_quantum_ms=0.01) as e:
+        a = e.submit(FLOOD[0], app="batch", **long)
+        next(iter(a))
+        b = e.submit(QUESTION, app="editor", **short)
+        got_short, got_long = b.result(timeout=60), a.result(timeout=60)
+        snap = e.snapshot()
+    assert got_long.token_ids == want_long.token_ids
+    assert got_short.token_ids == want_short.token_ids
+    # b did not wait for a's 96 tokens: it got the sequence in turn and ended first
+    assert ended_ns(got_short) < ended_ns(got_long)
+    assert snap["fair_parked_total"] >= 1
+
+
+def test_an_apps_weight_and_latency_cap_come_from_the_settings(tiny_path):
+    with uma.Engine(tiny_path, n_ctx=512, n_seq_max=1, app_weights="editor=3",
+                    app_latency_caps={"editor": 1.1}) as e:
+        editor = e.submit(QUESTION, app="editor", max_tokens=1)._request
+        other = e.submit(QUESTION, app="chat", max_tokens=1, weight=0.5)._request
+        assert (editor.weight, editor.latency_cap) == (3.0, 1.1)
+        assert (other.weight, other.latency_cap) == (0.5, 0.0)  # 0: the policy's own cap
+        assert editor.view().latency_cap == 1.1

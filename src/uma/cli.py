@@ -135,6 +135,8 @@ def run(
     prefix_cache_ram_mb: int | None = _opt("prefix_cache_ram_mb"),
     fair_share: bool | None = _opt("fair_share", "--fair-share/--no-fair-share"),
     app_weights: str | None = _opt("app_weights"),
+    fair_quantum_ms: float | None = _opt("fair_quantum_ms"),
+    app_latency_caps: str | None = _opt("app_latency_caps"),
     policy: str | None = _opt("policy"),
     tick_ms: float | None = _opt("tick_ms"),
     latency_cap: float | None = _opt("latency_cap"),

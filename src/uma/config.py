@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypedDict
 
@@ -202,6 +203,12 @@ class EngineConfig:
     # dict (apps not named weigh 1); fair_share off: first come, first served within a class
     app_weights: tuple[tuple[str, float], ...] = ()
     fair_share: bool = True
+    # time-slicing between apps that outnumber the sequences: an app served this many tick
+    # ms (per unit of weight) beyond one waiting with none gives it a sequence
+    fair_quantum_ms: float = 250.0
+    # slo: each app's own latency_cap, as (name, cap) pairs or a dict (others: latency_cap);
+    # the latency guard holds a tick to the lowest cap among the apps decoding in it
+    app_latency_caps: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -257,36 +264,49 @@ class EngineConfig:
             raise InvalidRequestError(f"policy must be 'slo' or 'baseline', not {self.policy!r}")
         if not isinstance(self.fair_share, bool):
             raise InvalidRequestError("fair_share must be a boolean")
-        object.__setattr__(self, "app_weights", _app_weights(self.app_weights))
+        if _number("fair_quantum_ms", self.fair_quantum_ms) <= 0:
+            raise InvalidRequestError(f"fair_quantum_ms must be > 0, not {self.fair_quantum_ms}")
+        object.__setattr__(self, "app_weights",
+                           _per_app("app_weights", self.app_weights, app_weight))
+        object.__setattr__(self, "app_latency_caps",
+                           _per_app("app_latency_caps", self.app_latency_caps, _latency_cap))
         # Imported here: uma.sched.knobs reads SloPolicy, whose module imports this one.
         from uma.sched.knobs import check_knobs
 
         object.__setattr__(self, "slo", check_knobs(self.slo))
 
 
-def _app_weights(value: object) -> tuple[tuple[str, float], ...]:
-    """(name, weight) pairs, checked, sorted by name; a dict, or 'NAME=W,NAME=W' (the
+def _per_app(field: str, value: object,
+             check: Callable[[object, str], float]) -> tuple[tuple[str, float], ...]:
+    """(name, value) pairs, checked, sorted by name; a dict, or 'NAME=V,NAME=V' (the
     setting's form), is taken too."""
     if isinstance(value, str):
-        value = [_weight_pair(item) for item in value.split(",") if item.strip()]
+        value = [_pair(field, item) for item in value.split(",") if item.strip()]
     try:
         pairs = dict(value)  # type: ignore[call-overload]
     except (TypeError, ValueError):
         raise InvalidRequestError(
-            "app_weights must map app names to weights, or be (name, weight) pairs") from None
-    return tuple(sorted((app_name(name, "an app_weights name"),
-                         app_weight(w, f"app_weights[{name!r}]")) for name, w in pairs.items()))
+            f"{field} must map app names to numbers, or be (name, number) pairs") from None
+    return tuple(sorted((app_name(name, f"an {field} name"), check(v, f"{field}[{name!r}]"))
+                        for name, v in pairs.items()))
 
 
-def _weight_pair(item: str) -> tuple[str, float]:
-    name, eq, weight = item.strip().partition("=")
+def _pair(field: str, item: str) -> tuple[str, float]:
+    name, eq, number = item.strip().partition("=")
     try:
         if not eq:
             raise ValueError
-        return name.strip(), float(weight)
+        return name.strip(), float(number)
     except ValueError:
         raise InvalidRequestError(
-            f"app_weights must be NAME=WEIGHT pairs separated by commas, not {item!r}") from None
+            f"{field} must be NAME=NUMBER pairs separated by commas, not {item!r}") from None
+
+
+def _latency_cap(value: object, field: str) -> float:
+    cap = _number(field, value)
+    if not 1.0 <= cap <= 100.0:
+        raise InvalidRequestError(f"{field} must be in [1, 100], not {value!r}")
+    return cap
 
 
 @dataclass(frozen=True)

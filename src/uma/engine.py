@@ -94,6 +94,7 @@ class Engine:
         core = core_module if core_module is not None else importlib.import_module("uma._core")
         self.config = config
         self._weights = dict(config.app_weights)
+        self._caps = dict(config.app_latency_caps)
         self._closed = False
         self._cond = threading.Condition()
         self._inbox: list[Request] = []
@@ -129,7 +130,8 @@ class Engine:
                                   bmt_budget_gbps=self._bandwidth(config, core),
                                   device_sampling=self._device_sampling(config, core),
                                   overlap=self._on_gpu(config.overlap, config, core),
-                                  fair_share=config.fair_share)
+                                  fair_share=config.fair_share,
+                                  fair_quantum_ms=config.fair_quantum_ms)
         self._submitted = self.metrics.counter("requests_submitted_total", "requests accepted")
         self.metrics.gauge("slots_total", "requests decoded at once (KV sequences)").set(
             config.n_seq_max)
@@ -221,7 +223,8 @@ class Engine:
                 raise EngineBusyError(
                     f"{self.config.max_queue} requests are already waiting; try again later")
             rid = next(self._rids)
-            req = Request(rid, tokens, params, prio, time.monotonic_ns(), app, weight)
+            req = Request(rid, tokens, params, prio, time.monotonic_ns(), app, weight,
+                          self._caps.get(app, 0.0))
             req.handle = RequestHandle(rid, functools.partial(self._cancel, req))
             req.handle._request = req
             self._inbox.append(req)

@@ -69,7 +69,8 @@ class Executor:
                  metrics: Registry, core: ModuleType, bmt: BmtModel | None = None,
                  bmt_budget_gbps: float = 0.0, device_sampling: bool = False,
                  overlap: bool = False, n_running: int | None = None,
-                 prefix: KvPrefixCache | None = None, fair_share: bool = False) -> None:
+                 prefix: KvPrefixCache | None = None, fair_share: bool = False,
+                 fair_quantum_ms: float = 250.0) -> None:
         """core: the module whose Batch and Sampler go with ctx (uma._core, or a stand-in).
         device_sampling: sample on the device the rows of requests whose options it can
         compute (Context.set_sampler); the host sampler takes the others.
@@ -78,7 +79,8 @@ class Executor:
         n_running: sequences for requests (the first ones; default all); prefix: the prefix
         cache, which holds the context's other sequences. fair_share: sequences are shared
         between apps (uma.sched.fair), parking requests of apps over their share for apps
-        waiting below theirs; otherwise the policy admits (first come, first served)."""
+        waiting below theirs, and time-slicing apps served fair_quantum_ms apart; otherwise
+        the policy admits (first come, first served)."""
         self.ctx = ctx
         self.model = ctx.model
         self.policy = policy
@@ -88,6 +90,8 @@ class Executor:
         self.device_sampling = device_sampling
         self.overlap = overlap
         self.fair_share = fair_share
+        self.fair_quantum_ms = fair_quantum_ms
+        self.ledger = fair.Ledger()  # what each app has been served (uma.sched.fair)
         # What the tick hands on, kept until _flush: output events in order, the tokens'
         # latencies for the metrics, and the tick's report for the statistics.
         self._outbox: list[Event] = []
@@ -167,6 +171,10 @@ class Executor:
     # --- requests in and out -----------------------------------------------------------------
 
     def enqueue(self, req: Request) -> None:
+        if self.fair_share:
+            active = {r.app for r in self.running.values()}
+            active.update(r.app for q in self.waiting.values() for r in q)
+            self.ledger.arrive(req.app, req.weight, active)
         self.waiting[req.priority].append(req)
 
     def reprioritize(self, req: Request, priority: Priority) -> None:
@@ -276,7 +284,8 @@ class Executor:
         if self.fair_share:
             sessions = [r.view() for r in self.running.values()]
             views = [r.waiting() for q in self.waiting.values() for r in q]
-            for seq in fair.park(sessions, views, len(self.free_seqs), self.n_running):
+            for seq in fair.park(sessions, views, len(self.free_seqs), self.n_running,
+                                 self.ledger.served, self.fair_quantum_ms):
                 self.m.fair_parked.inc()
                 self._preempt(self.running[seq])
         if not self.free_seqs:
@@ -284,7 +293,8 @@ class Executor:
         queued = {r.rid: r for q in self.waiting.values() for r in q}
         views = [r.waiting() for r in queued.values()]
         chosen = fair.admit_fairly(views, len(self.free_seqs),
-                                   [r.view() for r in self.running.values()]) \
+                                   [r.view() for r in self.running.values()],
+                                   self.ledger.served, self.cost.estimate.per_prefill_ms) \
             if self.fair_share else self.policy.admit(views, len(self.free_seqs))
         for rid in chosen:
             req = queued[rid]
@@ -680,10 +690,13 @@ class Executor:
         alone = n_decode and not any(r.priority is Priority.BACKGROUND
                                      for r in self.running.values()) \
             and not self.waiting[Priority.BACKGROUND]
+        tick_s = time.perf_counter() - self._tick_start
+        if self.fair_share and apps:
+            self.ledger.charge(apps, tick_s * 1e3)
         return TickReport(
             plan=plan, n_prefill=plan.n_tokens - n_decode, n_decode=n_decode,
             decode_s=ran.decode_s, sample_s=ran.sample_s,
-            tick_s=time.perf_counter() - self._tick_start,
+            tick_s=tick_s,
             native_s=self.ctx.last_decode_seconds, n_sampled=len(ran.tokens),
             cache_read=self._cache_read, prompt_attended=self._prompt_attended,
             background_prompt=self._background_prompt, solo=self._solo if alone else None,

@@ -17,15 +17,16 @@ class Request:
         "rid", "handle", "params", "priority", "prompt", "tokens", "generated", "seq_id",
         "n_prefilled", "n_past", "cached_tokens", "n_sampled", "last_token", "arrival_ns",
         "admitted_ns", "first_token_ns", "last_token_ns", "cancelled", "stop_hit", "failure",
-        "done", "app", "weight",
+        "done", "app", "weight", "latency_cap",
     )
 
     def __init__(self, rid: int, tokens: np.ndarray, params: SamplingParams,
                  priority: Priority, now_ns: int, app: str = DEFAULT_APP,
-                 weight: float = 1.0) -> None:
+                 weight: float = 1.0, latency_cap: float = 0.0) -> None:
         self.rid = rid
         self.app = app  # who sent it, for fair share (uma.sched.fair)
         self.weight = weight
+        self.latency_cap = latency_cap  # its app's own (0: the policy's)
         self.handle: RequestHandle | None = None  # set right after, by whoever created it
         self.params = params
         self.priority = priority
@@ -63,7 +64,7 @@ class Request:
             n_prompt=len(self.tokens), n_prefilled=self.n_prefilled, n_generated=self.n_sampled,
             n_past=self.n_past, arrival_ns=self.arrival_ns, first_token_ns=self.first_token_ns,
             last_token_ns=self.last_token_ns, n_cached=self.cached_tokens, app=self.app,
-            weight=self.weight,
+            weight=self.weight, latency_cap=self.latency_cap,
         )
 
     def waiting(self) -> Waiting:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from uma.sched.fair import admit_fairly, park, shares
+from uma.sched.fair import Ledger, admit_fairly, park, shares
 from uma.sched.state import Phase, Priority, SessionView, Waiting
 
 INT, BG = Priority.INTERACTIVE, Priority.BACKGROUND
@@ -82,3 +82,81 @@ def test_a_heavier_app_keeps_more_before_it_is_parked():
     assert shares(heavy, [queued(9, "b")], 4) == {"a": 3, "b": 1}
     assert park(heavy, [queued(9, "b")], 0, 4) == (3,)
     assert park(heavy[:3], [queued(9, "b")], 1, 4) == ()
+
+
+# --- service in tick time (the ledger) -------------------------------------------------------
+
+def test_the_ledger_shares_each_tick_as_the_cost_model_prices_the_apps_rows():
+    ledger = Ledger()
+    ledger.arrive("a", 1.0, ())
+    ledger.arrive("b", 2.0, {"a"})
+    ledger.charge({"a": 3.0, "b": 1.0}, 8.0)  # a's rows priced 3 ms, b's 1 ms; the tick took 8
+    assert ledger.served == {"a": 6.0, "b": 1.0}  # b's 2 ms at weight 2
+    ledger.charge({"a": 0.0, "b": 0.0}, 4.0)  # rows priced at nothing: evenly
+    assert ledger.served == {"a": 8.0, "b": 2.0}
+
+
+def test_an_app_that_joins_starts_level_with_the_least_served_active_app():
+    ledger = Ledger()
+    ledger.arrive("a", 1.0, ())
+    ledger.arrive("b", 1.0, {"a"})
+    ledger.charge({"a": 1.0, "b": 1.0}, 200.0)
+    ledger.charge({"a": 1.0}, 50.0)
+    assert ledger.served == {"a": 150.0, "b": 100.0}
+    ledger.arrive("c", 1.0, {"a", "b"})  # no banked credit: it starts at b's 100
+    assert ledger.served["c"] == 100.0
+    ledger.arrive("a", 1.0, {"a", "b", "c"})  # already active: unchanged
+    assert ledger.served["a"] == 150.0
+    # b and c go idle; a returning idle app keeps a debt above the floor, not a credit below
+    ledger.charge({"a": 1.0}, 100.0)
+    ledger.arrive("b", 1.0, {"a"})
+    assert ledger.served["b"] == 250.0
+    ledger.arrive("c", 1.0, {"a", "b"})
+    assert ledger.served["c"] == 250.0
+
+
+def test_idle_apps_are_forgotten_and_an_idle_engine_starts_afresh():
+    ledger = Ledger()
+    ledger.arrive("a", 1.0, ())
+    ledger.arrive("b", 1.0, {"a"})
+    ledger.charge({"a": 1.0}, 100.0)  # b served nothing, a 100
+    ledger.arrive("c", 1.0, {"a"})  # b is idle: at or below the floor, it is dropped
+    assert set(ledger.served) == {"a", "c"} and set(ledger.weights) == {"a", "c"}
+    ledger.arrive("d", 3.0, ())  # nothing active: everyone starts afresh
+    assert ledger.served == {} and ledger.weights == {"d": 3.0}
+
+
+def test_a_free_sequence_goes_to_the_least_served_app():
+    waiting = [queued(1, "a"), queued(2, "b")]
+    sessions = [running(0, "b")]
+    assert admit_fairly(waiting, 1, sessions) == (1,)  # holding fewest, as before
+    assert admit_fairly(waiting, 1, sessions, {"a": 90.0, "b": 40.0}) == (2,)  # b less served
+    # prompts given this tick count at their predicted cost: after b's 8 tokens at 10 ms
+    # (80 ms) a is the less served, so the next goes to a
+    more = [queued(1, "a"), queued(2, "b"), queued(3, "b")]
+    assert admit_fairly(more, 2, sessions, {"a": 90.0, "b": 40.0}, 10.0) == (2, 1)
+    assert admit_fairly(more, 2, sessions, {"a": 90.0, "b": 40.0}, 1.0) == (2, 3)
+
+
+def test_an_app_above_its_share_is_parked_only_for_an_app_served_no_more():
+    flood = [running(s, "a") for s in range(3)] + [running(3, "b")]
+    waiting = [queued(9, "b")]
+    assert park(flood, waiting, 0, 4, {"a": 100.0, "b": 100.0}) == (2,)  # level: b's turn
+    assert park(flood, waiting, 0, 4, {"a": 100.0, "b": 160.0}) == ()  # b was served more
+
+
+def test_apps_that_outnumber_the_sequences_take_turns_a_quantum_at_a_time():
+    one = [running(0, "a")]
+    waiting = [queued(5, "b")]
+    assert park(one, waiting, 0, 1, {"a": 20.0, "b": 0.0}, quantum_ms=50.0) == ()
+    assert park(one, waiting, 0, 1, {"a": 60.0, "b": 0.0}, quantum_ms=50.0) == (0,)
+    # once b runs, a waits ahead of it: no switch back until b is a quantum ahead
+    assert park([running(1, "b")], [queued(0, "a")], 0, 1, {"a": 60.0, "b": 30.0},
+                quantum_ms=50.0) == ()
+    assert park([running(1, "b")], [queued(0, "a")], 0, 1, {"a": 60.0, "b": 111.0},
+                quantum_ms=50.0) == (1,)
+    # the most served app gives up its sequence first
+    two = [running(0, "a"), running(1, "c")]
+    assert park(two, waiting, 0, 2, {"a": 60.0, "b": 0.0, "c": 80.0}, quantum_ms=50.0) == (1,)
+    # without a quantum (the default), no time-slicing
+    assert park(one, waiting, 0, 1, {"a": 1e9, "b": 0.0}) == ()

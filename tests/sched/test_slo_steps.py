@@ -48,6 +48,23 @@ def test_the_budget_is_the_cap_over_the_streams_alone_or_the_idle_one():
     assert fixed.budget_ms == 50.0
 
 
+def test_the_tick_is_held_to_the_lowest_cap_of_the_apps_decoding_in_it():
+    editor = dataclasses.replace(session(0, INT, Phase.DECODE), app="editor", latency_cap=1.1)
+    chat = dataclasses.replace(session(1, INT, Phase.DECODE), app="chat", latency_cap=1.3)
+    other = session(2, INT, Phase.DECODE)  # no cap of its own: the policy's 1.2
+    solo = COST.predict(0, 2)
+    assert run_to("budget", [chat, other]).budget_ms == 1.2 * solo
+    assert run_to("budget", [chat, dataclasses.replace(other, latency_cap=1.25)]
+                  ).budget_ms == 1.25 * solo
+    assert run_to("budget", [editor, chat]).budget_ms == 1.1 * solo
+    # an app's cap counts only while its stream decodes: its prompt alone sets nothing
+    starting = dataclasses.replace(editor, phase=Phase.PREFILL, n_prefilled=0)
+    assert run_to("lanes", [starting, chat]).cap == 1.3
+    # and the p95 target the prompt allowance plans against follows the same cap
+    a = run_to("allowance", [editor, chat])
+    assert a.target_ms == 1.1 * COST.predict(0, 2)
+
+
 def test_streams_always_decode_and_background_decoders_park_past_the_budget():
     sessions = [session(0, INT, Phase.DECODE)] + [session(i, BG, Phase.DECODE)
                                                   for i in range(1, 4)]

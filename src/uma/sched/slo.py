@@ -231,17 +231,17 @@ class SloPolicy:
                 hi = mid - 1
         return lo
 
-    def _pause_share(self, state: SchedulerState) -> float:
+    def _pause_share(self, state: SchedulerState, cap: float) -> float:
         """The share of ticks background work may push past the p95 line. The streams' p95 may
-        grow to latency_cap × its value alone only if at most 1 - quantile of their gaps are
-        longer than that; their own long ticks (new prompts, stalls: `tail`, measured while no
-        background request exists) already take part of that share. On the CPU mixed load
-        2 % of the gaps alone were that long, and 4 % of pauses on top put the p95 at
-        1.20-1.26x."""
+        grow to `cap` (the tick's latency cap: Lanes.cap) × its value alone only if at most
+        1 - quantile of their gaps are longer than that; their own long ticks (new prompts,
+        stalls: `tail`, measured while no background request exists) already take part of
+        that share. On the CPU mixed load 2 % of the gaps alone were that long, and 4 % of
+        pauses on top put the p95 at 1.20-1.26x."""
         ratios = state.alone_ratios
         if not ratios:
             return self.pause_share
-        tail = 1 - bisect.bisect_right(ratios, self.latency_cap * state.alone_p95_ratio) \
+        tail = 1 - bisect.bisect_right(ratios, cap * state.alone_p95_ratio) \
             / len(ratios)
         free = 1 - self.quantile - tail - self.tail_margin
         return min(self.pause_share, max(self.min_pause_share, free))
@@ -343,6 +343,7 @@ class Lanes(NamedTuple):
     inter_dec: tuple[SessionView, ...]  # interactive decoders: served every tick
     back_dec: tuple[SessionView, ...]  # background decoders: up to S of them
     back_ids: frozenset[int]  # the background sessions' sequences
+    cap: float  # the latency cap the tick is held to: the lowest of its decoding apps'
 
 
 class Budget(NamedTuple):
@@ -404,7 +405,11 @@ def lanes(policy: SloPolicy, state: SchedulerState) -> Lanes:
     inter_dec = tuple(s for s in inter if s.phase is Phase.DECODE)
     back_dec = tuple(s for s in back if s.phase is Phase.DECODE)
     mem = policy._remember(state, bool(inter_dec))
-    return Lanes(mem, inter, back, inter_dec, back_dec, frozenset(s.seq_id for s in back))
+    # Every stream shares the tick, so the most demanding app decoding sets its cap (an
+    # app's own latency_cap: EngineConfig.app_latency_caps).
+    cap = min((s.latency_cap or policy.latency_cap for s in inter_dec),
+              default=policy.latency_cap)
+    return Lanes(mem, inter, back, inter_dec, back_dec, frozenset(s.seq_id for s in back), cap)
 
 
 def latency_budget(policy: SloPolicy, state: SchedulerState, d: Lanes) -> Budget:
@@ -420,7 +425,7 @@ def latency_budget(policy: SloPolicy, state: SchedulerState, d: Lanes) -> Budget
     if policy.tick_budget_ms is not None:
         budget = max(policy.tick_budget_ms, solo_ms)
     elif d.inter_dec:
-        budget = policy.latency_cap * solo_ms
+        budget = d.cap * solo_ms
     else:
         # Deep into a long prompt a chunk's read of the cache grows to tens of ms on a CPU (10
         # ms per 1,000 positions on the 134M model): within 50 ms, a 3,000-token prompt alone
@@ -495,12 +500,12 @@ def prompt_allowance(policy: SloPolicy, state: SchedulerState, d: Lanes, b: Budg
     # to it lands past the target rarely: prompt ticks stray further than decode ticks, and
     # less only the decode jitter the p95 of a 1B storm on an H100 rose from 1.06x (pauses
     # alone) to 1.26x, of a 1,500-token storm on CPU to 1.23x.
-    target_ms = policy.latency_cap * b.alone * cost.predict(0, len(d.inter), decode_kv(d.inter)) \
+    target_ms = d.cap * b.alone * cost.predict(0, len(d.inter), decode_kv(d.inter)) \
         if d.inter_dec else 0.0
     line_ms = max(b.budget_ms, target_ms / max(b.jitter, state.prompt_noise))
     under_ms = pause_to_ms = 0.0  # what this tick may spend beyond its own spare time:
     # under the line, or past it (a pause) where nothing fits under it
-    pauses = policy._pause_share(state) * policy.pause_window  # of the window's ticks
+    pauses = policy._pause_share(state, d.cap) * policy.pause_window  # of the window's ticks
     if d.inter_dec and not mem.hold:  # the hold protects interactive streams
         spare_ms *= mem.ramp
         # Saved time is spent in a tick that stays under the line; in one past it (a

@@ -42,6 +42,7 @@ class SessionView:
     n_cached: int = 0  # of n_prompt, tokens the prefix cache held at admission
     app: str = ""  # the app that sent it (uma.sched.fair)
     weight: float = 1.0  # its app's weight
+    latency_cap: float = 0.0  # its app's own latency cap (0: the policy's)
 
     @property
     def prefill_left(self) -> int:
