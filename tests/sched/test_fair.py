@@ -160,3 +160,11 @@ def test_apps_that_outnumber_the_sequences_take_turns_a_quantum_at_a_time():
     assert park(two, waiting, 0, 2, {"a": 60.0, "b": 0.0, "c": 80.0}, quantum_ms=50.0) == (1,)
     # without a quantum (the default), no time-slicing
     assert park(one, waiting, 0, 1, {"a": 1e9, "b": 0.0}) == ()
+
+
+def test_an_app_whose_requests_cost_more_is_sliced_even_at_its_share():
+    # each app holds its share of two, but a's prompts made it a quantum ahead of b
+    sessions = [running(0, "a"), running(1, "a"), running(2, "b"), running(3, "b")]
+    waiting = [queued(9, "b"), queued(8, "a")]
+    assert park(sessions, waiting, 0, 4, {"a": 140.0, "b": 100.0}, quantum_ms=50.0) == ()
+    assert park(sessions, waiting, 0, 4, {"a": 160.0, "b": 100.0}, quantum_ms=50.0) == (1,)

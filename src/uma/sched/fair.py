@@ -126,12 +126,13 @@ def admit_fairly(waiting: Sequence[Waiting], free: int, sessions: Sequence[Sessi
 def park(sessions: Sequence[SessionView], waiting: Sequence[Waiting], free: int,
          n_slots: int, served: Mapping[str, float] = NO_SERVICE,
          quantum_ms: float = math.inf) -> tuple[int, ...]:
-    """Running requests to send back to the queue (sequence ids) so that each app waiting
-    below its share gets a sequence at the next admission, where no free one is left for it:
-    from the app furthest above its share among those served at least as much as it, else
-    from the most served app ahead of it by more than quantum_ms (time-slicing); in the same
-    or a lower class than the waiting request (never an interactive one for background
-    work), the newest request first (the least progress to set aside)."""
+    """Running requests to send back to the queue (sequence ids), where no free sequence is
+    left for a waiting app: for an app below its share, from the app furthest above its share
+    among those served at least as much; for any waiting app, from the most served app ahead
+    of it by more than quantum_ms (time-slicing: between apps that outnumber the sequences,
+    and against an app whose requests cost more each). In the same or a lower class than the
+    waiting request (never an interactive one for background work), the newest request first
+    (the least progress to set aside)."""
     share = shares(sessions, waiting, n_slots)
     held = Counter(s.app for s in sessions)
     first: dict[str, Waiting] = {}  # each waiting app's first request
@@ -145,16 +146,14 @@ def park(sessions: Sequence[SessionView], waiting: Sequence[Waiting], free: int,
     spare = free
     for app, w in sorted(first.items(),
                          key=lambda kv: (_class(kv[1].priority), level(kv[0]), kv[1].rid)):
-        if held[app] >= share[app]:
-            continue
-        if spare > 0:  # admission gives it one without parking anyone
+        if spare > 0:  # admission gives one out without parking anyone
             spare -= 1
             held[app] += 1
             continue
-        mine = level(app)
+        mine, below = level(app), held[app] < share[app]
         victims = [s for s in sessions if s.seq_id not in parked and s.app != app
                    and _class(s.priority) >= _class(w.priority)
-                   and ((held[s.app] > share[s.app] and level(s.app) >= mine)
+                   and ((below and held[s.app] > share[s.app] and level(s.app) >= mine)
                         or level(s.app) - mine > quantum_ms)]
         if not victims:
             continue

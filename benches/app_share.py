@@ -1,0 +1,166 @@
+"""Two backlogged apps with different request sizes: how evenly the daemon shares its ticks
+between them, against first come, first served and llama-server.
+
+    python benches/app_share.py --model 134m --threads 2 --repeat 3
+    python benches/app_share.py --model 1b --backend cuda --gpu-layers 99 --threads 8
+
+App "long" keeps --clients requests in flight, each a --long-prompt-token prompt (new text
+every time: no prefix to reuse) for --long-tokens tokens; app "short" keeps as many in flight,
+each a short question for --short-tokens tokens. Together they ask for twice the 4 slots, so
+both stay backlogged for --seconds. Reported per side: each app's share of the tokens it put
+through the model (prompt and generated) and of the generated ones; for UMA Serve, each app's
+service as its ledger counts it (`app_service_ms_total`: tick time shared out as the cost
+model prices the app's rows), sampled every --sample-s, and the spread of the difference
+between the two apps' service over every window of the run (max - min of S_long - S_short
+after both are backlogged), set against the cost of one "long" request (its service per
+request). llama-server exposes no per-app service: only its token shares are reported. Each
+side runs on a fresh server, --repeat times, in alternating order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from llama_tools import ensure_tools  # noqa: E402
+from servers import Server, add_server_args, alternating, llama_server, uma_server  # noqa: E402
+from streams import long_prompt, sse_completion  # noqa: E402
+from uma import synth  # noqa: E402
+from uma.client import Client  # noqa: E402
+
+SLOTS = 4
+APPS = ("long", "short")
+
+
+class Load:
+    """Both apps' clients, each sending its next request as soon as the last ends, until
+    the deadline; the tokens each app put through (prompt + generated) and generated."""
+
+    def __init__(self, server: Server, ns: argparse.Namespace, prompts: list[str]) -> None:
+        self.server, self.ns, self.prompts = server, ns, prompts
+        self.lock = threading.Lock()
+        self.processed = dict.fromkeys(APPS, 0)
+        self.generated = dict.fromkeys(APPS, 0)
+        self.requests = dict.fromkeys(APPS, 0)
+        self.next_prompt = 0
+        self.deadline = 0.0
+
+    def client(self, app: str) -> None:
+        while time.perf_counter() < self.deadline:
+            if app == "long":
+                with self.lock:
+                    prompt = self.prompts[self.next_prompt % len(self.prompts)]
+                    self.next_prompt += 1
+                tokens = self.ns.long_tokens
+            else:
+                prompt, tokens = "What is a lighthouse? Say it briefly.", self.ns.short_tokens
+            body = {"prompt": prompt, "max_tokens": tokens, "temperature": 0,
+                    "ignore_eos": True, "user": app, **(self.server.extra or {})}
+            s = sse_completion(self.server.port, body, label=app)
+            if s.completion_tokens != tokens:
+                raise RuntimeError(f"{self.server.name}: {s.completion_tokens} of {tokens}")
+            with self.lock:
+                self.processed[app] += s.prompt_tokens + s.completion_tokens
+                self.generated[app] += s.completion_tokens
+                self.requests[app] += 1
+
+    def run(self) -> dict:
+        """Runs the load; samples the UMA ledger's per-app service meanwhile. Rates count the
+        requests that ended, over --seconds (the last ones end a little after)."""
+        self.deadline = time.perf_counter() + self.ns.seconds
+        threads = [threading.Thread(target=self.client, args=(app,))
+                   for app in APPS for _ in range(self.ns.clients)]
+        for th in threads:
+            th.start()
+        samples: list[dict[str, float]] = []
+        if self.server.socket is not None:
+            with Client(self.server.socket) as client:
+                while any(th.is_alive() for th in threads):
+                    service = client.metrics().get("app_service_ms_total", {})
+                    samples.append({app: float(service.get(app, 0.0)) for app in APPS})
+                    time.sleep(self.ns.sample_s)  # the sampling period, a bench parameter
+                final = client.metrics()
+                requests, parked = final["app_requests_total"], final["fair_parked_total"]
+        for th in threads:
+            th.join()
+        row = {f"{app} processed share": self.processed[app] / sum(self.processed.values())
+               for app in APPS}
+        row |= {f"{app} generated share": self.generated[app] / sum(self.generated.values())
+                for app in APPS}
+        row |= {f"{app} requests": float(self.requests[app]) for app in APPS}
+        row["generated tok/s"] = sum(self.generated.values()) / self.ns.seconds
+        row["processed tok/s"] = sum(self.processed.values()) / self.ns.seconds
+        if samples:
+            row |= service_spread(samples, requests, self.ns.warmup_s / self.ns.sample_s)
+            row["parked"] = float(parked)
+        return row
+
+
+def service_spread(samples: list[dict[str, float]], requests: dict, skip: float) -> dict:
+    """From the ledger's samples: each app's share of the service, and the largest
+    difference in service the two apps received over any window (once both are backlogged)
+    against one long request's cost."""
+    steady = samples[int(skip):]
+    diff = [s["long"] - s["short"] for s in steady]
+    last = samples[-1]
+    long_cost = last["long"] / max(1, requests.get("long", 0))
+    return {"long service share": last["long"] / max(1e-9, last["long"] + last["short"]),
+            "service spread ms": max(diff) - min(diff),
+            "long request ms": long_cost,
+            "spread / long request": (max(diff) - min(diff)) / max(long_cost, 1e-9)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_server_args(ap)
+    ap.add_argument("--clients", type=int, default=4, help="requests in flight per app")
+    ap.add_argument("--long-prompt-tokens", type=int, default=384)
+    ap.add_argument("--long-tokens", type=int, default=32)
+    ap.add_argument("--short-tokens", type=int, default=128)
+    ap.add_argument("--seconds", type=float, default=40.0, help="how long both apps send")
+    ap.add_argument("--warmup-s", type=float, default=3.0,
+                    help="samples left out of the spread while both apps fill the slots")
+    ap.add_argument("--sample-s", type=float, default=0.25)
+    ap.add_argument("--quantum-ms", type=float, default=None, help="UMA's fair_quantum_ms")
+    ap.add_argument("--repeat", type=int, default=1, help="runs a side, alternating order")
+    ap.add_argument("--out", type=Path, default=None)
+    ns = ap.parse_args()
+    path = Path(ns.model) if Path(ns.model).exists() else synth.cached_model(ns.model)
+    tool = ensure_tools(ns.backend)["llama-server"]
+    prompts = [long_prompt(path, ns.long_prompt_tokens, salt=k) for k in range(64)]
+    common = {"threads": ns.threads, "ctx": SLOTS * 1024, "parallel": SLOTS,
+              "gpu_layers": ns.gpu_layers}
+    quantum = () if ns.quantum_ms is None else ("--fair-quantum-ms", str(ns.quantum_ms))
+    sides = {
+        "uma": lambda: uma_server(path, args=quantum, **common),
+        "uma, fair share off": lambda: uma_server(path, args=("--no-fair-share",), **common),
+        "llama-server": lambda: llama_server(tool, path, args=("-kvu",), **common),
+    }
+    runs: dict[str, list[dict]] = {name: [] for name in sides}
+    for r, name in alternating(list(sides), ns.repeat):
+        with sides[name]() as server:
+            runs[name].append(Load(server, ns, prompts).run())
+        row = runs[name][-1]
+        print(f"run {r} {name:20s} " + "  ".join(f"{k} {v:.3g}" for k, v in row.items()),
+              flush=True)
+    report: dict = {"model": str(path), "threads": ns.threads, "args": vars(ns) | {
+        "model": str(ns.model), "out": str(ns.out)}, "runs": runs}
+    for name, rows in runs.items():
+        med = {k: statistics.median(row[k] for row in rows) for k in rows[0]}
+        report[f"{name} median"] = med
+        print(f"{name:20s} median: " + "  ".join(f"{k} {v:.3g}" for k, v in med.items()),
+              flush=True)
+    if ns.out:
+        ns.out.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
