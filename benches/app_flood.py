@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import threading
 import time
@@ -27,7 +26,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from llama_tools import ensure_tools  # noqa: E402
-from servers import Server, add_server_args, alternating, llama_server, uma_server  # noqa: E402
+from servers import (  # noqa: E402
+    Server,
+    add_server_args,
+    llama_server,
+    medians,
+    run_sides,
+    uma_server,
+)
 from streams import Stream, sse_completion  # noqa: E402
 from uma import synth  # noqa: E402
 
@@ -89,21 +95,12 @@ def main() -> int:
         "uma, fair share off": lambda: uma_server(path, args=("--no-fair-share",), **common),
         "llama-server": lambda: llama_server(tool, path, args=("-kvu",), **common),
     }
-    runs: dict[str, list[dict]] = {name: [] for name in sides}
-    for r, name in alternating(list(sides), ns.repeat):
-        with sides[name]() as server:
-            runs[name].append(flood(server, ns))
-        row = runs[name][-1]
-        print(f"run {r} {name:20s} " + "  ".join(f"{k} {v:.1f}" for k, v in row.items()),
-              flush=True)
+    runs = run_sides(sides, ns.repeat, lambda server: flood(server, ns))
     report: dict = {"model": str(path), "threads": ns.threads, "flood": ns.flood,
                     "flood_tokens": ns.flood_tokens, "question_tokens": ns.question_tokens,
                     "delay_s": ns.delay_s, "runs": runs}
-    for name, rows in runs.items():
-        med = {k: statistics.median(row[k] for row in rows) for k in rows[0]}
+    for name, med in medians(runs).items():
         report[f"{name} median"] = med
-        print(f"{name:20s} median: " + "  ".join(f"{k} {v:.1f}" for k, v in med.items()),
-              flush=True)
     if ns.out:
         ns.out.write_text(json.dumps(report, indent=2))
     return 0

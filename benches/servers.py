@@ -10,10 +10,11 @@ import http.client
 import os
 import re
 import socket
+import statistics
 import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,3 +124,28 @@ def alternating(names: list[str], repeat: int) -> Iterator[tuple[int, str]]:
     for r in range(repeat):
         for name in (names if r % 2 == 0 else names[::-1]):
             yield r, name
+
+
+def run_sides(sides: dict[str, Callable[[], AbstractContextManager[Server]]], repeat: int,
+              measure: Callable[[Server], dict[str, float]]) -> dict[str, list[dict]]:
+    """measure(server) on a fresh server of each side, `repeat` times in alternating order;
+    each run's row printed as it ends. Returns the rows by side."""
+    runs: dict[str, list[dict]] = {name: [] for name in sides}
+    for r, name in alternating(list(sides), repeat):
+        with sides[name]() as server:
+            runs[name].append(measure(server))
+        print(f"run {r} {name:20s} " + _row(runs[name][-1]), flush=True)
+    return runs
+
+
+def medians(runs: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
+    """Each side's median of every figure over its runs (printed too)."""
+    out = {}
+    for name, rows in runs.items():
+        out[name] = {k: statistics.median(row[k] for row in rows) for k in rows[0]}
+        print(f"{name:20s} median: " + _row(out[name]), flush=True)
+    return out
+
+
+def _row(row: dict[str, float]) -> str:
+    return "  ".join(f"{k} {v:.4g}" for k, v in row.items())
