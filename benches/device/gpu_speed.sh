@@ -10,6 +10,8 @@
 #                                                  # f16, engine and llama-batched-bench
 #   PART=prefix bash benches/device/gpu_speed.sh   # the prefix cache: chat and shared system
 #                                                  # prompt against llama-server, RAM restore
+#   PART=fair bash benches/device/gpu_speed.sh     # fair share: one app's flood against a
+#                                                  # question, two backlogged apps' service
 #
 # Carried into the checkout beforehand (git-ignored): .device/llama-src.tar.xz and
 # .device/vocab.tar (benches/device/gpu_pack.sh says what they hold), .whl/*.whl.
@@ -27,6 +29,8 @@ LONE_SECONDS=${LONE_SECONDS:-60}
 PROFILE=${PROFILE:-1}  # 0: the engine part skips the tick profile
 KV_DEPTHS=${KV_DEPTHS:-8192 16384}  # the kv part's prompt tokens a stream
 KV_STREAMS=${KV_STREAMS:-8}
+FAIR=${FAIR:-flood share}  # the fair part's benchmarks
+SHARE_SECONDS=${SHARE_SECONDS:-15}
 
 TARGETS=${TARGETS:-_core llama-batched-bench llama-server} . benches/device/setup.sh
 GPU="--gpu-layers 99 --threads 8"
@@ -59,6 +63,12 @@ for m in $MODELS; do
       --out "$OUT/prefix_reuse_$m.json" 2>&1 | quiet | tee -a "$OUT/log.txt"
     timeout 200 python3 benches/prefix_restore.py --model "$m" $GPU --history 8000 \
       --out "$OUT/prefix_restore_$m.json" 2>&1 | quiet | tee -a "$OUT/log.txt"
+  elif [[ $PART == fair ]]; then
+    [[ $FAIR == *flood* ]] && timeout 280 python3 benches/app_flood.py --model "$m" --backend cuda $GPU \
+      --repeat 3 --out "$OUT/app_flood_$m.json" 2>&1 | quiet | tee -a "$OUT/log.txt"
+    [[ $FAIR == *share* ]] && timeout 400 python3 benches/app_share.py --model "$m" --backend cuda $GPU \
+      --repeat 3 --seconds "$SHARE_SECONDS" --out "$OUT/app_share_$m.json" 2>&1 | quiet \
+      | tee -a "$OUT/log.txt"
   else
     # served: streams over HTTP/SSE against llama-server, then one stream's TTFT and CPU
     [[ $SERVED == *scaling* ]] && timeout 300 python3 benches/decode_scaling.py --model "$m" --backend cuda $GPU \
