@@ -133,6 +133,7 @@ def run(
     prefix_cache: int | None = _opt("prefix_cache"),
     prefix_cache_tokens: int | None = _opt("prefix_cache_tokens"),
     prefix_cache_ram_mb: int | None = _opt("prefix_cache_ram_mb"),
+    chat_template: str | None = _opt("chat_template"),
     fair_share: bool | None = _opt("fair_share", "--fair-share/--no-fair-share"),
     app_weights: str | None = _opt("app_weights"),
     fair_quantum_ms: float | None = _opt("fair_quantum_ms"),

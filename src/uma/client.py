@@ -27,6 +27,7 @@ from uma.handle import Result, Timings, TokenEvent, Usage
 from uma.priority import Priority
 from uma.server.framing import FrameDecoder, FrameError, encode
 from uma.server.protocol import MAX_ID_CHARS, ProtocolError, parse_event
+from uma.tools import ToolCall
 
 _READ_SIZE = 1 << 16
 _DEFAULTS = SamplingParams()
@@ -55,6 +56,7 @@ class ConnectionLost(UmaError, ConnectionError):
 
 def generate_request(request_id: str, prompt, params: SamplingParams | None = None, *,
                      priority: str | Priority | None = None, stream: bool = True,
+                     tools: Sequence[dict] | None = None, tool_choice: object = None,
                      **options) -> dict:
     """The generate request map, as uma.server.protocol.parse_request reads it.
 
@@ -63,7 +65,8 @@ def generate_request(request_id: str, prompt, params: SamplingParams | None = No
     left at their defaults are not sent (the server's defaults are the same), except options
     named explicitly: max_tokens=256 is sent even though the server's cap may differ.
     priority None leaves the class to the connection's default (interactive unless the client
-    configured another), so it is sent whenever it is given.
+    configured another), so it is sent whenever it is given. tools, tool_choice: OpenAI's,
+    with chat messages (the daemon checks them).
     """
     msg: dict = {"type": "generate", "id": request_id, **_prompt_field(prompt)}
     try:
@@ -78,6 +81,10 @@ def generate_request(request_id: str, prompt, params: SamplingParams | None = No
         msg["priority"] = Priority.parse(priority).value
     if not stream:
         msg["stream"] = False
+    if tools is not None:
+        msg["tools"] = list(tools)
+    if tool_choice is not None:
+        msg["tool_choice"] = tool_choice
     return msg
 
 
@@ -167,7 +174,10 @@ class _Stream:
                 queue_ms=_number(timings, "queue_ms"), ttft_ms=_number(timings, "ttft_ms"),
                 total_ms=_number(timings, "total_ms"),
                 token_ms=tuple(timings.get("token_ms") or ())),
-            logprobs=None if self._logprobs is None else tuple(self._logprobs))
+            logprobs=None if self._logprobs is None else tuple(self._logprobs),
+            tool_calls=tuple(ToolCall(str(c["name"]), str(c["arguments"]), str(c["id"]))
+                             for c in eos.get("tool_calls") or ()),
+            content=eos.get("content"))
 
     def _fail(self, exc: UmaError) -> None:
         if not self.done:

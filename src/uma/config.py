@@ -203,6 +203,9 @@ class EngineConfig:
     # dict (apps not named weigh 1); fair_share off: first come, first served within a class
     app_weights: tuple[tuple[str, float], ...] = ()
     fair_share: bool = True
+    # chat messages' template (uma.templates): a built-in name (chatml, llama2, llama3) or a
+    # Jinja file; None: the model's own, else ChatML
+    chat_template: str | None = None
     # time-slicing between apps that outnumber the sequences: an app served this many tick
     # ms (per unit of weight) beyond one waiting with none gives it a sequence
     fair_quantum_ms: float = 250.0
@@ -262,6 +265,9 @@ class EngineConfig:
                 f"prefix_cache_ram_mb must be in [0, 2**24), not {self.prefix_cache_ram_mb}")
         if self.policy not in ("slo", "baseline"):
             raise InvalidRequestError(f"policy must be 'slo' or 'baseline', not {self.policy!r}")
+        if self.chat_template is not None and (not isinstance(self.chat_template, str)
+                                               or not self.chat_template):
+            raise InvalidRequestError("chat_template must be a built-in name or a file path")
         if not isinstance(self.fair_share, bool):
             raise InvalidRequestError("fair_share must be a boolean")
         if _number("fair_quantum_ms", self.fair_quantum_ms) <= 0:

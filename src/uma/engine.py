@@ -18,12 +18,14 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
+from uma import templates
+from uma import tools as uma_tools
 from uma.app import DEFAULT_APP, app_name, app_weight
 from uma.config import EngineConfig, SamplingParams
 from uma.errors import (
@@ -42,6 +44,7 @@ from uma.priority import Priority
 from uma.request import Request
 from uma.sched.bmt import BmtModel, probe_bandwidth_gbps
 from uma.sched.policies import create_policy
+from uma.templates import ChatTemplate
 
 log = logging.getLogger("uma.engine")
 
@@ -60,7 +63,8 @@ def rss_bytes() -> int:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB else
 
-Prompt = str | Sequence[int] | np.ndarray | Sequence[dict[str, str]]
+Messages = Sequence[Mapping[str, Any]]  # chat messages (uma.templates.checked_messages)
+Prompt = str | Sequence[int] | np.ndarray | Messages
 
 
 _GPU_BACKENDS = {"cuda", "metal", "vulkan"}  # what uma._core.backends() may name besides cpu
@@ -107,6 +111,12 @@ class Engine:
         self.model = core.Model(config.model, n_gpu_layers=config.n_gpu_layers,
                                  progress=progress)
         try:
+            self.chat_template = self._chat_template(config.chat_template)
+            # how the model writes tool calls: as its template says, else as the system
+            # message given for a template without tools asks (uma.tools)
+            source = self.chat_template.source
+            self.tool_format = uma_tools.format_of(source) if uma_tools.takes_tools(source) \
+                else "generic"
             self.ctx = core.Context(
                 self.model, n_ctx=config.n_ctx, n_batch=config.n_batch, n_ubatch=config.n_ubatch,
                 n_seq_max=config.n_seq_max + self._cache_seqs(config, core),
@@ -185,15 +195,25 @@ class Engine:
 
     def submit(self, prompt: Prompt, params: SamplingParams | None = None, *,
                priority: str | Priority = "interactive", app: str | None = None,
-               weight: float | None = None, **options: Any) -> RequestHandle:
+               weight: float | None = None, tools: Sequence[Mapping[str, Any]] | None = None,
+               tool_choice: object = None, **options: Any) -> RequestHandle:
         """Queues a request and returns its handle at once.
 
         prompt: text, token ids, or chat messages ([{'role': ..., 'content': ...}], rendered
         with the model's chat template). options override fields of params (SamplingParams).
         app: who sends it, for fair share between apps ('default' if None); weight: its app's
         share relative to others' (None: the app_weights setting's, else 1).
+        tools, tool_choice: OpenAI's, for chat messages (uma.tools); the result's tool_calls
+        hold the calls the model made.
         Raises InvalidRequestError (and subclasses) for input that can never run.
         """
+        if (tools is not None or tool_choice is not None) and (
+                isinstance(prompt, str) or not len(prompt)
+                or not all(isinstance(m, Mapping) for m in prompt)):
+            raise InvalidRequestError("tools and tool_choice go with chat messages")
+        choice = uma_tools.check_tool_choice(
+            tool_choice, None if tools is None else uma_tools.check_tools(list(tools)))
+        use_tools = bool(tools) and choice != "none"
         app = DEFAULT_APP if app is None else app_name(app)
         weight = self._weights.get(app, 1.0) if weight is None else app_weight(weight)
         params = params or SamplingParams()
@@ -208,7 +228,8 @@ class Engine:
                 raise ClosedError("engine is closed")
             self._submitting += 1  # close() frees the model only once this is back to 0
         try:
-            tokens = self._tokens(prompt)
+            tokens = self.render_chat(cast(Messages, prompt), tools, choice) if use_tools \
+                else self._tokens(prompt)
         finally:
             with self._cond:
                 self._submitting -= 1
@@ -225,6 +246,7 @@ class Engine:
             rid = next(self._rids)
             req = Request(rid, tokens, params, prio, time.monotonic_ns(), app, weight,
                           self._caps.get(app, 0.0))
+            req.tool_format = self.tool_format if use_tools else None
             req.handle = RequestHandle(rid, functools.partial(self._cancel, req))
             req.handle._request = req
             self._inbox.append(req)
@@ -244,14 +266,45 @@ class Engine:
             raise InvalidRequestError("chat() takes a list of {'role', 'content'} messages")
         return self.generate(list(messages), params, priority=priority, **options)
 
+    def _chat_template(self, choice: str | None) -> ChatTemplate:
+        """The template chat messages are rendered with (uma.templates), with the model's own
+        BOS and EOS texts."""
+        name, source = templates.source_of(choice, self.model.chat_template)
+        model = self.model
+
+        def text(token: int) -> str:
+            return model.token_to_piece(token, special=True).decode("utf-8", "replace") \
+                if token >= 0 else ""
+        return ChatTemplate(source, name=name, bos_token=text(model.bos),
+                            eos_token=text(model.eos))
+
+    def render_chat(self, messages: Sequence[Mapping[str, Any]],
+                    tools: Sequence[Mapping[str, Any]] | None = None,
+                    tool_choice: str | None = None) -> np.ndarray:
+        """Chat messages as prompt tokens: checked, rendered with the chat template (and the
+        tools, where given: in the template where it takes them, else as a system message),
+        then tokenised with special tokens parsed. Where the template writes the BOS text
+        itself and the model adds BOS when tokenising, the text's is dropped: one BOS."""
+        msgs = uma_tools.template_messages(templates.checked_messages(messages))
+        if not uma_tools.takes_tools(self.chat_template.source):
+            msgs = uma_tools.as_plain_turns(msgs)
+            if tools:
+                msgs = uma_tools.with_system_prompt(
+                    msgs, uma_tools.system_prompt(tools, tool_choice))
+                tools = None
+        text = self.chat_template.render(msgs, tools=tools or None)
+        bos = self.chat_template.bos_token
+        if bos and self.model.add_bos and text.startswith(bos):
+            text = text[len(bos):]
+        return np.asarray(self.model.tokenize(text, parse_special=True), dtype=np.int32)
+
     def _tokens(self, prompt: Prompt) -> np.ndarray:
         if isinstance(prompt, str):
             tokens = self.model.tokenize(prompt)
         elif isinstance(prompt, (bytes, bytearray)):
             raise InvalidRequestError("prompt must be text (str), token ids or chat messages")
         elif len(prompt) and all(isinstance(m, dict) for m in prompt):
-            text = self.model.apply_chat_template(list(prompt))
-            tokens = self.model.tokenize(text, parse_special=True)
+            tokens = self.render_chat(cast(Messages, prompt))
         else:
             try:
                 tokens = np.asarray(prompt)

@@ -305,8 +305,10 @@ class Model:
 
     @property
     def chat_template(self) -> str:
+        """A Jinja template rendering as apply_chat_template does."""
         self._check_open()
-        return "fake"
+        return ("{% for m in messages %}<s> {{ m['role'] }}: {{ m['content'] }} </s>\n"
+                "{% endfor %}{% if add_generation_prompt %}<s> assistant:{% endif %}")
 
     def apply_chat_template(self, messages, *, add_assistant: bool = True,
                             template=None) -> str:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from uma.errors import UmaError
+from uma.tools import ToolCall
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +59,10 @@ class Result:
     timings: Timings
     error: UmaError | None = field(default=None, compare=False)
     logprobs: tuple[float, ...] | None = None  # per token, when the request asked for them
+    # With tools (finish_reason 'tool_calls'): the calls the model made, and its text outside
+    # them (None: no calls; `text` is all of it)
+    tool_calls: tuple[ToolCall, ...] = ()
+    content: str | None = None
 
     @property
     def tokens_per_second(self) -> float:

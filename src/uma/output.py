@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from uma import tools
 from uma.errors import UmaError
 from uma.handle import Result, Timings, TokenEvent, Usage
 from uma.request import Request
@@ -148,10 +149,15 @@ class OutputStage:
             total_ms=(t_ns - req.arrival_ns) / 1e6,
             token_ms=tuple(st.token_ms),
         )
+        text = "".join(st.parts)
+        content, calls = tools.parse(text, req.tool_format) \
+            if req.tool_format is not None and reason in ("stop", "length") else (None, [])
         result = Result(
-            text="".join(st.parts), token_ids=tuple(st.ids), finish_reason=reason,
+            text=text, token_ids=tuple(st.ids),
+            finish_reason="tool_calls" if calls else reason,
             usage=Usage(req.n_prompt, len(st.ids), req.cached_tokens), timings=timings,
             error=error,
             logprobs=None if st.logprobs is None else tuple(st.logprobs),
+            tool_calls=tuple(calls), content=content if calls else None,
         )
         req.handle._push(result=result)

@@ -34,6 +34,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from uma import templates
+
 __all__ = [
     "PRESETS",
     "SynthSpec",
@@ -82,37 +84,10 @@ _Q8_BYTES = 34  # f16 scale + 32 x int8
 _Q8_DTYPE = np.dtype([("d", "<f2"), ("qs", "i1", (_Q8_BLOCK,))])
 _Q8_QSTD = 32.0  # std of the int8 values; scale = std / _Q8_QSTD
 
-# Chat templates as shipped by the models these vocabularies come from. llama.cpp's built-in
-# llama_chat_apply_template detects "[INST]" (+ "content.strip()" -> llama2-sys-strip) and
-# "<|start_header_id|>" + "<|end_header_id|>" (-> llama3); see llama.cpp src/llama-chat.cpp.
-# meta-llama/Llama-2-7b-chat-hf:
-_LLAMA2_CHAT_TEMPLATE = (
-    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
-    "{% set system_message = messages[0]['content'] %}{% else %}"
-    "{% set loop_messages = messages %}{% set system_message = false %}{% endif %}"
-    "{% for message in loop_messages %}"
-    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
-    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
-    "{% endif %}{% if loop.index0 == 0 and system_message != false %}"
-    "{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}"
-    "{% else %}{% set content = message['content'] %}{% endif %}"
-    "{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}"
-    "{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}"
-    "{% endif %}{% endfor %}"
-)
-# meta-llama/Meta-Llama-3-8B-Instruct:
-_LLAMA3_CHAT_TEMPLATE = (
-    "{% set loop_messages = messages %}{% for message in loop_messages %}"
-    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'"
-    "+ message['content'] | trim + '<|eot_id|>' %}"
-    "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
-    "{{ content }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}"
-    "{% endif %}"
-)
+# Chat templates as shipped by the models these vocabularies come from (uma.templates).
 _CHAT_TEMPLATES: dict[str, str] = {
-    "llama-spm": _LLAMA2_CHAT_TEMPLATE,
-    "llama-bpe": _LLAMA3_CHAT_TEMPLATE,
+    "llama-spm": templates.LLAMA2,
+    "llama-bpe": templates.LLAMA3,
 }
 
 

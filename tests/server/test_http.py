@@ -17,16 +17,21 @@ import openai
 import pytest
 
 from uma import Engine, testing
+from uma import tools as uma_tools
 from uma.client import Client
 from uma.config import ServerConfig
 from uma.errors import InvalidRequestError
 from uma.server import settings
 from uma.server.http import HttpGateway
+from uma.tools import ToolCall
 
 from ..helpers import assert_same_greedy
 
 KEY = "test-key-123"
 ENDLESS = 60000  # max_tokens of requests that are meant to be cut short
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "parameters": {"type": "object",
+                                          "properties": {"city": {"type": "string"}}}}}
 PROMPT = "Once upon a time"
 CHAT = [{"role": "user", "content": "Say something"}]
 
@@ -38,7 +43,10 @@ THREADS = 1
 
 @pytest.fixture(scope="module")
 def engine(tiny_path):
-    with Engine(tiny_path, n_ctx=65536, n_seq_max=4, n_threads=THREADS) as e:
+    # ChatML: a template that takes tool calls and results in a conversation (the tiny
+    # model's own, Llama 2's, allows only alternating user and assistant turns)
+    with Engine(tiny_path, n_ctx=65536, n_seq_max=4, n_threads=THREADS,
+                chat_template="chatml") as e:
         yield e
 
 
@@ -297,7 +305,9 @@ BAD_CHAT = [
     ({"messages": [{"role": "user"}]}, "messages[0].content", "content must be a string"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      "messages[0].content", "only text"),
-    ({"messages": CHAT, "tools": [{"type": "function"}]}, "tools", "not supported"),
+    ({"messages": CHAT, "tools": [{"type": "function"}]}, "tools", "tools[0].function"),
+    ({"messages": CHAT, "tools": [WEATHER], "tool_choice": "always"}, "tool_choice",
+     "tool_choice must be"),
     ({"messages": CHAT, "response_format": {"type": "json_object"}}, "response_format", "text"),
     ({"messages": CHAT, "logprobs": 1}, "logprobs", "boolean"),
     ({"messages": CHAT, "stream_options": {"include_usage": 1}},
@@ -312,6 +322,51 @@ def test_bad_chats_get_openai_errors(http, body, param, words):
     error = r.json()["error"]
     assert error["param"] == param and words in error["message"]
     assert_still_serving(http)
+
+
+def test_a_tools_request_is_answered_and_a_call_round_trips(oai, model_id):
+    # random weights write no call: the answer is text, finish_reason 'stop' or 'length'
+    r = oai.chat.completions.create(model=model_id, messages=CHAT, tools=[WEATHER],
+                                    max_tokens=4)
+    assert r.choices[0].finish_reason in ("stop", "length") and not r.choices[0].message.tool_calls
+    # the assistant's call and the tool's result go back in the next turn
+    history = [*CHAT, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "20 degrees"}]
+    r = oai.chat.completions.create(model=model_id, messages=history, tools=[WEATHER],
+                                    max_tokens=2)
+    assert r.choices[0].message.content is not None and r.usage.completion_tokens == 2
+
+
+@pytest.fixture
+def calls_found(monkeypatch):
+    """The output stage finds one call in any answer: the API's shape of a call, whatever
+    a random model writes (the formats' parsing: tests/test_tools.py)."""
+    call = ToolCall("get_weather", '{"city": "Oslo"}', "call_abc")
+    monkeypatch.setattr(uma_tools, "parse", lambda text, fmt: ("", [call]))
+    return call
+
+
+def test_a_call_is_answered_as_openai_tool_calls(oai, model_id, calls_found):
+    r = oai.chat.completions.create(model=model_id, messages=CHAT, tools=[WEATHER],
+                                    max_tokens=2, extra_body={"ignore_eos": True})
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    [call] = choice.message.tool_calls
+    assert (call.id, call.type, call.function.name, json.loads(call.function.arguments)) == (
+        "call_abc", "function", "get_weather", {"city": "Oslo"})
+
+
+def test_a_streamed_call_arrives_as_tool_call_deltas(oai, model_id, calls_found):
+    stream = oai.chat.completions.create(model=model_id, messages=CHAT, tools=[WEATHER],
+                                         max_tokens=2, stream=True,
+                                         extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    deltas = [c.choices[0].delta.tool_calls for c in chunks if c.choices[0].delta.tool_calls]
+    assert [(d[0].index, d[0].id, d[0].function.name) for d in deltas] == [
+        (0, "call_abc", "get_weather")]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
 def test_chat_content_parts_are_joined(engine, http):

@@ -26,6 +26,7 @@ from uma.server.protocol import (
     parse_event,
     parse_request,
 )
+from uma.tools import ToolCall
 
 LIMITS = RequestLimits(max_prompt_bytes=1000, max_prompt_tokens=100, max_tokens=512)
 
@@ -137,6 +138,28 @@ def test_cancel_priority_metrics_health():
     assert parse({"type": "configure", "app": "editor"}) == ConfigureRequest(app="editor")
     req = parse({"type": "generate", "id": "g", "prompt": "p", "app": "agent-7", "weight": 2})
     assert (req.app, req.weight) == ("agent-7", 2.0)
+
+
+def test_generate_with_tools_and_a_conversation_around_a_call():
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
+    history = [{"role": "user", "content": "Oslo?"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "c1", "type": "function",
+                    "function": {"name": "get_weather", "arguments": "{}"}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "20 degrees"}]
+    req = parse({"type": "generate", "id": "g", "messages": history, "tools": [weather],
+                 "tool_choice": "auto"})
+    assert req.tools == (weather,) and req.tool_choice == "auto"
+    assert req.messages[1]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert not req.quick_to_submit  # templating tools is left to a worker
+    err = rejected({"type": "generate", "id": "g", "prompt": "p", "tools": [weather]})
+    assert "go with messages" in err.message
+    err = rejected({"type": "generate", "id": "g", "messages": history,
+                    "tools": [{"type": "function"}]})
+    assert err.code == p.E_PROTO_003 and "tools[0].function" in err.message
+    err = rejected({"type": "generate", "id": "g", "messages": history, "tools": [weather],
+                    "tool_choice": {"type": "function", "function": {"name": "other"}}})
+    assert err.code == p.E_PROTO_003 and "not among the tools" in err.message
 
 
 def test_parses_what_came_over_the_wire():
@@ -256,7 +279,8 @@ def test_bad_values_are_schema_errors_naming_the_field(field, value):
     ("messages", [{"role": "user", "content": 1}], "messages[0].content"),
     ("messages", [{"role": "user", "content": "x"}, {"role": 2, "content": "y"}],
      "messages[1].role"),
-    ("messages", [{"role": "user", "content": "x", "name": "bob"}], "'name' in messages[0]"),
+    ("messages", [{"role": "user", "content": "x", "color": "red"}], "'color' in messages[0]"),
+    ("messages", [{"role": "assistant", "content": None}], "messages[0].content"),
     ("tokens", "abc", "tokens"), ("tokens", [1, "2"], "tokens[1]"), ("tokens", [True], "tokens[0]"),
     ("tokens", [1, 2.0], "tokens[1]"), ("tokens", [-1], "tokens[0]"),
     ("tokens", [5, 2**31], "tokens[1]"), ("tokens", [[1]], "tokens[0]"),
@@ -399,6 +423,11 @@ def test_event_shapes():
                                              "token_ids": [1]}
     assert "logprobs" in p.token_event("a", "x", [1], [-1.0])
     assert "text" not in p.eos_event("a", "stop", {}, {})
+    call = ToolCall("get_weather", '{"city": "Oslo"}', "call_1")
+    eos = p.eos_event("a", "tool_calls", {}, {}, None, [call], "Checking.")
+    assert eos["tool_calls"] == [{"id": "call_1", "name": "get_weather",
+                                  "arguments": '{"city": "Oslo"}'}]
+    assert eos["content"] == "Checking." and "tool_calls" not in p.eos_event("a", "stop", {}, {})
     assert p.eos_event("a", "stop", {}, {}, text="")["text"] == ""
     assert p.error_event(None, "E", "m") == {"event": "error", "id": None, "code": "E",
                                              "message": "m"}

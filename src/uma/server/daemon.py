@@ -358,7 +358,8 @@ class Daemon:
         goes back through _ready."""
         try:
             handle = self.engine.submit(req.engine_prompt, req.params, priority=req.priority,
-                                        app=req.app or conn.app, weight=req.weight)
+                                        app=req.app or conn.app, weight=req.weight,
+                                        tools=req.tools, tool_choice=req.tool_choice)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an error event
             self._ready.append((conn, req.id, exc))
             self._wake()
@@ -417,7 +418,7 @@ class Daemon:
         t = r.timings
         timings = {"queue_ms": t.queue_ms, "ttft_ms": t.ttft_ms, "total_ms": t.total_ms}
         return P.eos_event(request_id, r.finish_reason, usage, timings,
-                           None if stream else r.text)
+                           None if stream else r.text, r.tool_calls, r.content)
 
     # --- output ------------------------------------------------------------------------------
 

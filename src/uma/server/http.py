@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import hmac
 import json
@@ -36,7 +37,7 @@ from uma.app import app_name
 from uma.config import ServerConfig, parse_http_address
 from uma.engine import Engine
 from uma.errors import InvalidRequestError, UmaError
-from uma.handle import RequestHandle, Result
+from uma.handle import RequestHandle, Result, TokenEvent
 from uma.priority import Priority
 from uma.server import prometheus
 from uma.server.http_limits import LimitedH11Protocol
@@ -50,10 +51,12 @@ from uma.server.openai_api import (
     parse_completion,
 )
 from uma.server.protocol import RequestLimits
+from uma.tools import ToolStream
 
 log = logging.getLogger("uma.http")
 
 _DONE = b"data: [DONE]\n\n"
+_ANSWERED = ("stop", "length", "tool_calls")  # finish reasons that are answers
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
@@ -122,13 +125,10 @@ class _Api:
             gen = api_req.generate
             app = _header_app(request) or api_req.user or _connection_app(request)
             try:
-                if gen.quick_to_submit:
-                    handle = self.engine.submit(gen.engine_prompt, gen.params,
-                                                priority=gen.priority, app=app)
-                else:
-                    handle = await asyncio.to_thread(
-                        self.engine.submit, gen.engine_prompt, gen.params,
-                        priority=gen.priority, app=app)
+                submit = functools.partial(
+                    self.engine.submit, gen.engine_prompt, gen.params, priority=gen.priority,
+                    app=app, tools=gen.tools, tool_choice=gen.tool_choice)
+                handle = submit() if gen.quick_to_submit else await asyncio.to_thread(submit)
             except Exception as exc:  # noqa: BLE001 - each one has its HTTP answer
                 raise error_for(exc) from exc
         except ApiError:
@@ -145,7 +145,7 @@ class _Api:
         if result is None:
             # Nobody will read this: nginx's "client closed request", for the access log.
             return Response(status_code=499)
-        if result.finish_reason not in ("stop", "length"):
+        if result.finish_reason not in _ANSWERED:
             self.errors.inc()
             raise _ended_badly(result)
         return JSONResponse(fmt.full(result))
@@ -161,17 +161,28 @@ class _Api:
         if isinstance(fmt, ChatFormat):
             yield _sse(fmt.opening())
         logprobs = api_req.generate.params.logprobs
+        # With tools, text that may be a call waits for the end (uma.tools.ToolStream).
+        calls = ToolStream(self.engine.tool_format) if api_req.generate.tools \
+            and api_req.generate.tool_choice != "none" else None
         async for event in handle:
+            if calls is not None:
+                event = dataclasses.replace(event, text=calls.feed(event.text))
             # An event with no text holds a token back (half a character, a possible stop
             # string); it is shown only when its log-probability was asked for.
             if event.text or (logprobs and event.token_ids):
                 yield _sse(fmt.delta(event))
         result = await handle.aresult()
-        if result.finish_reason not in ("stop", "length"):
+        if result.finish_reason not in _ANSWERED:
             # The status line is sent; OpenAI clients raise on a chunk that carries an error.
             self.errors.inc()
             yield _sse(_ended_badly(result).body())
             return
+        if calls is not None and isinstance(fmt, ChatFormat):
+            rest = calls.finish(result.content if result.tool_calls else None)
+            if rest:
+                yield _sse(fmt.delta(TokenEvent(rest, ())))
+            if result.tool_calls:
+                yield _sse(fmt.tool_calls(result))
         yield _sse(fmt.closing(result))
         if api_req.include_usage:
             yield _sse(fmt.usage_chunk(result))

@@ -6,8 +6,8 @@ parsed by uma.server.protocol.parse_request, so HTTP accepts exactly what the so
 the same prompt limits, the same max_tokens cap, and SamplingParams' own checks.
 
 Not supported, and refused with 400 rather than silently ignored: n > 1, several prompts in one
-request, echo, suffix, best_of > 1, a non-empty logit_bias, tools, response_format other than
-text, and top_logprobs (the engine knows only the sampled token's log-probability; completions'
+request, echo, suffix, best_of > 1, a non-empty logit_bias, response_format other than text,
+and top_logprobs (the engine knows only the sampled token's log-probability; completions'
 `logprobs: N` returns token_logprobs and leaves top_logprobs null). Other fields that clients
 commonly send (user, metadata, store, parallel_tool_calls, ...) are ignored.
 """
@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from uma import tools as uma_tools
 from uma.app import app_name
 from uma.errors import ClosedError, ContextOverflowError, InvalidRequestError
 from uma.handle import Result, TokenEvent
@@ -34,7 +35,9 @@ _PASSED = (
     "priority",
 )
 # Leading words of protocol/SamplingParams messages that name a body field.
-_PARAMS = frozenset({*_PASSED, "max_tokens", "stop", "prompt", "messages", "tokens"})
+_PARAMS = frozenset({*_PASSED, "max_tokens", "stop", "prompt", "messages", "tokens", "tools",
+                     "tool_choice"})
+_MESSAGE_FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id")
 # OpenAI's placeholder for a log-probability that is too small to show.
 _TINY_LOGPROB = -9999.0
 
@@ -108,8 +111,14 @@ def parse_chat(body: object, *, model_id: str, limits: P.RequestLimits,
     body = _object(body)
     if body.get("messages") is None:
         raise ApiError(400, "messages is required", param="messages")
-    if _field(body, "tools", list):
-        raise ApiError(400, "tools are not supported", param="tools")
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    try:
+        if tools is not None:
+            uma_tools.check_tools(tools)
+        uma_tools.check_tool_choice(choice, tools)
+    except InvalidRequestError as exc:
+        raise ApiError(400, str(exc), param="tools" if str(exc).startswith("tools")
+                       else "tool_choice") from None
     response_format = _field(body, "response_format", dict)
     if response_format is not None and response_format.get("type") != "text":
         raise ApiError(400, "only response_format {'type': 'text'} is supported",
@@ -122,7 +131,8 @@ def parse_chat(body: object, *, model_id: str, limits: P.RequestLimits,
     if max_tokens is None:
         max_tokens = body.get("max_tokens")
     fields = {"messages": _messages(body["messages"]), "max_tokens": max_tokens,
-              "logprobs": bool(_field(body, "logprobs", bool))}
+              "logprobs": bool(_field(body, "logprobs", bool)), "tools": tools,
+              "tool_choice": choice}
     return _parse(body, fields, model_id, limits, default_priority)
 
 
@@ -191,18 +201,18 @@ def _prompt(prompt: object) -> dict:
 
 
 def _messages(messages: object) -> object:
-    """OpenAI messages as the socket's {role, content} maps: text content parts are joined,
-    other message fields (name, tool_call_id, ...) are dropped. Anything that is not a list of
-    objects is passed on for the protocol to name the problem."""
+    """OpenAI messages as the socket takes them: text content parts are joined; an assistant
+    turn's tool calls, a tool result's call id and names are kept, other fields dropped.
+    Anything that is not a list of objects is passed on for the protocol to name the problem."""
     if type(messages) is not list:
         return messages
     out = []
     for i, message in enumerate(messages):
         if type(message) is not dict:
             return messages
-        kept = {key: message[key] for key in ("role", "content") if key in message}
-        if "content" in kept and kept["content"] is None:
-            kept["content"] = ""  # an assistant turn that only called tools
+        kept = {key: message[key] for key in _MESSAGE_FIELDS if key in message}
+        if "content" in kept and kept["content"] is None and not kept.get("tool_calls"):
+            kept["content"] = ""  # an empty turn
         elif type(kept.get("content")) is list:
             kept["content"] = _text_parts(kept["content"], f"messages[{i}].content")
         out.append(kept)
@@ -312,7 +322,11 @@ class ChatFormat(_Format):
         super().__init__(model_id, piece, "chatcmpl")
 
     def full(self, result: Result) -> dict:
-        choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
+        message: dict = {"role": "assistant", "content": result.text}
+        if result.tool_calls:
+            message = {"role": "assistant", "content": result.content or None,
+                       "tool_calls": [c.openai() for c in result.tool_calls]}
+        choice = {"index": 0, "message": message,
                   "logprobs": self._logprobs(result.token_ids, result.logprobs),
                   "finish_reason": result.finish_reason}
         return {**self._envelope(self.object_name, [choice]), "usage": usage(result)}
@@ -327,6 +341,13 @@ class ChatFormat(_Format):
         return self._envelope(self.chunk_name, [{
             "index": 0, "delta": {"content": event.text},
             "logprobs": self._logprobs(event.token_ids, event.logprobs),
+            "finish_reason": None}])
+
+    def tool_calls(self, result: Result) -> dict:
+        """The calls of a streamed answer, each whole in one delta, after its content."""
+        calls = [{"index": i, **c.openai()} for i, c in enumerate(result.tool_calls)]
+        return self._envelope(self.chunk_name, [{
+            "index": 0, "delta": {"tool_calls": calls}, "logprobs": None,
             "finish_reason": None}])
 
     def closing(self, result: Result) -> dict:

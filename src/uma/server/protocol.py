@@ -10,9 +10,13 @@ them. A client matches errors on their wire ``code``; the message is for people.
 from __future__ import annotations
 
 import difflib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from uma import templates
+from uma import tools as uma_tools
 from uma.app import app_name, app_weight
 from uma.config import SamplingParams
 from uma.errors import (
@@ -26,6 +30,7 @@ from uma.errors import (
     UmaError,
 )
 from uma.priority import Priority
+from uma.tools import ToolCall
 
 # --- wire error codes --------------------------------------------------------------------------
 
@@ -119,13 +124,15 @@ class GenerateRequest:
     priority: Priority
     stream: bool = True  # False: no token events, the whole text in the eos event
     prompt: str | None = None  # raw text, tokenized as is
-    messages: tuple[dict[str, str], ...] | None = None  # chat, rendered with the model's template
+    messages: tuple[dict[str, Any], ...] | None = None  # chat, rendered with the model's template
     tokens: tuple[int, ...] | None = None  # token ids, fed as is
     app: str | None = None  # who sends it (None: the connection's)
     weight: float | None = None  # its app's weight (None: the app_weights setting's)
+    tools: tuple[dict[str, Any], ...] | None = None  # OpenAI's, with messages (uma.tools)
+    tool_choice: str | dict[str, Any] | None = None
 
     @property
-    def engine_prompt(self) -> str | tuple[dict[str, str], ...] | tuple[int, ...]:
+    def engine_prompt(self) -> str | tuple[dict[str, Any], ...] | tuple[int, ...]:
         """The prompt in the form uma.Engine.submit takes."""
         if self.prompt is not None:
             return self.prompt
@@ -143,7 +150,8 @@ class GenerateRequest:
         if self.prompt is not None:
             return len(self.prompt) <= QUICK_PROMPT_CHARS
         if self.messages is not None:
-            return sum(len(m.get("content", "")) for m in self.messages) <= QUICK_PROMPT_CHARS
+            return self.tools is None and sum(
+                len(m.get("content") or "") for m in self.messages) <= QUICK_PROMPT_CHARS
         return True  # token ids: only checked against the vocabulary
 
 
@@ -208,7 +216,8 @@ _PROMPT_FIELDS = ("prompt", "messages", "tokens")
 _FIELDS = {
     "generate": frozenset({
         "type", "id", *_PROMPT_FIELDS, *_SAMPLER_FIELDS, "max_tokens", "stop", "stream",
-        "priority", "logprobs", "ignore_eos", "cache_prompt", "app", "weight",
+        "priority", "logprobs", "ignore_eos", "cache_prompt", "app", "weight", "tools",
+        "tool_choice",
     }),
     "cancel": frozenset({"type", "id"}),
     "priority": frozenset({"type", "id", "priority"}),
@@ -217,7 +226,6 @@ _FIELDS = {
     "health": frozenset({"type", "id"}),
     "stop": frozenset({"type", "id"}),
 }
-_MESSAGE_FIELDS = ("role", "content")
 
 
 def parse_request(msg: dict, limits: RequestLimits,
@@ -278,12 +286,21 @@ def _parse_generate(msg: dict, limits: RequestLimits,
     elif type(stream) is not bool:
         raise ProtocolError(E_PROTO_003, f"stream must be a boolean, not {type(stream).__name__}")
     priority = msg.get("priority")
+    tools, choice = msg.get("tools"), msg.get("tool_choice")
+    if (tools is not None or choice is not None) and messages is None:
+        raise ProtocolError(E_PROTO_003, "tools and tool_choice go with messages")
+    if tools is not None:
+        tools = tuple(uma_tools.check_tools(tools))
+        _check_bytes("tools", len(json.dumps(tools, ensure_ascii=False).encode(
+            "utf-8", "surrogatepass")), limits)
+    uma_tools.check_tool_choice(choice, tools)
     return GenerateRequest(
         id=request_id, params=params, stream=stream, prompt=prompt, messages=messages,
         tokens=tokens,
         priority=default_priority if priority is None else _priority(priority),
         app=None if msg.get("app") is None else app_name(msg["app"]),
-        weight=None if msg.get("weight") is None else app_weight(msg["weight"]))
+        weight=None if msg.get("weight") is None else app_weight(msg["weight"]),
+        tools=tools, tool_choice=choice)
 
 
 def _parse_configure(msg: dict) -> ConfigureRequest:
@@ -314,29 +331,13 @@ def _prompt(msg: dict, limits: RequestLimits) -> tuple[
     return None, None, _tokens(msg["tokens"], limits)
 
 
-def _messages(value: object, limits: RequestLimits) -> tuple[dict[str, str], ...]:
+def _messages(value: object, limits: RequestLimits) -> tuple[dict[str, Any], ...]:
     if type(value) is not list:
         raise ProtocolError(E_PROTO_003, f"messages must be a list of {{role, content}} maps, "
                                          f"not {type(value).__name__}")
-    messages = []
-    n_bytes = 0
-    for i, message in enumerate(value):
-        if type(message) is not dict:
-            raise ProtocolError(E_PROTO_003, f"messages[{i}] must be a map, "
-                                             f"not {type(message).__name__}")
-        for key in message:
-            if key not in _MESSAGE_FIELDS:
-                raise ProtocolError(E_PROTO_003, f"unknown field {_show(key)} in messages[{i}]"
-                                                 f"; a message has only role and content")
-        for key in _MESSAGE_FIELDS:
-            if type(message.get(key)) is not str:
-                got = "missing" if key not in message else type(message[key]).__name__
-                raise ProtocolError(E_PROTO_003,
-                                    f"messages[{i}].{key} must be a string, not {got}")
-            n_bytes += _utf8_len(message[key])
-        messages.append({"role": message["role"], "content": message["content"]})
+    messages = templates.checked_messages(value)  # InvalidRequestError: E_PROTO_003
     # Roles count too, or an endless "role" would slip past the limit.
-    _check_bytes("messages", n_bytes, limits)
+    _check_bytes("messages", templates.message_bytes(messages), limits)
     return tuple(messages)
 
 
@@ -486,13 +487,19 @@ def token_event(request_id: str, text: str, token_ids: Sequence[int],
 
 
 def eos_event(request_id: str, reason: str, usage: dict, timings: dict,
-              text: str | None = None) -> dict:
-    """The end of a request: reason 'stop', 'length', 'cancelled' or 'error'. text (the whole
-    output) only for stream=false requests."""
+              text: str | None = None, tool_calls: Sequence[ToolCall] = (),
+              content: str | None = None) -> dict:
+    """The end of a request: reason 'stop', 'length', 'tool_calls', 'cancelled' or 'error'.
+    text (the whole output) only for stream=false requests; with tool calls, tool_calls
+    ([{id, name, arguments}]) and content (the text outside them)."""
     event = {"event": "eos", "id": request_id, "reason": reason, "usage": usage,
              "timings": timings}
     if text is not None:
         event["text"] = text
+    if tool_calls:
+        event["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": c.arguments}
+                               for c in tool_calls]
+        event["content"] = content
     return event
 
 
