@@ -615,8 +615,10 @@ def test_chat_messages_and_from_config_on_the_fake_core():
     with uma.Engine.from_config(config, core=fc) as e:
         messages = [{"role": "user", "content": "ba be bi"}]
         result = e.chat(messages, max_tokens=4)
-        prompt = e.model.tokenize(e.model.apply_chat_template(messages), parse_special=True)
+        prompt = e.render_chat(messages)
         assert result.usage.prompt_tokens == len(prompt)
+        # the template writes the BOS text; the tokenizer's own BOS is the only one before it
+        assert prompt[0] == fc.BOS and prompt[1] != fc.BOS
         assert result.token_ids == e.generate(prompt, max_tokens=4).token_ids
         with pytest.raises(InvalidRequestError):
             e.chat([{"role": "user"}])
