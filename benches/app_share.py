@@ -135,6 +135,8 @@ def main() -> int:
                     help="samples left out of the spread while both apps fill the slots")
     ap.add_argument("--sample-s", type=float, default=0.25)
     ap.add_argument("--quantum-ms", type=float, default=None, help="UMA's fair_quantum_ms")
+    ap.add_argument("--sides", nargs="+", default=["uma", "uma, fair share off", "llama-server"],
+                    help="which of the sides to run")
     ap.add_argument("--repeat", type=int, default=1, help="runs a side, alternating order")
     ap.add_argument("--out", type=Path, default=None)
     ns = ap.parse_args()
@@ -149,6 +151,7 @@ def main() -> int:
         "uma, fair share off": lambda: uma_server(path, args=("--no-fair-share",), **common),
         "llama-server": lambda: llama_server(tool, path, args=("-kvu",), **common),
     }
+    sides = {name: side for name, side in sides.items() if name in ns.sides}
     runs = run_sides(sides, ns.repeat, lambda server: Load(server, ns, prompts).run())
     report: dict = {"model": str(path), "threads": ns.threads, "args": vars(ns) | {
         "model": str(ns.model), "out": str(ns.out)}, "runs": runs}

@@ -206,9 +206,9 @@ class EngineConfig:
     # chat messages' template (uma.templates): a built-in name (chatml, llama2, llama3) or a
     # Jinja file; None: the model's own, else ChatML
     chat_template: str | None = None
-    # time-slicing between apps that outnumber the sequences: an app served this many tick
-    # ms (per unit of weight) beyond one waiting with none gives it a sequence
-    fair_quantum_ms: float = 250.0
+    # fair share's time slice: an app served this many tick ms (per unit of weight) beyond
+    # one waiting for a sequence gives it one; None: the cost of the largest recent request
+    fair_quantum_ms: float | None = None
     # slo: each app's own latency_cap, as (name, cap) pairs or a dict (others: latency_cap);
     # the latency guard holds a tick to the lowest cap among the apps decoding in it
     app_latency_caps: tuple[tuple[str, float], ...] = ()
@@ -270,7 +270,8 @@ class EngineConfig:
             raise InvalidRequestError("chat_template must be a built-in name or a file path")
         if not isinstance(self.fair_share, bool):
             raise InvalidRequestError("fair_share must be a boolean")
-        if _number("fair_quantum_ms", self.fair_quantum_ms) <= 0:
+        if self.fair_quantum_ms is not None and _number(
+                "fair_quantum_ms", self.fair_quantum_ms) <= 0:
             raise InvalidRequestError(f"fair_quantum_ms must be > 0, not {self.fair_quantum_ms}")
         object.__setattr__(self, "app_weights",
                            _per_app("app_weights", self.app_weights, app_weight))

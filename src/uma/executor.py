@@ -70,7 +70,7 @@ class Executor:
                  bmt_budget_gbps: float = 0.0, device_sampling: bool = False,
                  overlap: bool = False, n_running: int | None = None,
                  prefix: KvPrefixCache | None = None, fair_share: bool = False,
-                 fair_quantum_ms: float = 250.0) -> None:
+                 fair_quantum_ms: float | None = None) -> None:
         """core: the module whose Batch and Sampler go with ctx (uma._core, or a stand-in).
         device_sampling: sample on the device the rows of requests whose options it can
         compute (Context.set_sampler); the host sampler takes the others.
@@ -79,8 +79,9 @@ class Executor:
         n_running: sequences for requests (the first ones; default all); prefix: the prefix
         cache, which holds the context's other sequences. fair_share: sequences are shared
         between apps (uma.sched.fair), parking requests of apps over their share for apps
-        waiting below theirs, and time-slicing apps served fair_quantum_ms apart; otherwise
-        the policy admits (first come, first served)."""
+        waiting below theirs, and time-slicing apps served fair_quantum_ms apart (None: the
+        service of the largest recent request); otherwise the policy admits (first come,
+        first served)."""
         self.ctx = ctx
         self.model = ctx.model
         self.policy = policy
@@ -92,6 +93,7 @@ class Executor:
         self.fair_share = fair_share
         self.fair_quantum_ms = fair_quantum_ms
         self.ledger = fair.Ledger()  # what each app has been served (uma.sched.fair)
+        self._rows: list[tuple[Request, float]] = []  # the tick's requests and their price
         # What the tick hands on, kept until _flush: output events in order, the tokens'
         # latencies for the metrics, and the tick's report for the statistics.
         self._outbox: list[Event] = []
@@ -211,6 +213,8 @@ class Executor:
             del self.running[req.seq_id]
             req.seq_id = -1
         req.done = True
+        if self.fair_share:
+            self.ledger.ended(req.service_ms)
         self.m.finished[reason].inc()
         self.m.app_requests.child(req.app).inc()
         self.m.app_tokens.child(req.app).inc(req.n_sampled)
@@ -285,7 +289,8 @@ class Executor:
             sessions = [r.view() for r in self.running.values()]
             views = [r.waiting() for q in self.waiting.values() for r in q]
             for seq in fair.park(sessions, views, len(self.free_seqs), self.n_running,
-                                 self.ledger.served, self.fair_quantum_ms):
+                                 self.ledger.served,
+                                 self.fair_quantum_ms or self.ledger.largest_request_ms):
                 self.m.fair_parked.inc()
                 self._preempt(self.running[seq])
         if not self.free_seqs:
@@ -692,7 +697,7 @@ class Executor:
             and not self.waiting[Priority.BACKGROUND]
         tick_s = time.perf_counter() - self._tick_start
         if self.fair_share and apps:
-            self.ledger.charge(apps, tick_s * 1e3)
+            self._charge(apps, tick_s * 1e3)
         return TickReport(
             plan=plan, n_prefill=plan.n_tokens - n_decode, n_decode=n_decode,
             decode_s=ran.decode_s, sample_s=ran.sample_s,
@@ -702,12 +707,22 @@ class Executor:
             background_prompt=self._background_prompt, solo=self._solo if alone else None,
             queue_depth=self.n_waiting, running=len(self.running), apps=apps)
 
+    def _charge(self, apps: dict[str, float], tick_ms: float) -> None:
+        """The tick's time to the apps' ledger and to each request's own service (the
+        ledger's time-slice follows what requests cost)."""
+        self.ledger.charge(apps, tick_ms)
+        total = sum(ms for _, ms in self._rows)
+        for req, ms in self._rows:
+            req.service_ms += tick_ms * (ms / total if total > 0 else 1 / len(self._rows))
+
     def _apps(self, plan: Plan) -> dict[str, float]:
         """Each app's part of the tick, in the cost model's ms for its rows (its prompt tokens
         and decode rows), by which TickStats shares out the measured time. Taken before the
         tick's results are applied, while every row's request still holds its sequence."""
         est = self.cost.estimate
         parts: dict[str, float] = {}
+        rows = self._rows
+        rows.clear()
         for item in plan.items:
             req = self.running.get(item.seq_id)
             if req is None:
@@ -715,6 +730,7 @@ class Executor:
             ms = est.per_prefill_ms * item.n_tokens if item.phase is Phase.PREFILL \
                 else est.per_decode_ms
             parts[req.app] = parts.get(req.app, 0.0) + ms
+            rows.append((req, ms))
         return parts
 
     def close(self) -> None:

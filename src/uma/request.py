@@ -17,7 +17,7 @@ class Request:
         "rid", "handle", "params", "priority", "prompt", "tokens", "generated", "seq_id",
         "n_prefilled", "n_past", "cached_tokens", "n_sampled", "last_token", "arrival_ns",
         "admitted_ns", "first_token_ns", "last_token_ns", "cancelled", "stop_hit", "failure",
-        "done", "app", "weight", "latency_cap", "tool_format",
+        "done", "app", "weight", "latency_cap", "tool_format", "service_ms",
     )
 
     def __init__(self, rid: int, tokens: np.ndarray, params: SamplingParams,
@@ -28,6 +28,7 @@ class Request:
         self.weight = weight
         self.latency_cap = latency_cap  # its app's own (0: the policy's)
         self.tool_format: str | None = None  # with tools: how the model writes calls (uma.tools)
+        self.service_ms = 0.0  # tick time it has had (fair share's ledger, measured)
         self.handle: RequestHandle | None = None  # set right after, by whoever created it
         self.params = params
         self.priority = priority
