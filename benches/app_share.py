@@ -12,8 +12,8 @@ through the model (prompt and generated) and of the generated ones; for UMA Serv
 service as its ledger counts it (`app_service_ms_total`: tick time shared out as the cost
 model prices the app's rows), sampled every --sample-s, and the spread of the difference
 between the two apps' service over every window of the run (max - min of S_long - S_short
-after both are backlogged), set against the cost of one "long" request (its service per
-request). llama-server exposes no per-app service: only its token shares are reported. Each
+after both are backlogged), set against the cost of the largest request (each app's service
+per request ended). llama-server exposes no per-app service: only its token shares are reported. Each
 side runs on a fresh server, --repeat times, in alternating order.
 """
 
@@ -112,15 +112,16 @@ class Load:
 def service_spread(samples: list[dict[str, float]], requests: dict, skip: float) -> dict:
     """From the ledger's samples: each app's share of the service, and the largest
     difference in service the two apps received over any window (once both are backlogged)
-    against one long request's cost."""
+    against the largest request's cost (each app's service per request ended)."""
     steady = samples[int(skip):]
     diff = [s["long"] - s["short"] for s in steady]
     last = samples[-1]
-    long_cost = last["long"] / max(1, requests.get("long", 0))
+    cost = {app: last[app] / max(1, requests.get(app, 0)) for app in APPS}
+    largest = max(cost.values())
     return {"long service share": last["long"] / max(1e-9, last["long"] + last["short"]),
             "service spread ms": max(diff) - min(diff),
-            "long request ms": long_cost,
-            "spread / long request": (max(diff) - min(diff)) / max(long_cost, 1e-9)}
+            "long request ms": cost["long"], "short request ms": cost["short"],
+            "spread / largest request": (max(diff) - min(diff)) / max(largest, 1e-9)}
 
 
 def main() -> int:

@@ -207,7 +207,7 @@ class EngineConfig:
     # Jinja file; None: the model's own, else ChatML
     chat_template: str | None = None
     # fair share's time slice: an app served this many tick ms (per unit of weight) beyond
-    # one waiting for a sequence gives it one; None: the cost of the largest recent request
+    # one waiting for a sequence gives it one; None: half the largest recent request's cost
     fair_quantum_ms: float | None = None
     # slo: each app's own latency_cap, as (name, cap) pairs or a dict (others: latency_cap);
     # the latency guard holds a tick to the lowest cap among the apps decoding in it

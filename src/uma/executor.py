@@ -79,8 +79,8 @@ class Executor:
         n_running: sequences for requests (the first ones; default all); prefix: the prefix
         cache, which holds the context's other sequences. fair_share: sequences are shared
         between apps (uma.sched.fair), parking requests of apps over their share for apps
-        waiting below theirs, and time-slicing apps served fair_quantum_ms apart (None: the
-        service of the largest recent request); otherwise the policy admits (first come,
+        waiting below theirs, and time-slicing apps served fair_quantum_ms apart (None: half
+        the service of the largest recent request); otherwise the policy admits (first come,
         first served)."""
         self.ctx = ctx
         self.model = ctx.model
@@ -290,7 +290,7 @@ class Executor:
             views = [r.waiting() for q in self.waiting.values() for r in q]
             for seq in fair.park(sessions, views, len(self.free_seqs), self.n_running,
                                  self.ledger.served,
-                                 self.fair_quantum_ms or self.ledger.largest_request_ms):
+                                 self.fair_quantum_ms or self.ledger.quantum_ms):
                 self.m.fair_parked.inc()
                 self._preempt(self.running[seq])
         if not self.free_seqs:

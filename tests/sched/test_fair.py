@@ -172,12 +172,12 @@ def test_an_app_whose_requests_cost_more_is_sliced_even_at_its_share():
 
 def test_the_time_slice_follows_the_largest_recent_request():
     ledger = Ledger()
-    assert ledger.largest_request_ms == 250.0  # before any request ended
+    assert ledger.quantum_ms == 250.0  # before any request ended
     ledger.ended(60.0)
-    assert ledger.largest_request_ms == 250.0 * 0.98  # the larger, decaying
+    assert ledger.largest_request_ms == 500.0 * 0.98  # the larger, decaying
     for _ in range(200):
         ledger.ended(60.0)
-    assert ledger.largest_request_ms == 60.0  # decayed to what requests cost now
+    assert ledger.largest_request_ms == 60.0 and ledger.quantum_ms == 30.0  # as requests cost now
     ledger.ended(900.0)
     assert ledger.largest_request_ms == 900.0
     ledger.ended(0.1)
@@ -185,4 +185,4 @@ def test_the_time_slice_follows_the_largest_recent_request():
     fresh = Ledger()
     for _ in range(1000):
         fresh.ended(0.0)
-    assert fresh.largest_request_ms == 5.0  # never shorter than a few ticks
+    assert fresh.quantum_ms == 5.0  # never shorter than a few ticks

@@ -118,7 +118,7 @@ SETTINGS: tuple[Setting, ...] = (
        "served)"),
     _e("app_weights", str, "none (every app 1)",
        "apps' weights for fair share, as NAME=W,NAME=W"),
-    _e("fair_quantum_ms", float, "the largest recent request's cost",
+    _e("fair_quantum_ms", float, "half the largest recent request's cost",
        "fair share: tick ms an app may be served beyond one waiting for a sequence"),
     _e("app_latency_caps", str, "none (every app latency_cap)",
        "slo: apps' own latency caps, as NAME=CAP,NAME=CAP"),
