@@ -83,6 +83,8 @@ def main() -> int:
     ap.add_argument("--flood-tokens", type=int, default=256)
     ap.add_argument("--question-tokens", type=int, default=64)
     ap.add_argument("--delay-s", type=float, default=0.5, help="B's question after A's flood")
+    ap.add_argument("--sides", nargs="+", default=["uma", "uma, fair share off", "llama-server"],
+                    help="which of the sides to run")
     ap.add_argument("--repeat", type=int, default=1, help="runs a side, alternating order")
     ap.add_argument("--out", type=Path, default=None)
     ns = ap.parse_args()
@@ -95,6 +97,7 @@ def main() -> int:
         "uma, fair share off": lambda: uma_server(path, args=("--no-fair-share",), **common),
         "llama-server": lambda: llama_server(tool, path, args=("-kvu",), **common),
     }
+    sides = {name: side for name, side in sides.items() if name in ns.sides}
     runs = run_sides(sides, ns.repeat, lambda server: flood(server, ns))
     report: dict = {"model": str(path), "threads": ns.threads, "flood": ns.flood,
                     "flood_tokens": ns.flood_tokens, "question_tokens": ns.question_tokens,
