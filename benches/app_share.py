@@ -13,8 +13,8 @@ service as its ledger counts it (`app_service_ms_total`: tick time shared out as
 model prices the app's rows), sampled every --sample-s, and the spread of the difference
 between the two apps' service over every window of the run (max - min of S_long - S_short
 after both are backlogged), set against the cost of the largest request (each app's service
-per request ended). llama-server exposes no per-app service: only its token shares are reported. Each
-side runs on a fresh server, --repeat times, in alternating order.
+per request ended). llama-server exposes no per-app service: only its token shares are
+reported. Each side runs on a fresh server, --repeat times, in alternating order.
 """
 
 from __future__ import annotations
