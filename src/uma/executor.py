@@ -730,7 +730,8 @@ class Executor:
             ms = est.per_prefill_ms * item.n_tokens if item.phase is Phase.PREFILL \
                 else est.per_decode_ms
             parts[req.app] = parts.get(req.app, 0.0) + ms
-            rows.append((req, ms))
+            if self.fair_share:
+                rows.append((req, ms))
         return parts
 
     def close(self) -> None:
