@@ -1,6 +1,6 @@
 # The compiled core's own declarations: the native helpers in csrc/ and the cdef classes.
 
-from libc.stdint cimport int32_t, uint64_t
+from libc.stdint cimport int32_t, uint32_t, uint64_t
 from libcpp cimport bool as cbool
 
 from uma._llama cimport llama_batch, llama_context, llama_model, llama_sampler, llama_vocab
@@ -33,6 +33,9 @@ cdef extern from "sampler.hpp" namespace "uma" nogil:
         int32_t n
         int32_t * out_tokens
         float * out_logprobs
+        const uint32_t * masks
+        const int32_t * mask_index
+        int32_t mask_words
 
     cdef cppclass NativeSampler "uma::Sampler":
         NativeSampler(int32_t n_slots, int32_t n_vocab, int32_t n_threads) except +
@@ -105,4 +108,4 @@ cdef class Sampler:
     cdef object _keep
 
     cdef NativeSampler * _check(self) except NULL
-    cdef SampleJob _job(self, size_t data, r, s, tokens, lp)
+    cdef SampleJob _job(self, size_t data, r, s, tokens, lp, masks=*, mask_index=*)

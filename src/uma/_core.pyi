@@ -82,6 +82,8 @@ class Model:
         self, text: str | Buffer, *, add_special: bool = True, parse_special: bool = False
     ) -> NDArray[np.int32]: ...
     def token_to_piece(self, token: int, *, special: bool = False) -> bytes: ...
+    def tokenizer_addresses(self) -> tuple[int, int]: ...
+    def vocab_pieces(self) -> tuple[list[bytes], NDArray[np.bool_]]: ...
     def detokenize(
         self, tokens: ArrayLike, *, remove_special: bool = False, unparse_special: bool = False
     ) -> str: ...
@@ -230,31 +232,38 @@ class Sampler:
     def accept(self, slot: int, tokens: ArrayLike) -> None: ...
     @overload
     def sample(
-        self, ctx: Context, rows: ArrayLike, slots: ArrayLike, *, logprobs: Literal[False] = False
+        self, ctx: Context, rows: ArrayLike, slots: ArrayLike, *, logprobs: Literal[False] = False,
+        masks: ArrayLike | None = None, mask_index: ArrayLike | None = None,
     ) -> NDArray[np.int32]: ...
     @overload
     def sample(
-        self, ctx: Context, rows: ArrayLike, slots: ArrayLike, *, logprobs: Literal[True]
+        self, ctx: Context, rows: ArrayLike, slots: ArrayLike, *, logprobs: Literal[True],
+        masks: ArrayLike | None = None, mask_index: ArrayLike | None = None,
     ) -> tuple[NDArray[np.int32], NDArray[np.float32]]: ...
     @overload
     def sample(
-        self, ctx: Context, rows: ArrayLike, slots: ArrayLike, *, logprobs: bool
+        self, ctx: Context, rows: ArrayLike, slots: ArrayLike, *, logprobs: bool,
+        masks: ArrayLike | None = None, mask_index: ArrayLike | None = None,
     ) -> NDArray[np.int32] | tuple[NDArray[np.int32], NDArray[np.float32]]: ...
     def submit(
-        self, ctx: Context, rows: ArrayLike, slots: ArrayLike, *, logprobs: bool = False
+        self, ctx: Context, rows: ArrayLike, slots: ArrayLike, *, logprobs: bool = False,
+        masks: ArrayLike | None = None, mask_index: ArrayLike | None = None,
     ) -> None: ...
     def wait(self) -> NDArray[np.int32] | tuple[NDArray[np.int32], NDArray[np.float32]] | None: ...
     @overload
     def sample_array(
-        self, logits: ArrayLike, slots: ArrayLike, *, logprobs: Literal[False] = False
+        self, logits: ArrayLike, slots: ArrayLike, *, logprobs: Literal[False] = False,
+        masks: ArrayLike | None = None, mask_index: ArrayLike | None = None,
     ) -> NDArray[np.int32]: ...
     @overload
     def sample_array(
-        self, logits: ArrayLike, slots: ArrayLike, *, logprobs: Literal[True]
+        self, logits: ArrayLike, slots: ArrayLike, *, logprobs: Literal[True],
+        masks: ArrayLike | None = None, mask_index: ArrayLike | None = None,
     ) -> tuple[NDArray[np.int32], NDArray[np.float32]]: ...
     @overload
     def sample_array(
-        self, logits: ArrayLike, slots: ArrayLike, *, logprobs: bool
+        self, logits: ArrayLike, slots: ArrayLike, *, logprobs: bool,
+        masks: ArrayLike | None = None, mask_index: ArrayLike | None = None,
     ) -> NDArray[np.int32] | tuple[NDArray[np.int32], NDArray[np.float32]]: ...
     def candidates(
         self, slot: int, row: ArrayLike

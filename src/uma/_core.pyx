@@ -344,6 +344,26 @@ cdef class Model:
                 raise errors.UmaError("tokenizer returned an inconsistent size")
         return out[:n]
 
+    def tokenizer_addresses(self):
+        """(the llama_vocab's address, llama_tokenize's address): for a grammar engine that
+        tokenises through llama.cpp itself (llguidance's LLTokenizer.from_llamacpp). Valid
+        while the model is open."""
+        self._check_open()
+        return <size_t>self._vocab, <size_t><void *>L.llama_tokenize
+
+    def vocab_pieces(self):
+        """Every token's bytes (special tokens as their text) and whether it is a control
+        token: (list of bytes, bool array), for grammar engines that build token masks."""
+        self._check_open()
+        cdef int n = self.n_vocab
+        control = np.zeros(n, dtype=bool)
+        pieces = [self.token_to_piece(t, special=True) for t in range(n)]
+        cdef int t, attr
+        for t in range(n):
+            attr = L.llama_vocab_get_attr(self._vocab, t)
+            control[t] = (attr & 8) != 0  # LLAMA_TOKEN_ATTR_CONTROL
+        return pieces, control
+
     def token_to_piece(self, int token, *, bint special=False):
         """The bytes of one token. A piece may be part of a UTF-8 character."""
         self._check_open()
@@ -1191,12 +1211,38 @@ cdef class Sampler:
         lp = np.empty(r.size, dtype=np.float32) if logprobs else None
         return r, s, tokens, lp, <size_t>data
 
-    cdef SampleJob _job(self, size_t data, r, s, tokens, lp):
+    def _masks(self, masks, mask_index, Py_ssize_t n):
+        """Checked token masks for n rows: (uint32 (k, words), int32 (n,)), or (None, None)."""
+        if masks is None and mask_index is None:
+            return None, None
+        words = (self._check().n_vocab() + 31) // 32
+        m = np.ascontiguousarray(masks, dtype=np.uint32)
+        i = np.ascontiguousarray(mask_index, dtype=np.int32)
+        if m.ndim != 2 or m.shape[1] != words:
+            raise errors.InvalidRequestError(f"masks must have shape (k, {words})")
+        if i.shape != (n,):
+            raise errors.InvalidRequestError("mask_index must hold one entry per row")
+        if i.size and (i.max() >= m.shape[0] or i.min() < -1):
+            raise errors.InvalidRequestError(f"mask_index must be in [-1, {m.shape[0]})")
+        return m, i
+
+    cdef SampleJob _job(self, size_t data, r, s, tokens, lp, masks=None, mask_index=None):
         cdef SampleJob job
         cdef int32_t[::1] rv = r
         cdef int32_t[::1] sv = s
         cdef int32_t[::1] tv = tokens
         cdef float[::1] lv
+        cdef const uint32_t[:, ::1] mv
+        cdef const int32_t[::1] iv
+        job.masks = NULL
+        job.mask_index = NULL
+        job.mask_words = 0
+        if masks is not None and rv.shape[0] and masks.shape[0]:
+            mv = masks
+            iv = mask_index
+            job.masks = &mv[0, 0]
+            job.mask_index = &iv[0]
+            job.mask_words = <int32_t>mv.shape[1]
         job.logits = <const float *>data
         job.n = <int32_t>rv.shape[0]
         job.rows = &rv[0] if job.n else NULL
@@ -1208,21 +1254,28 @@ cdef class Sampler:
             job.out_logprobs = &lv[0]
         return job
 
-    def sample(self, Context ctx not None, rows, slots, *, bint logprobs=False):
+    def sample(self, Context ctx not None, rows, slots, *, bint logprobs=False, masks=None,
+               mask_index=None):
         """Samples logits rows `rows` of ctx's last decode with slots `slots`, on this thread
-        with the GIL released. Returns tokens (int32), or (tokens, logprobs) if asked."""
+        with the GIL released. Returns tokens (int32), or (tokens, logprobs) if asked.
+        masks (uint32, (k, ceil(n_vocab / 32))) and mask_index (int32, one per row, -1: none):
+        row i samples only tokens whose bit is set in masks[mask_index[i]] (token t: bit
+        t % 32 of word t // 32), as constrained decoding asks."""
         r, s, tokens, lp, data = self._prepare(ctx, rows, slots, logprobs)
-        cdef SampleJob job = self._job(data, r, s, tokens, lp)
+        m, i = self._masks(masks, mask_index, r.size)
+        cdef SampleJob job = self._job(data, r, s, tokens, lp, m, i)
         with nogil:
             self._native.sample(job)
         return (tokens, lp) if logprobs else tokens
 
-    def submit(self, Context ctx not None, rows, slots, *, bint logprobs=False):
+    def submit(self, Context ctx not None, rows, slots, *, bint logprobs=False, masks=None,
+               mask_index=None):
         """Starts the same work on the sampler thread and returns at once; wait() collects
         it. The context refuses to decode until then."""
         r, s, tokens, lp, data = self._prepare(ctx, rows, slots, logprobs)
-        cdef SampleJob job = self._job(data, r, s, tokens, lp)
-        self._keep = (r, s, tokens, lp, logprobs)
+        m, i = self._masks(masks, mask_index, r.size)
+        cdef SampleJob job = self._job(data, r, s, tokens, lp, m, i)
+        self._keep = (r, s, tokens, lp, logprobs, m, i)
         self._inflight = ctx
         ctx._sampling = True
         self._native.submit(job)
@@ -1238,13 +1291,15 @@ cdef class Sampler:
         self._inflight._sampling = False
         self._inflight._free_if_idle()
         self._inflight = None
-        r, s, tokens, lp, logprobs = self._keep
+        r, s, tokens, lp, logprobs, _, _ = self._keep
         self._keep = None
         return (tokens, lp) if logprobs else tokens
 
-    def sample_array(self, logits, slots, *, bint logprobs=False):
+    def sample_array(self, logits, slots, *, bint logprobs=False, masks=None,
+                     mask_index=None):
         """Samples each row of a float32 array (rows, n_vocab) with the matching slot; for
-        logits that did not come from a context (tests, custom processing)."""
+        logits that did not come from a context (tests, custom processing). masks as for
+        sample()."""
         arr = np.ascontiguousarray(logits, dtype=np.float32)
         if arr.ndim != 2 or arr.shape[1] != self._check().n_vocab():
             raise errors.InvalidRequestError(
@@ -1259,9 +1314,10 @@ cdef class Sampler:
         r = np.arange(arr.shape[0], dtype=np.int32)
         tokens = np.empty(r.size, dtype=np.int32)
         lp = np.empty(r.size, dtype=np.float32) if logprobs else None
+        m, i = self._masks(masks, mask_index, r.size)
         cdef float[:, ::1] view = arr
         cdef size_t data = <size_t>&view[0, 0] if arr.shape[0] else 0
-        cdef SampleJob job = self._job(data, r, s, tokens, lp)
+        cdef SampleJob job = self._job(data, r, s, tokens, lp, m, i)
         with nogil:
             self._native.sample(job)
         return (tokens, lp) if logprobs else tokens

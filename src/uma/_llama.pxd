@@ -135,6 +135,7 @@ cdef extern from "llama.h" nogil:
 
     int32_t llama_vocab_n_tokens(const llama_vocab * vocab)
     bint llama_vocab_is_eog(const llama_vocab * vocab, llama_token token)
+    int llama_vocab_get_attr(const llama_vocab * vocab, llama_token token)
     llama_token llama_vocab_bos(const llama_vocab * vocab)
     llama_token llama_vocab_eos(const llama_vocab * vocab)
     llama_token llama_vocab_eot(const llama_vocab * vocab)

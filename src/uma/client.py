@@ -57,6 +57,7 @@ class ConnectionLost(UmaError, ConnectionError):
 def generate_request(request_id: str, prompt, params: SamplingParams | None = None, *,
                      priority: str | Priority | None = None, stream: bool = True,
                      tools: Sequence[dict] | None = None, tool_choice: object = None,
+                     response_format: dict | None = None, grammar: str | None = None,
                      **options) -> dict:
     """The generate request map, as uma.server.protocol.parse_request reads it.
 
@@ -66,7 +67,8 @@ def generate_request(request_id: str, prompt, params: SamplingParams | None = No
     named explicitly: max_tokens=256 is sent even though the server's cap may differ.
     priority None leaves the class to the connection's default (interactive unless the client
     configured another), so it is sent whenever it is given. tools, tool_choice: OpenAI's,
-    with chat messages (the daemon checks them).
+    with chat messages; response_format (OpenAI's) or grammar (GBNF): what the output must
+    match (the daemon checks them).
     """
     msg: dict = {"type": "generate", "id": request_id, **_prompt_field(prompt)}
     try:
@@ -85,6 +87,10 @@ def generate_request(request_id: str, prompt, params: SamplingParams | None = No
         msg["tools"] = list(tools)
     if tool_choice is not None:
         msg["tool_choice"] = tool_choice
+    if response_format is not None:
+        msg["response_format"] = response_format
+    if grammar is not None:
+        msg["grammar"] = grammar
     return msg
 
 

@@ -24,6 +24,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from uma import grammar as uma_grammar
 from uma import templates
 from uma import tools as uma_tools
 from uma.app import DEFAULT_APP, app_name, app_weight
@@ -112,6 +113,7 @@ class Engine:
                                  progress=progress)
         try:
             self.chat_template = self._chat_template(config.chat_template)
+            self.grammars = uma_grammar.Grammars(self.model)  # constrained decoding
             # how the model writes tool calls: as its template says, else as the system
             # message given for a template without tools asks (uma.tools)
             source = self.chat_template.source
@@ -141,7 +143,8 @@ class Engine:
                                   device_sampling=self._device_sampling(config, core),
                                   overlap=self._on_gpu(config.overlap, config, core),
                                   fair_share=config.fair_share,
-                                  fair_quantum_ms=config.fair_quantum_ms)
+                                  fair_quantum_ms=config.fair_quantum_ms,
+                                  grammars=self.grammars)
         self._submitted = self.metrics.counter("requests_submitted_total", "requests accepted")
         self.metrics.gauge("slots_total", "requests decoded at once (KV sequences)").set(
             config.n_seq_max)
@@ -196,7 +199,8 @@ class Engine:
     def submit(self, prompt: Prompt, params: SamplingParams | None = None, *,
                priority: str | Priority = "interactive", app: str | None = None,
                weight: float | None = None, tools: Sequence[Mapping[str, Any]] | None = None,
-               tool_choice: object = None, **options: Any) -> RequestHandle:
+               tool_choice: object = None, response_format: object = None,
+               grammar: str | None = None, **options: Any) -> RequestHandle:
         """Queues a request and returns its handle at once.
 
         prompt: text, token ids, or chat messages ([{'role': ..., 'content': ...}], rendered
@@ -204,7 +208,10 @@ class Engine:
         app: who sends it, for fair share between apps ('default' if None); weight: its app's
         share relative to others' (None: the app_weights setting's, else 1).
         tools, tool_choice: OpenAI's, for chat messages (uma.tools); the result's tool_calls
-        hold the calls the model made.
+        hold the calls the model made. tool_choice 'required' or a named function makes the
+        answer a call (a grammar constrains it).
+        response_format (OpenAI's: json_object, json_schema) or grammar (GBNF): what the
+        output must match, token by token (uma.grammar).
         Raises InvalidRequestError (and subclasses) for input that can never run.
         """
         if (tools is not None or tool_choice is not None) and (
@@ -214,6 +221,13 @@ class Engine:
         choice = uma_tools.check_tool_choice(
             tool_choice, None if tools is None else uma_tools.check_tools(list(tools)))
         use_tools = bool(tools) and choice != "none"
+        constraint = uma_grammar.constraint_of(response_format, grammar)
+        if use_tools and choice not in (None, "auto"):
+            if constraint is not None:
+                raise InvalidRequestError("a required tool call and response_format or "
+                                          "grammar cannot both constrain the answer")
+            constraint = uma_grammar.tool_call(
+                tools or (), None if choice == "required" else choice, self.tool_format)
         app = DEFAULT_APP if app is None else app_name(app)
         weight = self._weights.get(app, 1.0) if weight is None else app_weight(weight)
         params = params or SamplingParams()
@@ -230,6 +244,7 @@ class Engine:
         try:
             tokens = self.render_chat(cast(Messages, prompt), tools, choice) if use_tools \
                 else self._tokens(prompt)
+            matcher = None if constraint is None else self.grammars.matcher(constraint)
         finally:
             with self._cond:
                 self._submitting -= 1
@@ -247,6 +262,7 @@ class Engine:
             req = Request(rid, tokens, params, prio, time.monotonic_ns(), app, weight,
                           self._caps.get(app, 0.0))
             req.tool_format = self.tool_format if use_tools else None
+            req.matcher = matcher
             req.handle = RequestHandle(rid, functools.partial(self._cancel, req))
             req.handle._request = req
             self._inbox.append(req)

@@ -46,6 +46,7 @@ from uma.tick_stats import TickReport, TickStats
 
 if TYPE_CHECKING:
     from uma import _core
+    from uma.grammar import Grammars
 
 log = logging.getLogger("uma.executor")
 
@@ -70,7 +71,8 @@ class Executor:
                  bmt_budget_gbps: float = 0.0, device_sampling: bool = False,
                  overlap: bool = False, n_running: int | None = None,
                  prefix: KvPrefixCache | None = None, fair_share: bool = False,
-                 fair_quantum_ms: float | None = None) -> None:
+                 fair_quantum_ms: float | None = None,
+                 grammars: Grammars | None = None) -> None:
         """core: the module whose Batch and Sampler go with ctx (uma._core, or a stand-in).
         device_sampling: sample on the device the rows of requests whose options it can
         compute (Context.set_sampler); the host sampler takes the others.
@@ -81,7 +83,8 @@ class Executor:
         between apps (uma.sched.fair), parking requests of apps over their share for apps
         waiting below theirs, and time-slicing apps served fair_quantum_ms apart (None: half
         the service of the largest recent request); otherwise the policy admits (first come,
-        first served)."""
+        first served). grammars: the token masks of constrained requests (uma.grammar;
+        needed once a request has a matcher)."""
         self.ctx = ctx
         self.model = ctx.model
         self.policy = policy
@@ -94,6 +97,8 @@ class Executor:
         self.fair_quantum_ms = fair_quantum_ms
         self.ledger = fair.Ledger()  # what each app has been served (uma.sched.fair)
         self._rows: list[tuple[Request, float]] = []  # the tick's requests and their price
+        self.grammars = grammars
+        self._constrained: set[int] = set()  # sequences of requests with a grammar
         # What the tick hands on, kept until _flush: output events in order, the tokens'
         # latencies for the metrics, and the tick's report for the statistics.
         self._outbox: list[Event] = []
@@ -206,6 +211,7 @@ class Executor:
         """Ends a request: its KV is cleared first, then its result is published."""
         self._changes += 1
         if req.seq_id >= 0:
+            self._constrained.discard(req.seq_id)
             if reason != "error":
                 self._keep(req)
             self.ctx.seq_rm(req.seq_id)
@@ -351,7 +357,9 @@ class Executor:
         changed chain costs the next decode a re-plan of its compute graph."""
         seq = req.seq_id
         self.on_device[seq] = False
-        if self.device_sampling and req.params.device_capable:
+        if req.matcher is not None:
+            self._constrained.add(seq)
+        if self.device_sampling and req.params.device_capable and req.matcher is None:
             self.on_device[seq] = self.ctx.set_sampler(seq, **req.params.device_options())
         else:
             self.ctx.clear_sampler(seq)
@@ -549,16 +557,32 @@ class Executor:
                 lps[kept] = h_lps
         return seqs[keep], tokens[keep], None if lps is None else lps[keep]
 
+    def _masks(self, seqs: np.ndarray) -> dict[str, np.ndarray]:
+        """The token masks of the rows whose requests are constrained (uma.grammar), as
+        Sampler.sample takes them; none when no row is."""
+        if not self._constrained or self.grammars is None:
+            return {}
+        running = self.running
+        matchers = [running[s].matcher for s in seqs.tolist()]
+        index = np.full(len(seqs), -1, np.int32)
+        rows = [k for k, m in enumerate(matchers) if m is not None]
+        index[rows] = np.arange(len(rows), dtype=np.int32)
+        masks = np.empty((len(rows), (self.model.n_vocab + 31) // 32), np.int32)
+        self.grammars.fill_masks([matchers[k] for k in rows], masks)
+        return {"masks": masks.view(np.uint32), "mask_index": index}
+
     def _sample_host(self, seqs: np.ndarray, rows: np.ndarray, logprobs: bool
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """Samples logits rows `rows` (whose sequences are `seqs`) on the host."""
         try:
-            sampled = self.sampler.sample(self.ctx, rows, seqs, logprobs=logprobs)
+            sampled = self.sampler.sample(self.ctx, rows, seqs, logprobs=logprobs,
+                                          **self._masks(seqs))
         except Exception:  # noqa: BLE001 - narrowed down row by row below
             keep, tokens, lps = [], [], []
             for row, seq in zip(rows.tolist(), seqs.tolist(), strict=True):
                 try:
-                    token, lp = self.sampler.sample(self.ctx, [row], [seq], logprobs=True)
+                    token, lp = self.sampler.sample(self.ctx, [row], [seq], logprobs=True,
+                                                    **self._masks(np.array([seq])))
                 except Exception as exc:  # noqa: BLE001 - this request's alone
                     self.fail(self.running[seq], exc)
                     continue
@@ -631,6 +655,7 @@ class Executor:
         self.m.preempted.inc()
         self._changes += 1
         self._keep(req)  # its next admission finds its own cells again
+        self._constrained.discard(req.seq_id)
         self.ctx.seq_rm(req.seq_id)
         heapq.heappush(self.free_seqs, req.seq_id)
         del self.running[req.seq_id]
@@ -677,6 +702,8 @@ class Executor:
         req.n_sampled += 1
         req.last_token = token
         is_eog = token in self.eog and not req.params.ignore_eos
+        if req.matcher is not None and not is_eog:
+            self._constrain(req, token)
         self._outbox.append((TOKEN, req, token, logprob, now, is_eog))
         if is_eog:
             self.release(req, "stop")
@@ -685,6 +712,15 @@ class Executor:
         # The next decode would put this token at position n_past.
         if req.n_sampled >= req.params.max_tokens or req.n_past >= self.n_ctx_seq:
             self.release(req, "length")
+        elif req.matcher is not None and req.matcher.is_stopped():
+            self.release(req, "stop")  # the grammar is complete: nothing may follow
+
+    @staticmethod
+    def _constrain(req: Request, token: int) -> None:
+        """Moves the request's grammar past its sampled token; the mask allowed only tokens
+        it accepts, so a refusal is an engine fault, and the request's alone."""
+        if not req.matcher.consume_token(token):
+            raise UmaError(f"the grammar refused token {token}: {req.matcher.get_error()}")
 
     def _report(self, ran: Ran, apps: dict[str, float]) -> TickReport:
         """What the tick did, measured, for the statistics (TickStats.record)."""

@@ -277,6 +277,18 @@ class Model:
             ids.append(token)
         return np.array(ids, dtype=np.int32)
 
+    def tokenizer_addresses(self) -> tuple[int, int]:
+        """The real core's hands llama.cpp's tokenizer to a grammar engine; there is none here."""
+        self._check_open()
+        raise errors.UmaError("the fake core has no llama.cpp tokenizer for grammars")
+
+    def vocab_pieces(self) -> tuple[list[bytes], np.ndarray]:
+        """Every token's bytes (special ones as their text) and which are control tokens."""
+        self._check_open()
+        control = np.zeros(N_VOCAB, dtype=bool)
+        control[list(_SPECIAL)] = True
+        return [self.token_to_piece(t, special=True) for t in range(N_VOCAB)], control
+
     def token_to_piece(self, token: int, *, special: bool = False) -> bytes:
         """A word with its leading space (as SentencePiece pieces have); special tokens are
         empty unless special=True."""
@@ -1004,9 +1016,29 @@ class Sampler:
         for t in np.ascontiguousarray(tokens, dtype=np.int32).tolist():
             self._slots[slot].remember(t)
 
-    def _sample_row(self, slot: _Slot, raw: np.ndarray) -> tuple[int, float]:
+    def _masks(self, masks, mask_index, n: int) -> list[np.ndarray | None]:
+        """Each row's mask as a boolean array over the vocabulary (None: unconstrained),
+        checked as the real core checks them."""
+        if masks is None and mask_index is None:
+            return [None] * n
+        words = (self._n_vocab + 31) // 32
+        m = np.ascontiguousarray(masks, dtype=np.uint32)
+        i = np.ascontiguousarray(mask_index, dtype=np.int32)
+        if m.ndim != 2 or m.shape[1] != words:
+            raise errors.InvalidRequestError(f"masks must have shape (k, {words})")
+        if i.shape != (n,):
+            raise errors.InvalidRequestError("mask_index must hold one entry per row")
+        if i.size and (i.max() >= m.shape[0] or i.min() < -1):
+            raise errors.InvalidRequestError(f"mask_index must be in [-1, {m.shape[0]})")
+        bits = np.unpackbits(m.view(np.uint8), axis=1, bitorder="little")[:, :self._n_vocab]
+        return [None if k < 0 else bits[k].astype(bool) for k in i.tolist()]
+
+    def _sample_row(self, slot: _Slot, raw: np.ndarray,
+                    allowed: np.ndarray | None = None) -> tuple[int, float]:
         p = slot.params
         row = self._penalised(slot, raw)
+        if allowed is not None:
+            row = np.where(allowed, row, np.float32(-np.inf))
         if p["temperature"] <= 0:
             token = int(np.argmax(row))
         else:
@@ -1077,28 +1109,34 @@ class Sampler:
                 raise errors.InvalidRequestError(f"slots must be in [0, {len(slot_list)})")
         return r, s
 
-    def sample(self, ctx: Context, rows, slots, *, logprobs: bool = False):
+    def sample(self, ctx: Context, rows, slots, *, logprobs: bool = False, masks=None,
+               mask_index=None):
         """Samples logits rows `rows` of ctx's last decode with slots `slots`. Returns tokens
-        (int32), or (tokens, logprobs) if asked (log-softmax of the raw row)."""
+        (int32), or (tokens, logprobs) if asked (log-softmax of the raw row). masks as the
+        real core takes them."""
         r, s = self._rows(ctx, rows, slots)
+        allowed = self._masks(masks, mask_index, r.size)
         tokens = np.empty(r.size, np.int32)
         lps = np.empty(r.size, np.float32)
         for i, (row, slot) in enumerate(zip(r.tolist(), s.tolist(), strict=True)):
-            tokens[i], lps[i] = self._sample_row(self._slots[slot], ctx._logits(row))
+            tokens[i], lps[i] = self._sample_row(self._slots[slot], ctx._logits(row), allowed[i])
         return (tokens, lps) if logprobs else tokens
 
-    def submit(self, ctx: Context, rows, slots, *, logprobs: bool = False) -> None:
+    def submit(self, ctx: Context, rows, slots, *, logprobs: bool = False, masks=None,
+               mask_index=None) -> None:
         """sample(), done now; wait() returns its answer."""
         if self._pending is not None:
             raise errors.UmaError("a sampler job is already in flight; wait() first")
-        self._pending = self.sample(ctx, rows, slots, logprobs=logprobs)
+        self._pending = self.sample(ctx, rows, slots, logprobs=logprobs, masks=masks,
+                                    mask_index=mask_index)
 
     def wait(self):
         """What the submitted job sampled; None if there was none."""
         out, self._pending = self._pending, None
         return out
 
-    def sample_array(self, logits, slots, *, logprobs: bool = False):
+    def sample_array(self, logits, slots, *, logprobs: bool = False, masks=None,
+                     mask_index=None):
         """Samples each row of a float32 array (rows, n_vocab) with the matching slot."""
         self._check()
         arr = np.ascontiguousarray(logits, dtype=np.float32)
@@ -1109,10 +1147,11 @@ class Sampler:
             raise errors.InvalidRequestError("one slot per logits row is required")
         if s.size and (s.min() < 0 or s.max() >= len(self._slots)):
             raise errors.InvalidRequestError(f"slots must be in [0, {len(self._slots)})")
+        allowed = self._masks(masks, mask_index, len(s))
         tokens = np.empty(len(s), np.int32)
         lps = np.empty(len(s), np.float32)
         for i, slot in enumerate(s.tolist()):
-            tokens[i], lps[i] = self._sample_row(self._slots[slot], arr[i])
+            tokens[i], lps[i] = self._sample_row(self._slots[slot], arr[i], allowed[i])
         return (tokens, lps) if logprobs else tokens
 
     def candidates(self, slot: int, row) -> tuple[np.ndarray, np.ndarray]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from uma.app import DEFAULT_APP
@@ -17,7 +19,7 @@ class Request:
         "rid", "handle", "params", "priority", "prompt", "tokens", "generated", "seq_id",
         "n_prefilled", "n_past", "cached_tokens", "n_sampled", "last_token", "arrival_ns",
         "admitted_ns", "first_token_ns", "last_token_ns", "cancelled", "stop_hit", "failure",
-        "done", "app", "weight", "latency_cap", "tool_format", "service_ms",
+        "done", "app", "weight", "latency_cap", "tool_format", "service_ms", "matcher",
     )
 
     def __init__(self, rid: int, tokens: np.ndarray, params: SamplingParams,
@@ -29,6 +31,7 @@ class Request:
         self.latency_cap = latency_cap  # its app's own (0: the policy's)
         self.tool_format: str | None = None  # with tools: how the model writes calls (uma.tools)
         self.service_ms = 0.0  # tick time it has had (fair share's ledger, measured)
+        self.matcher: Any = None  # constrained decoding: its grammar's state (uma.grammar)
         self.handle: RequestHandle | None = None  # set right after, by whoever created it
         self.params = params
         self.priority = priority

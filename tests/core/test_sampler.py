@@ -189,3 +189,37 @@ def test_greedy_takes_the_first_of_equal_maxima_across_blocks_and_never_a_nan(n_
         assert s.sample_array(last[None], [0])[0] == n_vocab - 1
     finally:
         s.close()
+
+
+def mask_of(allowed, vocab=VOCAB):
+    words = np.zeros((vocab + 31) // 32, np.uint32)
+    for t in allowed:
+        words[t // 32] |= np.uint32(1 << (t % 32))
+    return words
+
+
+def test_a_mask_leaves_only_its_tokens_and_the_model_s_logprob(sampler, row):
+    allowed = [5, 40, 999]  # one in the last, partly used word
+    masks = mask_of(allowed)[None, :]
+    rows = np.stack([row, row])
+    greedy, lp = sampler.sample_array(rows, [0, 1], logprobs=True, masks=masks,
+                                      mask_index=[0, -1])
+    assert greedy[0] == max(allowed, key=lambda t: row[t])  # the best allowed
+    assert greedy[1] == int(np.argmax(row))  # index -1: unconstrained
+    # the log-probability is the model's own, before the mask
+    assert lp[0] == pytest.approx(np.log(softmax(row.astype(np.float64))[greedy[0]]), rel=1e-4)
+    sampler.configure(2, temperature=1.5, top_k=50, top_p=0.95, seed=3,
+                      repeat_penalty=1.3, presence_penalty=0.5)
+    drawn = {int(sampler.sample_array(row[None], [2], masks=masks, mask_index=[0])[0])
+             for _ in range(200)}
+    assert drawn <= set(allowed) and len(drawn) > 1  # top-k/top-p over the allowed ones
+
+
+@pytest.mark.parametrize(("masks", "index", "words"), [
+    (np.zeros((1, 3), np.uint32), [0], "masks must have shape"),
+    (np.zeros((1, 32), np.uint32), [1], "mask_index must be in"),
+    (np.zeros((1, 32), np.uint32), [0, 0], "one entry per row"),
+])
+def test_bad_masks_are_refused(sampler, row, masks, index, words):
+    with pytest.raises(InvalidRequestError, match=words):
+        sampler.sample_array(row[None], [0], masks=masks, mask_index=index)

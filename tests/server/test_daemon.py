@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -71,6 +72,25 @@ def test_sixteen_clients_get_what_they_get_alone(daemon):
         a, r = alone[PROMPTS[i % 8]], results[i]
         assert r.finish_reason == "length"
         assert_same_greedy(a.token_ids, r.token_ids, a.logprobs, r.logprobs)
+
+
+def test_structured_output_and_a_required_call_over_the_socket(daemon):
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0,
+                                                     "maximum": 9}},
+              "required": ["n"], "additionalProperties": False}
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"enum": ["Oslo", "Rome"]}}}}}
+    with Client(daemon.socket) as c:
+        r = c.generate("JSON:", max_tokens=50, response_format={
+            "type": "json_schema", "json_schema": {"schema": schema}})
+        assert 0 <= json.loads(r.text)["n"] <= 9
+        r = c.chat([{"role": "user", "content": "Weather?"}], max_tokens=100,
+                   tools=[weather], tool_choice="required")
+        assert r.finish_reason == "tool_calls" and r.tool_calls[0].name == "get_weather"
+        assert json.loads(r.tool_calls[0].arguments).get("city") in (None, "Oslo", "Rome")
+        with pytest.raises(ServerError, match="Unimplemented keys"):
+            c.generate("x", max_tokens=2, response_format={"type": "json_schema", "json_schema": {
+                "schema": {"dependentSchemas": {"a": {}}}}})
 
 
 def test_streaming_and_several_requests_per_connection(daemon):

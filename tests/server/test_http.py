@@ -13,6 +13,7 @@ import sys
 import threading
 
 import httpx
+import jsonschema
 import openai
 import pytest
 
@@ -30,8 +31,8 @@ from ..helpers import assert_same_greedy
 KEY = "test-key-123"
 ENDLESS = 60000  # max_tokens of requests that are meant to be cut short
 WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "parameters": {"type": "object",
-                                          "properties": {"city": {"type": "string"}}}}}
+    "name": "get_weather", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 12}}}}}
 PROMPT = "Once upon a time"
 CHAT = [{"role": "user", "content": "Say something"}]
 
@@ -308,7 +309,12 @@ BAD_CHAT = [
     ({"messages": CHAT, "tools": [{"type": "function"}]}, "tools", "tools[0].function"),
     ({"messages": CHAT, "tools": [WEATHER], "tool_choice": "always"}, "tool_choice",
      "tool_choice must be"),
-    ({"messages": CHAT, "response_format": {"type": "json_object"}}, "response_format", "text"),
+    ({"messages": CHAT, "response_format": {"type": "xml"}}, "response_format",
+     "response_format.type must be"),
+    ({"messages": CHAT, "response_format": {"type": "json_schema", "json_schema": {
+        "schema": {"type": "object", "dependentSchemas": {"a": {}}}}}}, None,
+     "Unimplemented keys: [\"dependentSchemas\"]"),
+    ({"messages": CHAT, "grammar": "root ::= foo"}, None, "Rule 'foo' not found"),
     ({"messages": CHAT, "logprobs": 1}, "logprobs", "boolean"),
     ({"messages": CHAT, "stream_options": {"include_usage": 1}},
      "stream_options.include_usage", "boolean"),
@@ -367,6 +373,34 @@ def test_a_streamed_call_arrives_as_tool_call_deltas(oai, model_id, calls_found)
     assert [(d[0].index, d[0].id, d[0].function.name) for d in deltas] == [
         (0, "call_abc", "get_weather")]
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_structured_output_through_the_openai_client(oai, model_id):
+    schema = {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 8}, "days": {"type": "integer", "minimum": 1,
+                                                             "maximum": 7}},
+        "required": ["city", "days"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "trip", "schema": schema,
+                                                  "strict": True}}
+    r = oai.chat.completions.create(model=model_id, messages=CHAT, response_format=fmt,
+                                    max_tokens=200, temperature=1.0)
+    jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+    stream = oai.chat.completions.create(model=model_id, messages=CHAT, response_format=fmt,
+                                         max_tokens=200, stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    jsonschema.validate(json.loads(text), schema)
+    # a GBNF grammar, as llama-server takes it, on completions
+    r = oai.completions.create(model=model_id, prompt=PROMPT, max_tokens=10,
+                               extra_body={"grammar": 'root ::= "yes" | "no"'})
+    assert r.choices[0].text in ("yes", "no")
+
+
+def test_a_required_tool_call_is_answered_as_a_call(oai, model_id):
+    r = oai.chat.completions.create(model=model_id, messages=CHAT, tools=[WEATHER],
+                                    tool_choice="required", max_tokens=100)
+    [call] = r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
+    assert isinstance(json.loads(call.function.arguments), dict)
 
 
 def test_chat_content_parts_are_joined(engine, http):

@@ -162,6 +162,19 @@ def test_generate_with_tools_and_a_conversation_around_a_call():
     assert err.code == p.E_PROTO_003 and "not among the tools" in err.message
 
 
+def test_generate_with_a_constraint():
+    fmt = {"type": "json_schema", "json_schema": {"schema": {"type": "integer"}}}
+    req = parse({"type": "generate", "id": "g", "prompt": "p", "response_format": fmt})
+    assert req.response_format == fmt and req.grammar is None and not req.quick_to_submit
+    req = parse({"type": "generate", "id": "g", "prompt": "p", "grammar": 'root ::= "a"'})
+    assert req.grammar == 'root ::= "a"'
+    for bad, words in [({"response_format": {"type": "xml"}}, "response_format.type"),
+                       ({"grammar": 5}, "non-empty GBNF"),
+                       ({"grammar": "x" * 1001}, "grammar is 1001 bytes")]:
+        err = rejected({"type": "generate", "id": "g", "prompt": "p", **bad})
+        assert words in err.message, err.message
+
+
 def test_parses_what_came_over_the_wire():
     msg = gen(temperature=0.5, stop=["x"], tokens=None)
     [decoded] = FrameDecoder().feed(encode(msg))

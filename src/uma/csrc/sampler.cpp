@@ -227,8 +227,26 @@ void Sampler::filter(Workspace & ws, Slot & slot, const float * row, bool need_s
     }
 }
 
-int32_t Sampler::sample_row(Workspace & ws, Slot & slot, const float * raw, float * logprob) {
-    const float * row = penalised(ws, slot, raw);
+const float * Sampler::masked(Workspace & ws, const float * row, const uint32_t * mask) {
+    if (!mask) return row;
+    float * out = ws.scratch.data();
+    if (row != out) std::memcpy(out, row, sizeof(float) * static_cast<size_t>(n_vocab_));
+    const int32_t words = (n_vocab_ + 31) / 32;
+    for (int32_t w = 0; w < words; ++w) {
+        const uint32_t m = mask[w];
+        if (m == 0xFFFFFFFFu) continue;
+        const int32_t base = w * 32;
+        const int32_t end = std::min(base + 32, n_vocab_);
+        for (int32_t t = base; t < end; ++t) {
+            if (!((m >> (t - base)) & 1u)) out[t] = -std::numeric_limits<float>::infinity();
+        }
+    }
+    return out;
+}
+
+int32_t Sampler::sample_row(Workspace & ws, Slot & slot, const float * raw, float * logprob,
+                            const uint32_t * mask) {
+    const float * row = masked(ws, penalised(ws, slot, raw), mask);
     int32_t token;
     if (slot.params.temperature <= 0.0f) {
         token = argmax(row, n_vocab_);
@@ -256,7 +274,11 @@ int32_t Sampler::sample_row(Workspace & ws, Slot & slot, const float * raw, floa
 void Sampler::sample_rows(Workspace & ws, const SampleJob & job, int32_t i) {
     const float * row = job.logits + static_cast<size_t>(job.rows[i]) * static_cast<size_t>(n_vocab_);
     Slot & slot = slots_[static_cast<size_t>(job.slots[i])];
-    job.out_tokens[i] = sample_row(ws, slot, row, job.out_logprobs ? job.out_logprobs + i : nullptr);
+    const uint32_t * mask = job.mask_index && job.mask_index[i] >= 0
+        ? job.masks + static_cast<size_t>(job.mask_index[i]) * static_cast<size_t>(job.mask_words)
+        : nullptr;
+    job.out_tokens[i] = sample_row(ws, slot, row, job.out_logprobs ? job.out_logprobs + i : nullptr,
+                                   mask);
 }
 
 void Sampler::sample(const SampleJob & job) {

@@ -44,6 +44,13 @@ struct SampleJob {
     int32_t n = 0;
     int32_t * out_tokens = nullptr;
     float * out_logprobs = nullptr;   // may be null: no log-probabilities wanted
+    // Token masks (constrained decoding): row i samples only tokens whose bit is set in the
+    // mask at masks + mask_index[i] * mask_words (token t: bit t % 32 of word t / 32). A null
+    // mask_index, or mask_index[i] < 0: the row is not constrained. Log-probabilities stay
+    // those of the model's own distribution.
+    const uint32_t * masks = nullptr;
+    const int32_t * mask_index = nullptr;
+    int32_t mask_words = 0;
 };
 
 struct Candidate {
@@ -99,13 +106,17 @@ private:
         void remember(int32_t token);
     };
 
-    int32_t sample_row(Workspace & ws, Slot & slot, const float * row, float * logprob);
+    int32_t sample_row(Workspace & ws, Slot & slot, const float * row, float * logprob,
+                       const uint32_t * mask);
     void sample_rows(Workspace & ws, const SampleJob & job, int32_t i);
     // Scales `row` by the temperature into ws.cands and applies top-k, top-p and min-p there.
     void filter(Workspace & ws, Slot & slot, const float * row, bool need_sorted);
     // The row itself when no penalty applies, else a penalised copy in ws.scratch: llama.cpp's
     // logits buffer is shared with zero-copy views and is never written.
     const float * penalised(Workspace & ws, Slot & slot, const float * row);
+    // `row` (or its penalised copy) with the tokens the mask leaves out at -infinity, in
+    // ws.scratch; the row itself when there is no mask.
+    const float * masked(Workspace & ws, const float * row, const uint32_t * mask);
     double uniform(Slot & slot);
     void worker_loop();
     void pool_loop(int32_t index);

@@ -359,7 +359,9 @@ class Daemon:
         try:
             handle = self.engine.submit(req.engine_prompt, req.params, priority=req.priority,
                                         app=req.app or conn.app, weight=req.weight,
-                                        tools=req.tools, tool_choice=req.tool_choice)
+                                        tools=req.tools, tool_choice=req.tool_choice,
+                                        response_format=req.response_format,
+                                        grammar=req.grammar)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an error event
             self._ready.append((conn, req.id, exc))
             self._wake()

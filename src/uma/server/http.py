@@ -127,7 +127,8 @@ class _Api:
             try:
                 submit = functools.partial(
                     self.engine.submit, gen.engine_prompt, gen.params, priority=gen.priority,
-                    app=app, tools=gen.tools, tool_choice=gen.tool_choice)
+                    app=app, tools=gen.tools, tool_choice=gen.tool_choice,
+                    response_format=gen.response_format, grammar=gen.grammar)
                 handle = submit() if gen.quick_to_submit else await asyncio.to_thread(submit)
             except Exception as exc:  # noqa: BLE001 - each one has its HTTP answer
                 raise error_for(exc) from exc

@@ -6,10 +6,10 @@ parsed by uma.server.protocol.parse_request, so HTTP accepts exactly what the so
 the same prompt limits, the same max_tokens cap, and SamplingParams' own checks.
 
 Not supported, and refused with 400 rather than silently ignored: n > 1, several prompts in one
-request, echo, suffix, best_of > 1, a non-empty logit_bias, response_format other than text,
-and top_logprobs (the engine knows only the sampled token's log-probability; completions'
-`logprobs: N` returns token_logprobs and leaves top_logprobs null). Other fields that clients
-commonly send (user, metadata, store, parallel_tool_calls, ...) are ignored.
+request, echo, suffix, best_of > 1, a non-empty logit_bias, and top_logprobs (the engine knows
+only the sampled token's log-probability; completions' `logprobs: N` returns token_logprobs and
+leaves top_logprobs null). Other fields that clients commonly send (user, metadata, store,
+parallel_tool_calls, ...) are ignored.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ _PASSED = (
 )
 # Leading words of protocol/SamplingParams messages that name a body field.
 _PARAMS = frozenset({*_PASSED, "max_tokens", "stop", "prompt", "messages", "tokens", "tools",
-                     "tool_choice"})
+                     "tool_choice", "response_format", "grammar"})
 _MESSAGE_FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id")
 # OpenAI's placeholder for a log-probability that is too small to show.
 _TINY_LOGPROB = -9999.0
@@ -119,10 +119,6 @@ def parse_chat(body: object, *, model_id: str, limits: P.RequestLimits,
     except InvalidRequestError as exc:
         raise ApiError(400, str(exc), param="tools" if str(exc).startswith("tools")
                        else "tool_choice") from None
-    response_format = _field(body, "response_format", dict)
-    if response_format is not None and response_format.get("type") != "text":
-        raise ApiError(400, "only response_format {'type': 'text'} is supported",
-                       param="response_format")
     if _field(body, "top_logprobs", int):
         raise ApiError(400, "top_logprobs is not supported: only the sampled token's "
                             "log-probability is known", param="top_logprobs")
@@ -157,6 +153,9 @@ def _parse(body: dict, fields: dict, model_id: str, limits: P.RequestLimits,
     include_usage = bool(_field(options, "include_usage", bool, "stream_options.include_usage"))
     msg = {"type": "generate", "id": "http", "stream": stream, "stop": body.get("stop"),
            **{name: body.get(name) for name in _PASSED}, **fields}
+    # what the output must match (uma.grammar): OpenAI's response_format on either endpoint,
+    # or a GBNF grammar, as llama-server takes it
+    msg["response_format"], msg["grammar"] = body.get("response_format"), body.get("grammar")
     try:
         req = P.parse_request(msg, limits, default_priority)
     except P.ProtocolError as exc:
@@ -233,6 +232,8 @@ def _text_parts(parts: list, label: str) -> str:
 def _param_named_in(message: str) -> str | None:
     """The body field a protocol or SamplingParams message starts with ('max_tokens must ...')."""
     word = message.split(" ", 1)[0]
+    if word.startswith("response_format."):
+        return "response_format"
     return word if word in _PARAMS or word.startswith(("messages[", "tokens[", "stop[")) \
         else None
 

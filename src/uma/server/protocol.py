@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from uma import grammar as uma_grammar
 from uma import templates
 from uma import tools as uma_tools
 from uma.app import app_name, app_weight
@@ -130,6 +131,9 @@ class GenerateRequest:
     weight: float | None = None  # its app's weight (None: the app_weights setting's)
     tools: tuple[dict[str, Any], ...] | None = None  # OpenAI's, with messages (uma.tools)
     tool_choice: str | dict[str, Any] | None = None
+    # what the output must match (uma.grammar): OpenAI's response_format, or GBNF
+    response_format: dict[str, Any] | None = None
+    grammar: str | None = None
 
     @property
     def engine_prompt(self) -> str | tuple[dict[str, Any], ...] | tuple[int, ...]:
@@ -147,6 +151,8 @@ class GenerateRequest:
         worker thread and back, which must wait for the GIL on each side: a short prompt,
         submitted on the I/O thread itself. A long one would hold up every other connection
         there, so it still goes to a worker."""
+        if self.response_format is not None or self.grammar is not None:
+            return False  # compiling a grammar can take milliseconds
         if self.prompt is not None:
             return len(self.prompt) <= QUICK_PROMPT_CHARS
         if self.messages is not None:
@@ -217,7 +223,7 @@ _FIELDS = {
     "generate": frozenset({
         "type", "id", *_PROMPT_FIELDS, *_SAMPLER_FIELDS, "max_tokens", "stop", "stream",
         "priority", "logprobs", "ignore_eos", "cache_prompt", "app", "weight", "tools",
-        "tool_choice",
+        "tool_choice", "response_format", "grammar",
     }),
     "cancel": frozenset({"type", "id"}),
     "priority": frozenset({"type", "id", "priority"}),
@@ -294,13 +300,20 @@ def _parse_generate(msg: dict, limits: RequestLimits,
         _check_bytes("tools", len(json.dumps(tools, ensure_ascii=False).encode(
             "utf-8", "surrogatepass")), limits)
     uma_tools.check_tool_choice(choice, tools)
+    response_format, grammar = msg.get("response_format"), msg.get("grammar")
+    uma_grammar.constraint_of(response_format, grammar)  # the shape; the engine compiles it
+    if grammar is not None:
+        _check_bytes("grammar", _utf8_len(grammar), limits)
+    if response_format is not None:
+        _check_bytes("response_format", len(json.dumps(response_format, ensure_ascii=False)
+                                             .encode("utf-8", "surrogatepass")), limits)
     return GenerateRequest(
         id=request_id, params=params, stream=stream, prompt=prompt, messages=messages,
         tokens=tokens,
         priority=default_priority if priority is None else _priority(priority),
         app=None if msg.get("app") is None else app_name(msg["app"]),
         weight=None if msg.get("weight") is None else app_weight(msg["weight"]),
-        tools=tools, tool_choice=choice)
+        tools=tools, tool_choice=choice, response_format=response_format, grammar=grammar)
 
 
 def _parse_configure(msg: dict) -> ConfigureRequest:

@@ -1,0 +1,185 @@
+"""Constrained decoding: what a request's output must match (a JSON schema, any JSON object, a
+GBNF or Lark grammar, or a tool call), compiled by llguidance into a matcher that gives each
+step's token mask.
+
+llguidance (Microsoft's Rust engine behind guidance, also used by llama.cpp and vLLM) is used
+rather than llama.cpp's own grammar sampler: it compiles JSON schemas itself (llama.cpp's
+schema converter lives in its `common` library, which UMA Serve does not build), fills masks
+for a batch of rows in parallel with the GIL released, and has no dependencies. xgrammar, the
+other well-kept engine, needs torch. The mask is applied by the host sampler (uma._core
+Sampler.sample's masks): a constrained row is never sampled on the device.
+
+The model's vocabulary is handed to llguidance once, on the first constrained request
+(`Grammars.tokenizer`); each request gets its own matcher (`Grammars.matcher`).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from uma.errors import InvalidRequestError
+
+KINDS = ("json_schema", "json_object", "gbnf", "lark")
+# JSON without optional whitespace, as OpenAI's structured outputs write it: a model (a
+# random one certainly) may otherwise pad it with spaces and newlines until max_tokens.
+COMPACT: dict[str, Any] = {"whitespace_flexible": False}
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What the output must match: kind is one of KINDS; source the schema (JSON text) or the
+    grammar's text."""
+
+    kind: str
+    source: str
+
+    @classmethod
+    def json_schema(cls, schema: Mapping[str, Any]) -> Constraint:
+        return cls("json_schema", json.dumps(schema))
+
+    @classmethod
+    def json_object(cls) -> Constraint:
+        return cls("json_object", '{"type": "object"}')
+
+
+def constraint_of(response_format: object = None, grammar: object = None) -> Constraint | None:
+    """The constraint OpenAI's `response_format` ({"type": "text" | "json_object" |
+    "json_schema", "json_schema": {"schema": ...}}) or a GBNF `grammar` (llama-server's field)
+    asks for; None for plain text. InvalidRequestError naming the bad field."""
+    text = response_format is None or (isinstance(response_format, dict)
+                                       and response_format.get("type") == "text")
+    if grammar is not None:
+        if not text:
+            raise InvalidRequestError("give response_format or grammar, not both")
+        if not isinstance(grammar, str) or not grammar.strip():
+            raise InvalidRequestError("grammar must be a non-empty GBNF grammar")
+        return Constraint("gbnf", grammar)
+    if text:
+        return None
+    if not isinstance(response_format, dict):
+        raise InvalidRequestError("response_format must be an object")
+    kind = response_format.get("type")
+    if kind == "json_object":
+        return Constraint.json_object()
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        schema = spec.get("schema", {}) if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise InvalidRequestError(
+                "response_format.json_schema must be an object with a 'schema' object")
+        return Constraint.json_schema(schema)
+    raise InvalidRequestError(
+        "response_format.type must be 'text', 'json_object' or 'json_schema'")
+
+
+def tool_call(tools: Sequence[Mapping[str, Any]], name: str | None, fmt: str) -> Constraint:
+    """A constraint that makes the answer one call, in the format `fmt` (uma.tools), of the
+    named function or of any of `tools` (tool_choice 'required')."""
+    fns = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
+    key = "parameters" if fmt == "llama3" else "arguments"
+    calls = [{"type": "object", "properties": {"name": {"const": fn["name"]}, key: _closed(
+        fn.get("parameters") or {"type": "object", "properties": {}})},
+        "required": ["name", key], "additionalProperties": False} for fn in fns]
+    # compact JSON: with flexible whitespace a model may pad a call with newlines for ever
+    schema = json.dumps({**(calls[0] if len(calls) == 1 else {"anyOf": calls}),
+                         "x-guidance": COMPACT})
+    if fmt == "hermes":
+        lark = f'start: "<tool_call>\\n" call "\\n</tool_call>"\ncall: %json {schema}\n'
+    elif fmt == "mistral":
+        lark = f'start: "[TOOL_CALLS][" call "]"\ncall: %json {schema}\n'
+    else:
+        return Constraint("json_schema", schema)
+    return Constraint("lark", lark)
+
+
+def _closed(parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """A function's parameters schema holding only the parameters it declares, unless it says
+    otherwise: a required call's arguments are the declared ones (as OpenAI's strict mode
+    has them), and a call always ends."""
+    out = dict(parameters)
+    if out.get("type") == "object":
+        out.setdefault("additionalProperties", False)
+    return out
+
+
+class Grammars:
+    """The model's vocabulary as llguidance sees it, and a matcher per constrained request."""
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+        self._lock = threading.Lock()
+        self._tokenizer: Any = None
+        self._executor: Any = None
+
+    def tokenizer(self) -> Any:
+        """The llguidance tokenizer over the model's vocabulary (built once)."""
+        with self._lock:
+            if self._tokenizer is None:
+                import llguidance
+
+                pieces, control = self._model.vocab_pieces()
+                vocab, tokenize = self._model.tokenizer_addresses()
+                # Control tokens are marked with a leading 0xff, as llguidance expects; it
+                # tokenises through llama.cpp's own llama_tokenize (SentencePiece's leading
+                # space included), as its llama.cpp integration does.
+                self._tokenizer = llguidance.LLTokenizer.from_llamacpp(
+                    tokens=[b"\xff" + p if control[t] else p for t, p in enumerate(pieces)],
+                    vocab_ptr=vocab, tokenize_fptr=tokenize,
+                    eos_token=[int(t) for t in self._model.eog_tokens()], slices=None)
+                self._executor = llguidance.LLExecutor()
+            return self._tokenizer
+
+    def matcher(self, constraint: Constraint) -> Any:
+        """A fresh matcher for one request; InvalidRequestError naming what is wrong with the
+        schema or grammar."""
+        import llguidance
+
+        try:
+            grammar = _compile(llguidance, constraint)
+        except ValueError as exc:
+            raise InvalidRequestError(f"the {_name(constraint)} is not valid: {exc}") from None
+        tokenizer = self.tokenizer()
+        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
+        if failed:
+            raise InvalidRequestError(
+                f"the {_name(constraint)} is not supported: {_brief(messages[0])}")
+        matcher = llguidance.LLMatcher(tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise InvalidRequestError(
+                f"the {_name(constraint)} is not supported: {_brief(matcher.get_error())}")
+        return matcher
+
+    def fill_masks(self, matchers: Sequence[Any], out: np.ndarray) -> None:
+        """Each matcher's next-token mask into a row of `out` (int32, (n, words)), in
+        parallel with the GIL released."""
+        from llguidance.numpy import fill_next_token_bitmask_par
+
+        fill_next_token_bitmask_par(self._executor, [(m, i) for i, m in enumerate(matchers)],
+                                    out)
+
+
+def _compile(llguidance: Any, constraint: Constraint) -> str:
+    if constraint.kind in ("json_schema", "json_object"):
+        return str(llguidance.LLMatcher.grammar_from_json_schema(
+            constraint.source, defaults=COMPACT))
+    if constraint.kind == "gbnf":
+        return str(llguidance.grammar_from("gbnf", constraint.source))
+    if constraint.kind == "lark":
+        return str(llguidance.LLMatcher.grammar_from_lark(constraint.source))
+    raise InvalidRequestError(f"unknown constraint {constraint.kind!r}")
+
+
+def _brief(message: str) -> str:
+    """An engine's message on one line, at most 300 characters."""
+    return " ".join(message.split())[:300] or "no reason given"
+
+
+def _name(constraint: Constraint) -> str:
+    return {"json_schema": "JSON schema", "json_object": "JSON object format",
+            "gbnf": "grammar", "lark": "tool-call grammar"}[constraint.kind]
