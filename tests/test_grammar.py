@@ -50,9 +50,10 @@ def fuzzed_schema(rng: random.Random, depth: int = 0) -> dict:
 SCHEMAS = [fuzzed_schema(random.Random(seed)) for seed in range(32)]
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_path):
-    with uma.Engine(tiny_path, n_ctx=4096, n_seq_max=4) as e:
+@pytest.fixture(scope="module", params=["off", "on"], ids=["serial", "overlapped"])
+def engine(tiny_path, request):
+    # overlapped: masks are built while the device decodes, tokens handed on a tick later
+    with uma.Engine(tiny_path, n_ctx=4096, n_seq_max=4, overlap=request.param) as e:
         yield e
 
 

@@ -12,6 +12,8 @@
 #                                                  # prompt against llama-server, RAM restore
 #   PART=fair bash benches/device/gpu_speed.sh     # fair share: one app's flood against a
 #                                                  # question, two backlogged apps' service
+#   PART=grammar bash benches/device/gpu_speed.sh  # constrained decoding: 8 streams with a
+#                                                  # JSON schema against plain, mask engines
 #
 # Carried into the checkout beforehand (git-ignored): .device/llama-src.tar.xz and
 # .device/vocab.tar (benches/device/gpu_pack.sh says what they hold), .whl/*.whl.
@@ -63,6 +65,9 @@ for m in $MODELS; do
       --out "$OUT/prefix_reuse_$m.json" 2>&1 | quiet | tee -a "$OUT/log.txt"
     timeout 200 python3 benches/prefix_restore.py --model "$m" $GPU --history 8000 \
       --out "$OUT/prefix_restore_$m.json" 2>&1 | quiet | tee -a "$OUT/log.txt"
+  elif [[ $PART == grammar ]]; then
+    timeout 400 python3 benches/constrained.py --model "$m" $GPU --repeat 3 --streams 8 \
+      --tokens 256 --out "$OUT/constrained_$m.json" 2>&1 | quiet | tee -a "$OUT/log.txt"
   elif [[ $PART == fair ]]; then
     [[ $FAIR == *flood* ]] && timeout 280 python3 benches/app_flood.py --model "$m" --backend cuda $GPU \
       --repeat 3 --out "$OUT/app_flood_$m.json" 2>&1 | quiet | tee -a "$OUT/log.txt"

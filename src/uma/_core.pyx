@@ -608,6 +608,80 @@ cdef class Batch:
         return tok, pos, seq, out.astype(bool)
 
 
+# --- llama.cpp's own grammar sampler, for comparison ---------------------------------------------
+
+cdef inline double _now() noexcept nogil:
+    cdef timespec t
+    clock_gettime(CLOCK_MONOTONIC, &t)
+    return t.tv_sec + t.tv_nsec * 1e-9
+
+
+def llama_grammar_steps(Model model not None, str grammar, tokens, logits):
+    """Replays `tokens` through llama.cpp's own grammar sampler (GBNF `grammar`, rule "root")
+    as a constrained request would use it: each step applies the grammar to a fresh copy of
+    `logits` (float32, n_vocab) over every token, then accepts the step's token. Returns each
+    step's apply time (seconds, float64) and how many tokens it left. For measuring grammar
+    engines against each other (benches/constrained.py); uma.grammar serves requests."""
+    model._check_open()
+    cdef int n = model.n_vocab
+    row = np.ascontiguousarray(logits, dtype=np.float32)
+    if row.shape != (n,):
+        raise errors.InvalidRequestError(f"logits must hold {n} values")
+    toks = np.ascontiguousarray(tokens, dtype=np.int32)
+    cdef L.llama_sampler * smpl = L.llama_sampler_init_grammar(
+        model._vocab, grammar.encode(), b"root")
+    if smpl == NULL:
+        raise errors.InvalidRequestError("llama.cpp could not parse the grammar")
+    cdef L.llama_token_data * cands = <L.llama_token_data *>malloc(n * sizeof(L.llama_token_data))
+    if cands == NULL:
+        L.llama_sampler_free(smpl)
+        raise MemoryError()
+    times = np.zeros(toks.shape[0], dtype=np.float64)
+    left = np.zeros(toks.shape[0], dtype=np.int32)
+    cdef const float[::1] rv = row
+    cdef const int32_t[::1] tv = toks
+    cdef double[::1] times_v = times
+    cdef int32_t[::1] left_v = left
+    cdef L.llama_token_data_array arr
+    cdef int step, i, kept
+    cdef int refused = -1
+    cdef double t0
+    try:
+        with nogil:
+            for step in range(tv.shape[0]):
+                if tv[step] < 0 or tv[step] >= n:
+                    refused = step
+                    break
+                t0 = _now()
+                for i in range(n):
+                    cands[i].id = i
+                    cands[i].logit = rv[i]
+                    cands[i].p = 0.0
+                arr.data = cands
+                arr.size = n
+                arr.selected = -1
+                arr.sorted = False
+                L.llama_sampler_apply(smpl, &arr)
+                times_v[step] = _now() - t0
+                kept = 0
+                for i in range(<int>arr.size):
+                    if arr.data[i].logit > -1e30:
+                        kept += 1
+                left_v[step] = kept
+                # accepting a token the grammar left out throws inside llama.cpp (and would
+                # abort the process): stop before it
+                if not cands[tv[step]].logit > -1e30:
+                    refused = step
+                    break
+                L.llama_sampler_accept(smpl, tv[step])
+    finally:
+        free(cands)
+        L.llama_sampler_free(smpl)
+    if refused >= 0:
+        raise errors.InvalidRequestError(f"the grammar refuses token {refused} of the sequence")
+    return times, left
+
+
 # --- zero-copy logits --------------------------------------------------------------------------
 
 @cython.no_gc_clear

@@ -88,6 +88,19 @@ cdef extern from "llama.h" nogil:
     llama_sampler * llama_sampler_init_min_p(float p, size_t min_keep)
     llama_sampler * llama_sampler_init_temp(float t)
     void llama_sampler_free(llama_sampler * smpl)
+    ctypedef struct llama_token_data:
+        llama_token id
+        float logit
+        float p
+    ctypedef struct llama_token_data_array:
+        llama_token_data * data
+        size_t size
+        int64_t selected
+        bint sorted
+    llama_sampler * llama_sampler_init_grammar(const llama_vocab * vocab, const char * grammar_str,
+                                               const char * grammar_root)
+    void llama_sampler_apply(llama_sampler * smpl, llama_token_data_array * cur_p)
+    void llama_sampler_accept(llama_sampler * smpl, llama_token token)
     void llama_sampler_reset(llama_sampler * smpl)
     bint llama_set_sampler(llama_context * ctx, llama_seq_id seq_id, llama_sampler * smpl)
 

@@ -99,6 +99,9 @@ class Executor:
         self._rows: list[tuple[Request, float]] = []  # the tick's requests and their price
         self.grammars = grammars
         self._constrained: set[int] = set()  # sequences of requests with a grammar
+        # the last decode's masks: the row in _mask_buf of each constrained sequence
+        self._mask_of: dict[int, int] = {}
+        self._mask_buf = np.empty((0, 0), np.int32)
         # What the tick hands on, kept until _flush: output events in order, the tokens'
         # latencies for the metrics, and the tick's report for the statistics.
         self._outbox: list[Event] = []
@@ -480,7 +483,10 @@ class Executor:
                 return Ran(plan, time.perf_counter() - t0)
             try:
                 n_out = self.ctx.decode(self.batch)
-                if self.overlap:  # while the device works: the last tick's output
+                # While the device works (a GPU's decode returns once queued): the token
+                # masks of constrained rows, then the last tick's output.
+                self._fill_masks(self.ctx.output_seqs)
+                if self.overlap:
                     self._flush()
                 break
             except NoKVSlotError:
@@ -557,19 +563,24 @@ class Executor:
                 lps[kept] = h_lps
         return seqs[keep], tokens[keep], None if lps is None else lps[keep]
 
-    def _masks(self, seqs: np.ndarray) -> dict[str, np.ndarray]:
-        """The token masks of the rows whose requests are constrained (uma.grammar), as
-        Sampler.sample takes them; none when no row is."""
+    def _fill_masks(self, seqs: np.ndarray) -> None:
+        """The next-token masks of the decode's constrained rows (uma.grammar), built as soon
+        as the decode is launched: on a GPU while it runs."""
+        self._mask_of.clear()
         if not self._constrained or self.grammars is None:
-            return {}
+            return
         running = self.running
-        matchers = [running[s].matcher for s in seqs.tolist()]
-        index = np.full(len(seqs), -1, np.int32)
-        rows = [k for k, m in enumerate(matchers) if m is not None]
-        index[rows] = np.arange(len(rows), dtype=np.int32)
-        masks = np.empty((len(rows), (self.model.n_vocab + 31) // 32), np.int32)
-        self.grammars.fill_masks([matchers[k] for k in rows], masks)
-        return {"masks": masks.view(np.uint32), "mask_index": index}
+        rows = [s for s in seqs.tolist() if s in self._constrained]
+        self._mask_of.update((s, k) for k, s in enumerate(rows))
+        self._mask_buf = np.empty((len(rows), (self.model.n_vocab + 31) // 32), np.int32)
+        self.grammars.fill_masks([running[s].matcher for s in rows], self._mask_buf)
+
+    def _masks(self, seqs: np.ndarray) -> dict[str, np.ndarray]:
+        """The masks of these rows as Sampler.sample takes them; none when no row has one."""
+        if not self._mask_of:
+            return {}
+        index = np.array([self._mask_of.get(s, -1) for s in seqs.tolist()], np.int32)
+        return {"masks": self._mask_buf.view(np.uint32), "mask_index": index}
 
     def _sample_host(self, seqs: np.ndarray, rows: np.ndarray, logprobs: bool
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -624,6 +635,7 @@ class Executor:
                     todo.append((part, sub))
                     continue
                 if n_out:
+                    self._fill_masks(self.ctx.output_seqs)
                     seqs, tokens, lps = self._sample(self.ctx.output_seqs, logprobs=True)
                     assert lps is not None  # asked for
                     parts.append((part, seqs, tokens, lps))

@@ -51,7 +51,8 @@ from uma.config import check_sampling
 
 __all__ = [
     "BOS", "EOG_AFTER", "EOS", "N_VOCAB", "TRIGGER", "Batch", "Context", "Model", "Sampler",
-    "backends", "default_threads", "live_handles", "set_log_level", "system_info",
+    "backends", "default_threads", "live_handles", "llama_grammar_steps", "set_log_level",
+    "system_info",
 ]
 
 N_VOCAB = 512
@@ -145,6 +146,11 @@ def default_threads() -> int:
     except AttributeError:
         n = os.cpu_count() or 1
     return max(1, min(n, 16))
+
+
+def llama_grammar_steps(model: Model, grammar: str, tokens, logits):
+    """The real core replays tokens through llama.cpp's grammar sampler; there is none here."""
+    raise errors.UmaError("the fake core has no llama.cpp grammar sampler")
 
 
 def _fixed(value, doc: str | None = None) -> property:
