@@ -8,7 +8,7 @@ import pytest
 
 import uma
 from uma import _core
-from uma.errors import ClosedError, ContextOverflowError, InvalidRequestError
+from uma.errors import ClosedError, ContextOverflowError, InvalidRequestError, InvalidTokenError
 
 from .helpers import assert_same_greedy
 
@@ -332,3 +332,15 @@ def test_metrics_snapshot(engine):
     assert snap["ttft_ms_interactive"]["count"] >= 1
     assert snap["tick_decode_ms"]["count"] == snap["ticks_total"]
     assert np.isfinite(snap["decode_ms_ewma"])
+
+
+def test_tokenize_and_detokenize(engine):
+    tokens = engine.tokenize("Hello world")
+    assert tokens == engine.model.tokenize("Hello world").tolist() and tokens[0] == engine.model.bos
+    assert engine.tokenize("Hello", add_special=False)[0] != engine.model.bos
+    assert engine.detokenize(tokens[1:]).strip() == "Hello world"
+    assert engine.detokenize([engine.model.bos]) == "<s>"  # special tokens as their text
+    with pytest.raises(InvalidTokenError):
+        engine.detokenize([engine.model.n_vocab])
+    with pytest.raises(InvalidRequestError):
+        engine.tokenize(b"bytes")

@@ -18,6 +18,7 @@ import os
 import socket
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -196,7 +197,7 @@ class _Stream:
         assert self._result is not None  # callers wait for done first
         return self._result
 
-    def _reply(self, kind: str) -> dict:
+    def _reply(self, kind: str) -> Any:
         if self._error is not None:
             raise self._error
         if self._answer is None or self._answer["event"] != kind:
@@ -376,6 +377,16 @@ class Client(_Demux):
         """The daemon's metrics snapshot."""
         return self._ask("metrics")
 
+    def tokenize(self, text: str, *, add_special: bool = True,
+                 parse_special: bool = False) -> list[int]:
+        """Text to token ids with the daemon's model."""
+        return list(self._ask("tokenize", "tokens", text=text, add_special=add_special,
+                              parse_special=parse_special))
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        """Token ids to text with the daemon's model."""
+        return str(self._ask("detokenize", "text", tokens=[int(t) for t in tokens]))
+
     def health(self) -> dict:
         """Whether the daemon is up and what it serves."""
         return self._ask("health")
@@ -417,10 +428,10 @@ class Client(_Demux):
         period. Returns its health as it begins to drain; it exits once drained."""
         return self._ask("stop", "health")
 
-    def _ask(self, kind: str, answer: str | None = None) -> dict:
+    def _ask(self, kind: str, answer: str | None = None, **fields: Any) -> Any:
         with self._send_lock:
             rid = self._new_id(None)
-            waiter = self._start(ClientStream(self, rid), {"type": kind, "id": rid})
+            waiter = self._start(ClientStream(self, rid), {"type": kind, "id": rid, **fields})
         self._wait(lambda: waiter.done)
         return waiter._reply(answer or kind)
 
@@ -590,6 +601,16 @@ class AsyncClient(_Demux):
         """generate() for chat messages, rendered with the model's chat template."""
         return await self.generate(_messages(messages), params, **kw)
 
+    async def tokenize(self, text: str, *, add_special: bool = True,
+                       parse_special: bool = False) -> list[int]:
+        """Text to token ids with the daemon's model."""
+        return list(await self._ask("tokenize", "tokens", text=text, add_special=add_special,
+                                    parse_special=parse_special))
+
+    async def detokenize(self, tokens: Sequence[int]) -> str:
+        """Token ids to text with the daemon's model."""
+        return str(await self._ask("detokenize", "text", tokens=[int(t) for t in tokens]))
+
     async def metrics(self) -> dict:
         """The daemon's metrics snapshot."""
         return await self._ask("metrics")
@@ -631,11 +652,12 @@ class AsyncClient(_Demux):
             raise _no_daemon(self.socket_path, exc) from None
         self._reader_task = asyncio.create_task(self._read_loop(reader), name="uma-client-reader")
 
-    async def _ask(self, kind: str) -> dict:
+    async def _ask(self, kind: str, answer: str | None = None, **fields: Any) -> Any:
         rid = self._new_id(None)
-        waiter = await self._start(AsyncClientStream(self, rid), {"type": kind, "id": rid})
+        waiter = await self._start(AsyncClientStream(self, rid),
+                                   {"type": kind, "id": rid, **fields})
         await waiter._finished.wait()
-        return waiter._reply(kind)
+        return waiter._reply(answer or kind)
 
     async def _start(self, stream: AsyncClientStream, msg: dict) -> AsyncClientStream:
         self._pending[stream.id] = stream

@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import ModuleType
 from typing import Any, cast
 
@@ -269,6 +269,38 @@ class Engine:
             self._submitted.inc()
             self._cond.notify()
         return req.handle
+
+    def tokenize(self, text: str, *, add_special: bool = True,
+                 parse_special: bool = False) -> list[int]:
+        """Text to token ids with the model's tokenizer (add_special: the BOS the model puts
+        before a prompt; parse_special: special-token text as those tokens)."""
+        if not isinstance(text, str):
+            raise InvalidRequestError("text must be a string")
+        with self._using_model():
+            tokens = self.model.tokenize(text, add_special=add_special,
+                                         parse_special=parse_special)
+        return [int(t) for t in tokens]
+
+    def detokenize(self, tokens: Sequence[int] | np.ndarray) -> str:
+        """Token ids to text (special tokens as their text); InvalidTokenError for an id the
+        vocabulary does not have."""
+        with self._using_model():
+            return str(self.model.detokenize(self.model._token_array(tokens),
+                                             unparse_special=True))
+
+    @contextlib.contextmanager
+    def _using_model(self) -> Iterator[None]:
+        """The model stays open while a caller's thread uses it (close() waits)."""
+        with self._cond:
+            if self._closing or self._closed:
+                raise ClosedError("engine is closed")
+            self._submitting += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._submitting -= 1
+                self._cond.notify_all()
 
     def generate(self, prompt: Prompt, params: SamplingParams | None = None, *,
                  priority: str | Priority = "interactive", **options: Any) -> Result:

@@ -93,6 +93,17 @@ def test_structured_output_and_a_required_call_over_the_socket(daemon):
                 "schema": {"dependentSchemas": {"a": {}}}}})
 
 
+def test_tokenize_and_detokenize_over_the_socket(daemon, model):
+    with Client(daemon.socket) as c:
+        tokens = c.tokenize("Hello world")
+        assert tokens == model.tokenize("Hello world").tolist()
+        assert c.detokenize(tokens[1:]).strip() == "Hello world"
+        assert c.tokenize("<s>", add_special=False, parse_special=True) == [model.bos]
+        with pytest.raises(ServerError, match="token"):
+            c.detokenize([10**6])
+        assert c.tokenize("still here")  # the connection outlives a bad request
+
+
 def test_streaming_and_several_requests_per_connection(daemon):
     with Client(daemon.socket) as c:
         s1 = c.submit("first", max_tokens=8, ignore_eos=True)

@@ -403,6 +403,26 @@ def test_a_required_tool_call_is_answered_as_a_call(oai, model_id):
     assert isinstance(json.loads(call.function.arguments), dict)
 
 
+def test_tokenize_and_detokenize_as_llama_server_has_them(engine, gateway, http):
+    r = http.post("/tokenize", json={"content": "Hello world"})
+    tokens = r.json()["tokens"]
+    assert tokens == engine.tokenize("Hello world")
+    assert http.post("/tokenize", json={"content": "Hello", "add_special": False}
+                     ).json()["tokens"] == engine.tokenize("Hello", add_special=False)
+    pieces = http.post("/tokenize", json={"content": "Hello", "with_pieces": True}).json()
+    assert [p["id"] for p in pieces["tokens"]] == engine.tokenize("Hello")
+    r = http.post("/detokenize", json={"tokens": tokens[1:]})
+    assert r.json()["content"].strip() == "Hello world"
+    for path, body, words in [("/tokenize", {}, "content is required"),
+                              ("/tokenize", {"content": 5}, "content must be a string"),
+                              ("/detokenize", {"tokens": ["a"]}, "list of integers"),
+                              ("/detokenize", {"tokens": [10**6]}, "10")]:
+        r = http.post(path, json=body)
+        assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+    # the key guards them as it guards /v1
+    assert httpx.post(f"{gateway.url}/tokenize", json={"content": "x"}).status_code == 401
+
+
 def test_chat_content_parts_are_joined(engine, http):
     parts = [{"type": "text", "text": "Say"}, {"type": "text", "text": "something"}]
     expected = engine.chat([{"role": "user", "content": "Say\nsomething"}], max_tokens=5,

@@ -175,6 +175,22 @@ def test_generate_with_a_constraint():
         assert words in err.message, err.message
 
 
+def test_tokenize_and_detokenize():
+    req = parse({"type": "tokenize", "id": "t", "text": "hi", "parse_special": True})
+    assert req == p.TokenizeRequest("t", "hi", add_special=True, parse_special=True)
+    assert parse({"type": "detokenize", "id": "d", "tokens": [1, 2]}) == \
+        p.DetokenizeRequest("d", (1, 2))
+    for bad, words in [({"type": "tokenize", "id": "t"}, "text must be a string"),
+                       ({"type": "tokenize", "id": "t", "text": "x", "add_special": 1},
+                        "add_special must be a boolean"),
+                       ({"type": "tokenize", "id": "t", "text": "x" * 1001}, "1001 bytes"),
+                       ({"type": "detokenize", "id": "d", "tokens": [-1]}, "tokens[0]"),
+                       ({"type": "tokenize", "text": "x"}, "missing field 'id'")]:
+        assert words in rejected(bad).message
+    assert p.tokens_event("t", [1]) == {"event": "tokens", "id": "t", "tokens": [1]}
+    assert p.text_event("d", "x") == {"event": "text", "id": "d", "text": "x"}
+
+
 def test_parses_what_came_over_the_wire():
     msg = gen(temperature=0.5, stop=["x"], tokens=None)
     [decoded] = FrameDecoder().feed(encode(msg))
@@ -448,7 +464,7 @@ def test_event_shapes():
 
 @pytest.mark.parametrize("msg, words", [
     ({"id": "a"}, "missing field 'event'"),
-    ({"event": "tokens", "id": "a"}, "unknown event 'tokens'"),
+    ({"event": "tokenz", "id": "a"}, "unknown event 'tokenz'"),
     ({"event": ["token"], "id": "a"}, "unknown event <list>"),
     ({"event": "token", "id": "a", "text": "x"}, "'token_ids'"),
     ({"event": "error", "code": "E", "message": "m"}, "'id'"),

@@ -20,6 +20,7 @@ import stat
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import uma
@@ -322,10 +323,24 @@ class Daemon:
             self._send(conn, P.metrics_event(req.id, self.metrics()))
         elif isinstance(req, P.HealthRequest):
             self._send(conn, P.health_event(req.id, self.health()))
+        elif isinstance(req, P.TokenizeRequest):
+            self._answer(conn, req.id, lambda: P.tokens_event(req.id, self.engine.tokenize(
+                req.text, add_special=req.add_special, parse_special=req.parse_special)))
+        elif isinstance(req, P.DetokenizeRequest):
+            self._answer(conn, req.id,
+                         lambda: P.text_event(req.id, self.engine.detokenize(req.tokens)))
         elif isinstance(req, P.StopRequest):
             log.info("stop requested over the socket")
             self.stop()
             self._send(conn, P.health_event(req.id, self.health()))
+
+    def _answer(self, conn: _Connection, request_id: str, answer: Callable[[], dict]) -> None:
+        """Sends answer() or, where it raises, the error event it maps to."""
+        try:
+            event = answer()
+        except Exception as exc:  # noqa: BLE001 - this request's alone
+            event = P.error_event(request_id, P.error_code_for(exc), str(exc))
+        self._send(conn, event)
 
     def _entry(self, conn: _Connection, request_id: str) -> _Entry | None:
         entry = conn.requests.get(request_id)

@@ -6,6 +6,7 @@ touches the daemon's poller. Request bodies become socket-protocol requests
 (uma.server.openai_api), so both doors accept and refuse the same things.
 
     POST /v1/completions, POST /v1/chat/completions  (stream: server-sent events)
+    POST /tokenize, /detokenize (llama-server's)
     GET  /v1/models, /v1/models/{id}, /health, /metrics (Prometheus text)
 """
 
@@ -49,6 +50,8 @@ from uma.server.openai_api import (
     error_for,
     parse_chat,
     parse_completion,
+    parse_detokenize,
+    parse_tokenize,
 )
 from uma.server.protocol import RequestLimits
 from uma.tools import ToolStream
@@ -57,6 +60,7 @@ log = logging.getLogger("uma.http")
 
 _DONE = b"data: [DONE]\n\n"
 _ANSWERED = ("stop", "length", "tool_calls")  # finish reasons that are answers
+_KEYED = ("/v1", "/tokenize", "/detokenize")  # the paths an API key guards
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
@@ -70,6 +74,8 @@ def create_app(engine: Engine, config: ServerConfig,
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
         Route("/v1/models", api.models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", api.model, methods=["GET"]),
+        Route("/tokenize", api.tokenize, methods=["POST"]),
+        Route("/detokenize", api.detokenize, methods=["POST"]),
         Route("/health", api.health, methods=["GET"]),
         Route("/metrics", api.metrics, methods=["GET"]),
     ]
@@ -218,6 +224,31 @@ class _Api:
         return {"id": self.model_id, "object": "model", "created": self.model_created,
                 "owned_by": "uma"}
 
+    async def tokenize(self, request: Request) -> Response:
+        """llama-server's /tokenize: {"content", "add_special"?, "parse_special"?,
+        "with_pieces"?} -> {"tokens": [id, ...]} (with_pieces: [{"id", "piece"}, ...])."""
+        body = parse_tokenize(await _read_json(request, self.max_body, self.body_timeout_s),
+                              self.limits)
+        try:
+            tokens = await asyncio.to_thread(
+                self.engine.tokenize, body.text, add_special=body.add_special,
+                parse_special=body.parse_special)
+        except Exception as exc:  # noqa: BLE001 - each one has its HTTP answer
+            raise error_for(exc) from exc
+        if body.with_pieces:
+            return JSONResponse({"tokens": [{"id": t, "piece": self._piece(t).decode(
+                "utf-8", "replace")} for t in tokens]})
+        return JSONResponse({"tokens": tokens})
+
+    async def detokenize(self, request: Request) -> Response:
+        """llama-server's /detokenize: {"tokens": [id, ...]} -> {"content": text}."""
+        tokens = parse_detokenize(await _read_json(request, self.max_body, self.body_timeout_s),
+                                  self.limits)
+        try:
+            return JSONResponse({"content": self.engine.detokenize(tokens)})
+        except Exception as exc:  # noqa: BLE001 - each one has its HTTP answer
+            raise error_for(exc) from exc
+
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "draining" if self.stopping else "ok",
                              "model": self.model_id})
@@ -259,7 +290,7 @@ class BearerAuth:
         self._key = key.encode()
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+        if scope["type"] == "http" and scope["path"].startswith(_KEYED):
             problem = self._check(dict(scope["headers"]).get(b"authorization"))
             if problem:
                 error = ApiError(401, problem, code="invalid_api_key")

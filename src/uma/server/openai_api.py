@@ -165,6 +165,41 @@ def _parse(body: dict, fields: dict, model_id: str, limits: P.RequestLimits,
     return ApiRequest(req, stream, include_usage, user)
 
 
+@dataclass(frozen=True)
+class TokenizeBody:
+    text: str
+    add_special: bool = True
+    parse_special: bool = False
+    with_pieces: bool = False
+
+
+def parse_tokenize(body: object, limits: P.RequestLimits) -> TokenizeBody:
+    """POST /tokenize, as llama-server takes it: content, add_special, parse_special,
+    with_pieces."""
+    body = _object(body)
+    text = _field(body, "content", str)
+    if text is None:
+        raise ApiError(400, "content is required", param="content")
+    if len(text.encode("utf-8", "surrogatepass")) > limits.max_prompt_bytes:
+        raise ApiError(400, f"content is over {limits.max_prompt_bytes} bytes of UTF-8",
+                       param="content", code="context_length_exceeded")
+    flags = {name: bool(_field(body, name, bool)) for name in ("parse_special", "with_pieces")}
+    add = _field(body, "add_special", bool)
+    return TokenizeBody(text, True if add is None else add, **flags)
+
+
+def parse_detokenize(body: object, limits: P.RequestLimits) -> tuple[int, ...]:
+    """POST /detokenize: {"tokens": [id, ...]}."""
+    body = _object(body)
+    tokens = body.get("tokens")
+    if type(tokens) is not list or not all(type(t) is int for t in tokens):
+        raise ApiError(400, "tokens must be a list of integers", param="tokens")
+    if len(tokens) > limits.max_prompt_tokens:
+        raise ApiError(400, f"tokens holds more than {limits.max_prompt_tokens} ids",
+                       param="tokens", code="context_length_exceeded")
+    return tuple(tokens)
+
+
 def _object(body: object) -> dict:
     if not isinstance(body, dict):
         raise ApiError(400, f"the body must be a JSON object, not {_json_type(body)}")

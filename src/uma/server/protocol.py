@@ -204,6 +204,24 @@ class HealthRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenizeRequest:
+    """Text to token ids with the model's tokenizer; answered with a tokens event."""
+
+    id: str
+    text: str
+    add_special: bool = True  # the BOS token the model adds to a prompt
+    parse_special: bool = False  # special-token text (<|im_start|>) as those tokens
+
+
+@dataclass(frozen=True, slots=True)
+class DetokenizeRequest:
+    """Token ids to text; answered with a text event."""
+
+    id: str
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class StopRequest:
     """Stop the daemon gracefully, as SIGTERM does (`uma stop`); answered with a health event
     (status 'draining'). Only the socket's owner can connect, so only they can stop it."""
@@ -212,7 +230,7 @@ class StopRequest:
 
 
 Request = (GenerateRequest | CancelRequest | PriorityRequest | ConfigureRequest | MetricsRequest
-           | HealthRequest | StopRequest)
+           | HealthRequest | StopRequest | TokenizeRequest | DetokenizeRequest)
 
 _SAMPLER_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "frequency_penalty",
@@ -231,6 +249,8 @@ _FIELDS = {
     "metrics": frozenset({"type", "id"}),
     "health": frozenset({"type", "id"}),
     "stop": frozenset({"type", "id"}),
+    "tokenize": frozenset({"type", "id", "text", "add_special", "parse_special"}),
+    "detokenize": frozenset({"type", "id", "tokens"}),
 }
 
 
@@ -267,6 +287,10 @@ def parse_request(msg: dict, limits: RequestLimits,
             return MetricsRequest(_id(msg, required=False))
         if kind == "stop":
             return StopRequest(_id(msg, required=False))
+        if kind == "tokenize":
+            return _parse_tokenize(msg, limits)
+        if kind == "detokenize":
+            return DetokenizeRequest(_id(msg, required=True), _tokens(msg.get("tokens"), limits))
         return HealthRequest(_id(msg, required=False))
     except ProtocolError as exc:
         exc.request_id = request_id
@@ -314,6 +338,20 @@ def _parse_generate(msg: dict, limits: RequestLimits,
         app=None if msg.get("app") is None else app_name(msg["app"]),
         weight=None if msg.get("weight") is None else app_weight(msg["weight"]),
         tools=tools, tool_choice=choice, response_format=response_format, grammar=grammar)
+
+
+def _parse_tokenize(msg: dict, limits: RequestLimits) -> TokenizeRequest:
+    text = msg.get("text")
+    if type(text) is not str:
+        raise ProtocolError(E_PROTO_003, f"text must be a string, not {type(text).__name__}")
+    _check_bytes("text", _utf8_len(text), limits)
+    flags = {}
+    for name in ("add_special", "parse_special"):
+        if msg.get(name) is not None:
+            if type(msg[name]) is not bool:
+                raise ProtocolError(E_PROTO_003, f"{name} must be a boolean")
+            flags[name] = msg[name]
+    return TokenizeRequest(_id(msg, required=True), text, **flags)
 
 
 def _parse_configure(msg: dict) -> ConfigureRequest:
@@ -479,13 +517,15 @@ def _show(value: object) -> str:
 # --- events ------------------------------------------------------------------------------------
 # Plain dicts, built once per token: no validation here, the server passes its own values.
 
-EVENTS = frozenset({"token", "eos", "error", "metrics", "health"})
+EVENTS = frozenset({"token", "eos", "error", "metrics", "health", "tokens", "text"})
 _EVENT_FIELDS = {
     "token": ("id", "text", "token_ids"),
     "eos": ("id", "reason", "usage", "timings"),
     "error": ("id", "code", "message"),
     "metrics": ("id", "metrics"),
     "health": ("id", "health"),
+    "tokens": ("id", "tokens"),
+    "text": ("id", "text"),
 }
 
 
@@ -524,6 +564,16 @@ def error_event(request_id: str | None, code: str, message: str) -> dict:
 def metrics_event(request_id: str | None, snapshot: dict) -> dict:
     """The answer to a metrics request."""
     return {"event": "metrics", "id": request_id, "metrics": snapshot}
+
+
+def tokens_event(request_id: str, tokens: Sequence[int]) -> dict:
+    """The answer to a tokenize request."""
+    return {"event": "tokens", "id": request_id, "tokens": list(tokens)}
+
+
+def text_event(request_id: str, text: str) -> dict:
+    """The answer to a detokenize request."""
+    return {"event": "text", "id": request_id, "text": text}
 
 
 def health_event(request_id: str | None, info: dict) -> dict:
