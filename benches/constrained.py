@@ -5,8 +5,10 @@
 
 1. Throughput: --streams requests of --tokens tokens each (sampled, temperature 1), plain
    against held to a JSON schema (an array of strings, so that every request writes its
-   --tokens tokens), in process, a fresh engine per run, alternating. Reported: decode
-   tokens/s over the window in which every stream decodes, and the engine's p95 tick time.
+   --tokens tokens), in process, a fresh engine per run, alternating. Constrained rows are
+   sampled on the host; on a GPU, "plain, host sampling" shows what that alone costs.
+   Reported: decode tokens/s over the window in which every stream decodes, and the
+   engine's p95 tick time.
 2. Grammar engines: the token masks llguidance builds (what uma.grammar uses) against
    llama.cpp's own grammar sampler (uma._core.llama_grammar_steps), on the same token
    sequences of the same GBNF JSON grammar (llama.cpp's grammars/json.gbnf): time per token.
@@ -37,10 +39,19 @@ JSON_GBNF = ROOT / "third_party" / "llama.cpp" / "grammars" / "json.gbnf"
 SCHEMA = {"type": "array", "items": {"type": "string", "maxLength": 16}, "minItems": 100}
 
 
-def throughput(path: Path, ns: argparse.Namespace, constrained: bool, seed: int) -> dict:
+SIDES = {  # name: (held to the schema, where plain rows are sampled)
+    "plain": (False, "auto"),
+    "plain, host sampling": (False, "off"),  # as constrained rows are, always
+    "json schema": (True, "auto"),
+}
+
+
+def throughput(path: Path, ns: argparse.Namespace, side: str, seed: int) -> dict:
+    constrained, sampling = SIDES[side]
     fmt = {"type": "json_schema", "json_schema": {"schema": SCHEMA}} if constrained else None
     with uma.Engine(path, n_ctx=ns.streams * (ns.tokens + 64) + 256, n_seq_max=ns.streams,
-                    n_threads=ns.threads, n_gpu_layers=ns.gpu_layers) as engine:
+                    n_threads=ns.threads, n_gpu_layers=ns.gpu_layers,
+                    device_sampling=sampling) as engine:
         engine.generate("warm up", max_tokens=4, response_format=fmt)
         handles = [engine.submit(f"Item list {k}:", max_tokens=ns.tokens, temperature=1.0,
                                  seed=seed * 100 + k, ignore_eos=True, response_format=fmt)
@@ -93,19 +104,22 @@ def main() -> int:
     ap.add_argument("--streams", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--repeat", type=int, default=3, help="runs a side, alternating order")
+    ap.add_argument("--sides", nargs="+", default=["plain", "json schema"], choices=SIDES,
+                    help="plain (device sampling where it is on), plain with host sampling, "
+                         "json schema")
     ap.add_argument("--out", type=Path, default=None)
     ns = ap.parse_args()
     path = Path(ns.model) if Path(ns.model).exists() else synth.cached_model(ns.model)
-    runs: dict[str, list[dict]] = {"plain": [], "json schema": []}
+    runs: dict[str, list[dict]] = {name: [] for name in SIDES if name in ns.sides}
     for r, name in alternating(list(runs), ns.repeat):
-        runs[name].append(throughput(path, ns, name == "json schema", r))
-        print(f"run {r} {name:12s} " + "  ".join(f"{k} {v:.4g}" for k, v in
+        runs[name].append(throughput(path, ns, name, r))
+        print(f"run {r} {name:20s} " + "  ".join(f"{k} {v:.4g}" for k, v in
                                                   runs[name][-1].items()), flush=True)
     med = {name: {k: statistics.median(row[k] for row in rows) for k in rows[0]}
            for name, rows in runs.items()}
     ratio = med["json schema"]["tokens_per_s"] / med["plain"]["tokens_per_s"]
     for name, row in med.items():
-        print(f"{name:12s} median: " + "  ".join(f"{k} {v:.4g}" for k, v in row.items()))
+        print(f"{name:20s} median: " + "  ".join(f"{k} {v:.4g}" for k, v in row.items()))
     print(f"json schema / plain tokens/s: {ratio:.3f}")
     masks = engines(path, ns)
     for name, row in masks.items():

@@ -7,11 +7,12 @@ import json
 import random
 
 import jsonschema
+import numpy as np
 import pytest
 
 import uma
 from uma.errors import InvalidRequestError
-from uma.grammar import Constraint, constraint_of, tool_call
+from uma.grammar import Constraint, Grammars, constraint_of, tool_call
 
 from .test_templates import REAL
 
@@ -154,3 +155,13 @@ def test_constraint_shapes():
     generic = json.loads(tool_call([WEATHER, CLOCK], "get_time", "generic").source)
     assert generic["properties"]["name"] == {"const": "get_time"}
     assert generic["properties"]["arguments"]["additionalProperties"] is False
+
+
+def test_masks_filled_on_the_pool_equal_those_filled_in_turn(engine):
+    pooled = Grammars(engine.model, parallel=True)
+    constraints = [Constraint.json_schema(s) for s in SCHEMAS[:4]]
+    words = (engine.model.n_vocab + 31) // 32
+    one, many = np.empty((4, words), np.int32), np.empty((4, words), np.int32)
+    engine.grammars.fill_masks([engine.grammars.matcher(c) for c in constraints], one)
+    pooled.fill_masks([pooled.matcher(c) for c in constraints], many)
+    assert (one == many).all() and one.any()

@@ -113,7 +113,9 @@ class Engine:
                                  progress=progress)
         try:
             self.chat_template = self._chat_template(config.chat_template)
-            self.grammars = uma_grammar.Grammars(self.model)  # constrained decoding
+            # constrained decoding; masks on a thread pool where the host's cores are free
+            self.grammars = uma_grammar.Grammars(
+                self.model, parallel=self._on_gpu("auto", config, core))
             # how the model writes tool calls: as its template says, else as the system
             # message given for a template without tools asks (uma.tools)
             source = self.chat_template.source
