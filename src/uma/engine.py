@@ -216,20 +216,8 @@ class Engine:
         output must match, token by token (uma.grammar).
         Raises InvalidRequestError (and subclasses) for input that can never run.
         """
-        if (tools is not None or tool_choice is not None) and (
-                isinstance(prompt, str) or not len(prompt)
-                or not all(isinstance(m, Mapping) for m in prompt)):
-            raise InvalidRequestError("tools and tool_choice go with chat messages")
-        choice = uma_tools.check_tool_choice(
-            tool_choice, None if tools is None else uma_tools.check_tools(list(tools)))
-        use_tools = bool(tools) and choice != "none"
-        constraint = uma_grammar.constraint_of(response_format, grammar)
-        if use_tools and choice not in (None, "auto"):
-            if constraint is not None:
-                raise InvalidRequestError("a required tool call and response_format or "
-                                          "grammar cannot both constrain the answer")
-            constraint = uma_grammar.tool_call(
-                tools or (), None if choice == "required" else choice, self.tool_format)
+        choice, use_tools, constraint = self._answer_shape(prompt, tools, tool_choice,
+                                                           response_format, grammar)
         app = DEFAULT_APP if app is None else app_name(app)
         weight = self._weights.get(app, 1.0) if weight is None else app_weight(weight)
         params = params or SamplingParams()
@@ -239,18 +227,10 @@ class Engine:
             except TypeError as exc:
                 raise InvalidRequestError(str(exc)) from None
         prio = Priority.parse(priority)
-        with self._cond:
-            if self._closing or self._closed:
-                raise ClosedError("engine is closed")
-            self._submitting += 1  # close() frees the model only once this is back to 0
-        try:
+        with self._using_model():
             tokens = self.render_chat(cast(Messages, prompt), tools, choice) if use_tools \
                 else self._tokens(prompt)
             matcher = None if constraint is None else self.grammars.matcher(constraint)
-        finally:
-            with self._cond:
-                self._submitting -= 1
-                self._cond.notify_all()
         if len(tokens) > self.n_ctx_seq:
             raise ContextOverflowError(
                 f"prompt has {len(tokens)} tokens; the context holds {self.n_ctx_seq} per sequence")
@@ -272,6 +252,27 @@ class Engine:
             self._cond.notify()
         return req.handle
 
+    def _answer_shape(self, prompt: Prompt, tools: Sequence[Mapping[str, Any]] | None,
+                      tool_choice: object, response_format: object, grammar: object
+                      ) -> tuple[str | None, bool, uma_grammar.Constraint | None]:
+        """The checked tool choice, whether tools go into the prompt, and what constrains
+        the answer: a response_format or grammar, or the call tool_choice requires."""
+        if (tools is not None or tool_choice is not None) and (
+                isinstance(prompt, str) or not len(prompt)
+                or not all(isinstance(m, Mapping) for m in prompt)):
+            raise InvalidRequestError("tools and tool_choice go with chat messages")
+        choice = uma_tools.check_tool_choice(
+            tool_choice, None if tools is None else uma_tools.check_tools(list(tools)))
+        use_tools = bool(tools) and choice != "none"
+        constraint = uma_grammar.constraint_of(response_format, grammar)
+        if use_tools and choice not in (None, "auto"):
+            if constraint is not None:
+                raise InvalidRequestError("a required tool call and response_format or "
+                                          "grammar cannot both constrain the answer")
+            constraint = uma_grammar.tool_call(
+                tools or (), None if choice == "required" else choice, self.tool_format)
+        return choice, use_tools, constraint
+
     def tokenize(self, text: str, *, add_special: bool = True,
                  parse_special: bool = False) -> list[int]:
         """Text to token ids with the model's tokenizer (add_special: the BOS the model puts
@@ -292,7 +293,8 @@ class Engine:
 
     @contextlib.contextmanager
     def _using_model(self) -> Iterator[None]:
-        """The model stays open while a caller's thread uses it (close() waits)."""
+        """The model stays open while a caller's thread uses it: close() frees it only once
+        no caller is tokenising, templating or compiling a grammar."""
         with self._cond:
             if self._closing or self._closed:
                 raise ClosedError("engine is closed")

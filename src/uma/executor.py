@@ -744,7 +744,10 @@ class Executor:
                                      for r in self.running.values()) \
             and not self.waiting[Priority.BACKGROUND]
         tick_s = time.perf_counter() - self._tick_start
-        if self.fair_share and apps:
+        # Service only sets apps apart: with one app running and none waiting (the steady
+        # state of most machines) there is nothing to charge. An app that joins starts level
+        # with the least served one (Ledger.arrive) either way.
+        if self.fair_share and (len(apps) > 1 or self.n_waiting):
             self._charge(apps, tick_s * 1e3)
         return TickReport(
             plan=plan, n_prefill=plan.n_tokens - n_decode, n_decode=n_decode,
