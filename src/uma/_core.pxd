@@ -43,6 +43,8 @@ cdef extern from "sampler.hpp" namespace "uma" nogil:
         int32_t n_vocab()
         void configure(int32_t slot, const SamplingParams & params) except +
         void accept(int32_t slot, const int32_t * tokens, int32_t n) except +
+        void set_bias(int32_t slot, const int32_t * tokens, const float * values,
+                      int32_t n) except +
         void sample(const SampleJob & job) except +
         void submit(const SampleJob & job) except +
         void wait()

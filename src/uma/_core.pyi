@@ -231,6 +231,7 @@ class Sampler:
         presence_penalty: float = 0.0,
         penalty_last_n: int = 64,
         seed: int = 0,
+        logit_bias: object = (),
     ) -> None: ...
     def accept(self, slot: int, tokens: ArrayLike) -> None: ...
     @overload

@@ -23,7 +23,7 @@ import os
 import numpy as np
 
 from uma import errors
-from uma.config import GREEDY_BELOW as _GREEDY_BELOW, check_sampling
+from uma.config import GREEDY_BELOW as _GREEDY_BELOW, check_logit_bias, check_sampling
 
 cdef extern from *:
     """
@@ -1231,13 +1231,17 @@ cdef class Sampler:
 
     def configure(self, int slot, *, float temperature=0.0, int top_k=0, float top_p=1.0,
                   float min_p=0.0, float repeat_penalty=1.0, float frequency_penalty=0.0,
-                  float presence_penalty=0.0, int penalty_last_n=64, seed=0):
-        """Resets a slot for a new sequence. temperature <= 0 is greedy."""
+                  float presence_penalty=0.0, int penalty_last_n=64, seed=0, logit_bias=()):
+        """Resets a slot for a new sequence. temperature <= 0 is greedy. logit_bias: values
+        added to tokens' logits (uma.config.check_logit_bias's forms)."""
         self._slot(slot)
         check_sampling(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                        repeat_penalty=repeat_penalty, frequency_penalty=frequency_penalty,
                        presence_penalty=presence_penalty, penalty_last_n=penalty_last_n,
                        seed=seed)
+        bias = check_logit_bias(logit_bias, self._native.n_vocab())
+        cdef int32_t[::1] bias_ids = np.array([t for t, _ in bias], dtype=np.int32)
+        cdef float[::1] bias_values = np.array([v for _, v in bias], dtype=np.float32)
         if self._native.busy():
             raise errors.UmaError("cannot configure while a sampler job is in flight")
         cdef SamplingParams p
@@ -1251,6 +1255,8 @@ cdef class Sampler:
         p.penalty_last_n = penalty_last_n
         p.seed = <unsigned long long>(seed & 0xFFFFFFFFFFFFFFFF)
         self._native.configure(slot, p)
+        if bias:
+            self._native.set_bias(slot, &bias_ids[0], &bias_values[0], <int32_t>len(bias))
 
     def accept(self, int slot, tokens):
         """Adds tokens (e.g. the prompt) to the slot's penalty history."""

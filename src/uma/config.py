@@ -11,7 +11,7 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from uma.app import app_name, app_weight
 from uma.errors import InvalidRequestError
@@ -84,6 +84,35 @@ def check_sampling(
         raise InvalidRequestError(f"seed must be in [0, 2**64), not {seed}")
 
 
+MAX_LOGIT_BIAS = 1024  # tokens one request may bias
+
+
+def check_logit_bias(value: object, n_vocab: int | None = None
+                     ) -> tuple[tuple[int, float], ...]:
+    """OpenAI's logit_bias as (token, bias) pairs sorted by token: a map (token ids as
+    integers or their decimal text, as JSON keys are) or (token, bias) pairs; each bias in
+    [-100, 100] (-100 all but bans the token, 100 all but forces it). InvalidRequestError
+    naming what is wrong; an id the vocabulary (of n_vocab tokens) lacks too."""
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif isinstance(value, (list, tuple)) and all(
+            isinstance(p, (list, tuple)) and len(p) == 2 for p in value):
+        items = [tuple(p) for p in value]
+    else:
+        raise InvalidRequestError("logit_bias must map token ids to biases")
+    if len(items) > MAX_LOGIT_BIAS:
+        raise InvalidRequestError(f"logit_bias may hold at most {MAX_LOGIT_BIAS} tokens")
+    pairs = {}
+    for token, bias in items:
+        if isinstance(token, str) and token.isdecimal():
+            token = int(token)
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0 or (
+                n_vocab is not None and token >= n_vocab):
+            raise InvalidRequestError(f"logit_bias has a key that is no token id: {token!r}")
+        pairs[token] = _in_range(f"logit_bias[{token}]", bias, -100.0, 100.0)
+    return tuple(sorted(pairs.items()))
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How one request picks its tokens. temperature 0 is greedy (the default)."""
@@ -102,6 +131,8 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: bool = False
     cache_prompt: bool = True  # reuse a cached prefix of the prompt (llama-server's name)
+    # added to these tokens' logits (OpenAI's): (token, bias) pairs, or a map when given
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         check_sampling(**{name: getattr(self, name) for name in _SAMPLER_OPTIONS})
@@ -113,16 +144,17 @@ class SamplingParams:
         if any(s == "" for s in stop):
             raise InvalidRequestError("stop strings must not be empty")
         object.__setattr__(self, "stop", tuple(stop))
+        object.__setattr__(self, "logit_bias", check_logit_bias(self.logit_bias))
         for name in ("ignore_eos", "logprobs", "cache_prompt"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidRequestError(f"{name} must be a boolean")
 
     @property
     def device_capable(self) -> bool:
-        """Whether the device's samplers compute what these options ask: all but log-probs
-        and the penalties (whose history the host sampler keeps)."""
+        """Whether the device's samplers compute what these options ask: all but log-probs,
+        the penalties (whose history the host sampler keeps) and logit biases."""
         return not self.logprobs and self.repeat_penalty == 1 and not self.frequency_penalty \
-            and not self.presence_penalty
+            and not self.presence_penalty and not self.logit_bias
 
     def device_options(self) -> DeviceOptions:
         """The fields uma._core.Context.set_sampler takes."""
@@ -130,13 +162,15 @@ class SamplingParams:
         return DeviceOptions(temperature=0.0 if greedy else self.temperature, top_k=self.top_k,
                              top_p=self._top_p32, min_p=self.min_p, seed=self.seed)
 
-    def sampler_options(self) -> dict[str, float | int]:
+    def sampler_options(self) -> dict[str, Any]:
         """The fields the native sampler takes (uma._core.Sampler.configure). A temperature
         below GREEDY_BELOW is greedy: dividing logits by it would overflow a 32-bit float."""
         options = {name: getattr(self, name) for name in _SAMPLER_OPTIONS}
         if self.temperature < GREEDY_BELOW:
             options["temperature"] = 0.0
         options["top_p"] = self._top_p32
+        if self.logit_bias:
+            options["logit_bias"] = self.logit_bias
         return options
 
     @property

@@ -28,7 +28,7 @@ from uma import grammar as uma_grammar
 from uma import templates
 from uma import tools as uma_tools
 from uma.app import DEFAULT_APP, app_name, app_weight
-from uma.config import EngineConfig, SamplingParams
+from uma.config import EngineConfig, SamplingParams, check_logit_bias
 from uma.errors import (
     ClosedError,
     ContextOverflowError,
@@ -227,6 +227,8 @@ class Engine:
             except TypeError as exc:
                 raise InvalidRequestError(str(exc)) from None
         prio = Priority.parse(priority)
+        if params.logit_bias:  # ids the vocabulary lacks: refused now, not at admission
+            check_logit_bias(params.logit_bias, self.model.n_vocab)
         with self._using_model():
             tokens = self.render_chat(cast(Messages, prompt), tools, choice) if use_tools \
                 else self._tokens(prompt)

@@ -47,7 +47,7 @@ from collections.abc import Callable
 import numpy as np
 
 from uma import errors
-from uma.config import check_sampling
+from uma.config import check_logit_bias, check_sampling
 
 __all__ = [
     "BOS", "EOG_AFTER", "EOS", "N_VOCAB", "TRIGGER", "Batch", "Context", "Model", "Sampler",
@@ -934,10 +934,11 @@ class Context:
 
 
 class _Slot:
-    __slots__ = ("counts", "params", "rng", "window")
+    __slots__ = ("bias", "counts", "params", "rng", "window")
 
     def __init__(self, params: dict) -> None:
         self.params = params
+        self.bias: tuple[tuple[int, float], ...] = ()
         self.rng = np.random.default_rng(params["seed"])
         n = params["penalty_last_n"]
         self.window: collections.deque[int] = collections.deque(maxlen=n)
@@ -1006,7 +1007,7 @@ class Sampler:
     def configure(self, slot: int, *, temperature: float = 0.0, top_k: int = 0,
                   top_p: float = 1.0, min_p: float = 0.0, repeat_penalty: float = 1.0,
                   frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
-                  penalty_last_n: int = 64, seed: int = 0) -> None:
+                  penalty_last_n: int = 64, seed: int = 0, logit_bias=()) -> None:
         """Resets a slot for a new sequence. temperature <= 0 is greedy."""
         slot = self._slot(slot)
         params = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "min_p": min_p,
@@ -1015,6 +1016,7 @@ class Sampler:
                   "seed": seed}
         check_sampling(**params)
         self._slots[slot] = _Slot(params)
+        self._slots[slot].bias = check_logit_bias(logit_bias, self._n_vocab)
 
     def accept(self, slot: int, tokens) -> None:
         """Adds tokens (e.g. the prompt) to the slot's penalty history."""
@@ -1063,10 +1065,15 @@ class Sampler:
         """The row after the slot's repetition penalties (llama.cpp's rule: divide positive
         logits, multiply negative ones), or the row itself when none apply."""
         p = slot.params
-        if not slot.counts or (p["repeat_penalty"] == 1 and not p["frequency_penalty"]
-                               and not p["presence_penalty"]):
+        penalties = slot.counts and (p["repeat_penalty"] != 1 or p["frequency_penalty"]
+                                     or p["presence_penalty"])
+        if not penalties and not slot.bias:
             return raw
         row = raw.copy()
+        for token, bias in slot.bias:
+            row[token] += np.float32(bias)
+        if not penalties:
+            return row
         for token, count in slot.counts.items():
             if 0 <= token < len(row):
                 v = row[token]

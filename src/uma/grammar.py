@@ -133,7 +133,8 @@ class Grammars:
                 # Control tokens are marked with a leading 0xff, as llguidance expects; it
                 # tokenises through llama.cpp's own llama_tokenize (SentencePiece's leading
                 # space included), as its llama.cpp integration does.
-                self._tokenizer = llguidance.LLTokenizer.from_llamacpp(
+                # (llguidance's own stub lacks from_llamacpp; its llama.cpp module calls it)
+                self._tokenizer = llguidance.LLTokenizer.from_llamacpp(  # type: ignore[attr-defined]
                     tokens=[b"\xff" + p if control[t] else p for t, p in enumerate(pieces)],
                     vocab_ptr=vocab, tokenize_fptr=tokenize,
                     eos_token=[int(t) for t in self._model.eog_tokens()], slices=None)

@@ -223,3 +223,16 @@ def test_a_mask_leaves_only_its_tokens_and_the_model_s_logprob(sampler, row):
 def test_bad_masks_are_refused(sampler, row, masks, index, words):
     with pytest.raises(InvalidRequestError, match=words):
         sampler.sample_array(row[None], [0], masks=masks, mask_index=index)
+
+
+def test_logit_bias_moves_tokens_and_lasts_until_the_slot_is_configured_again(sampler, row):
+    best = int(np.argmax(row))
+    other = int(np.argsort(row)[len(row) // 2])
+    sampler.configure(0, logit_bias={str(best): -100, other: 100})  # JSON-style keys too
+    assert sampler.sample_array(row[None], [0])[0] == other
+    sampler.configure(0)
+    assert sampler.sample_array(row[None], [0])[0] == best
+    with pytest.raises(InvalidRequestError, match="no token id"):
+        sampler.configure(0, logit_bias={VOCAB: 1.0})
+    with pytest.raises(InvalidRequestError, match=r"logit_bias\[3\] must be in"):
+        sampler.configure(0, logit_bias={3: 101})

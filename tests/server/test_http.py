@@ -280,7 +280,8 @@ BAD = [
     ({"prompt": "x", "stop": 3}, 400, "stop", None, "stop"),
     ({"prompt": "x", "stream": "yes"}, 400, "stream", None, "boolean"),
     ({"prompt": "x", "logprobs": True}, 400, "logprobs", None, "integer"),
-    ({"prompt": "x", "logit_bias": {"5": 1}}, 400, "logit_bias", None, "not supported"),
+    ({"prompt": "x", "logit_bias": {"five": 1}}, 400, "logit_bias", None, "no token id"),
+    ({"prompt": "x", "logit_bias": {"5": 200}}, 400, "logit_bias[5]", None, "must be in"),
     ({"prompt": "x", "echo": True}, 400, "echo", None, "not supported"),
     ({"prompt": "x", "priority": "urgent"}, 400, "priority", None, "interactive"),
     ({"prompt": "x" * 70000}, 400, "prompt", "context_length_exceeded", "bytes"),
@@ -421,6 +422,15 @@ def test_tokenize_and_detokenize_as_llama_server_has_them(engine, gateway, http)
         assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
     # the key guards them as it guards /v1
     assert httpx.post(f"{gateway.url}/tokenize", json={"content": "x"}).status_code == 401
+
+
+def test_logit_bias_as_openai_sends_it(engine, oai, model_id):
+    plain = engine.generate(PROMPT, max_tokens=3, ignore_eos=True)
+    banned = plain.token_ids[0]
+    r = oai.completions.create(model=model_id, prompt=PROMPT, max_tokens=3,
+                               logit_bias={str(banned): -100}, extra_body={"ignore_eos": True})
+    biased = engine.generate(PROMPT, max_tokens=3, ignore_eos=True, logit_bias={banned: -100})
+    assert biased.token_ids[0] != banned and r.choices[0].text == biased.text != plain.text
 
 
 def test_chat_content_parts_are_joined(engine, http):

@@ -117,6 +117,15 @@ void Sampler::configure(int32_t slot, const SamplingParams & params) {
     s.window_pos = 0;
     s.window_fill = 0;
     s.counts.clear();
+    s.bias.clear();
+}
+
+void Sampler::set_bias(int32_t slot, const int32_t * tokens, const float * values, int32_t n) {
+    Slot & s = slots_[static_cast<size_t>(slot)];
+    s.bias.clear();
+    for (int32_t i = 0; i < n; ++i) {
+        if (tokens[i] >= 0 && tokens[i] < n_vocab_) s.bias.emplace_back(tokens[i], values[i]);
+    }
 }
 
 void Sampler::accept(int32_t slot, const int32_t * tokens, int32_t n) {
@@ -134,9 +143,11 @@ const float * Sampler::penalised(Workspace & ws, Slot & slot, const float * row)
     const SamplingParams & p = slot.params;
     bool any = !slot.counts.empty() &&
                (p.repeat_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f);
-    if (!any) return row;
+    if (!any && slot.bias.empty()) return row;
     float * out = ws.scratch.data();
     std::memcpy(out, row, sizeof(float) * static_cast<size_t>(n_vocab_));
+    for (const auto & [token, value] : slot.bias) out[token] += value;
+    if (!any) return out;
     for (const auto & [token, count] : slot.counts) {
         if (token < 0 || token >= n_vocab_) continue;
         float l = out[token];

@@ -82,6 +82,9 @@ public:
     void configure(int32_t slot, const SamplingParams & params);
     // Adds tokens (a prompt, say) to the slot's penalty history.
     void accept(int32_t slot, const int32_t * tokens, int32_t n);
+    // Values added to these tokens' logits before sampling (OpenAI's logit_bias), until the
+    // slot is configured again.
+    void set_bias(int32_t slot, const int32_t * tokens, const float * values, int32_t n);
 
     // Samples every row of the job on this thread; sampled tokens join their slot's history.
     void sample(const SampleJob & job);
@@ -103,6 +106,7 @@ private:
         size_t window_pos = 0;
         size_t window_fill = 0;
         std::unordered_map<int32_t, int32_t> counts;
+        std::vector<std::pair<int32_t, float>> bias;   // logit_bias
         void remember(int32_t token);
     };
 
@@ -111,8 +115,8 @@ private:
     void sample_rows(Workspace & ws, const SampleJob & job, int32_t i);
     // Scales `row` by the temperature into ws.cands and applies top-k, top-p and min-p there.
     void filter(Workspace & ws, Slot & slot, const float * row, bool need_sorted);
-    // The row itself when no penalty applies, else a penalised copy in ws.scratch: llama.cpp's
-    // logits buffer is shared with zero-copy views and is never written.
+    // The row itself when no penalty or bias applies, else a penalised, biased copy in
+    // ws.scratch: llama.cpp's logits buffer is shared with zero-copy views, never written.
     const float * penalised(Workspace & ws, Slot & slot, const float * row);
     // `row` (or its penalised copy) with the tokens the mask leaves out at -infinity, in
     // ws.scratch; the row itself when there is no mask.

@@ -6,7 +6,7 @@ parsed by uma.server.protocol.parse_request, so HTTP accepts exactly what the so
 the same prompt limits, the same max_tokens cap, and SamplingParams' own checks.
 
 Not supported, and refused with 400 rather than silently ignored: n > 1, several prompts in one
-request, echo, suffix, best_of > 1, a non-empty logit_bias, and top_logprobs (the engine knows
+request, echo, suffix, best_of > 1, and top_logprobs (the engine knows
 only the sampled token's log-probability; completions' `logprobs: N` returns token_logprobs and
 leaves top_logprobs null). Other fields that clients commonly send (user, metadata, store,
 parallel_tool_calls, ...) are ignored.
@@ -32,7 +32,7 @@ from uma.server import protocol as P
 _PASSED = (
     "temperature", "top_p", "seed", "frequency_penalty", "presence_penalty",
     "top_k", "min_p", "repeat_penalty", "penalty_last_n", "ignore_eos", "cache_prompt",
-    "priority",
+    "priority", "logit_bias",
 )
 # Leading words of protocol/SamplingParams messages that name a body field.
 _PARAMS = frozenset({*_PASSED, "max_tokens", "stop", "prompt", "messages", "tokens", "tools",
@@ -146,8 +146,6 @@ def _parse(body: dict, fields: dict, model_id: str, limits: P.RequestLimits,
             user = app_name(user, "user")
         except InvalidRequestError as exc:
             raise ApiError(400, str(exc), param="user") from None
-    if _field(body, "logit_bias", dict):
-        raise ApiError(400, "logit_bias is not supported", param="logit_bias")
     stream = bool(_field(body, "stream", bool))
     options = _field(body, "stream_options", dict) or {}
     include_usage = bool(_field(options, "include_usage", bool, "stream_options.include_usage"))
@@ -269,7 +267,8 @@ def _param_named_in(message: str) -> str | None:
     word = message.split(" ", 1)[0]
     if word.startswith("response_format."):
         return "response_format"
-    return word if word in _PARAMS or word.startswith(("messages[", "tokens[", "stop[")) \
+    return word if word in _PARAMS or word.startswith(("messages[", "tokens[", "stop[",
+                                                        "logit_bias[")) \
         else None
 
 

@@ -234,7 +234,7 @@ Request = (GenerateRequest | CancelRequest | PriorityRequest | ConfigureRequest 
 
 _SAMPLER_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "frequency_penalty",
-    "presence_penalty", "penalty_last_n", "seed",
+    "presence_penalty", "penalty_last_n", "seed", "logit_bias",
 )
 _PROMPT_FIELDS = ("prompt", "messages", "tokens")
 _FIELDS = {
