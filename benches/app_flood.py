@@ -25,14 +25,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from llama_tools import ensure_tools  # noqa: E402
 from servers import (  # noqa: E402
     Server,
+    add_fair_sides_arg,
     add_server_args,
-    llama_server,
+    fair_sides,
     medians,
     run_sides,
-    uma_server,
 )
 from streams import Stream, sse_completion  # noqa: E402
 from uma import synth  # noqa: E402
@@ -83,22 +82,12 @@ def main() -> int:
     ap.add_argument("--flood-tokens", type=int, default=256)
     ap.add_argument("--question-tokens", type=int, default=64)
     ap.add_argument("--delay-s", type=float, default=0.5, help="B's question after A's flood")
-    ap.add_argument("--sides", nargs="+", default=["uma", "uma, fair share off", "llama-server"],
-                    help="which of the sides to run")
+    add_fair_sides_arg(ap)
     ap.add_argument("--repeat", type=int, default=1, help="runs a side, alternating order")
     ap.add_argument("--out", type=Path, default=None)
     ns = ap.parse_args()
     path = Path(ns.model) if Path(ns.model).exists() else synth.cached_model(ns.model)
-    tool = ensure_tools(ns.backend)["llama-server"]
-    common = {"threads": ns.threads, "ctx": SLOTS * 1024, "parallel": SLOTS,
-              "gpu_layers": ns.gpu_layers}
-    sides = {
-        "uma": lambda: uma_server(path, **common),
-        "uma, fair share off": lambda: uma_server(path, args=("--no-fair-share",), **common),
-        "llama-server": lambda: llama_server(tool, path, args=("-kvu",), **common),
-    }
-    sides = {name: side for name, side in sides.items() if name in ns.sides}
-    runs = run_sides(sides, ns.repeat, lambda server: flood(server, ns))
+    runs = run_sides(fair_sides(ns, path, SLOTS), ns.repeat, lambda server: flood(server, ns))
     report: dict = {"model": str(path), "threads": ns.threads, "flood": ns.flood,
                     "flood_tokens": ns.flood_tokens, "question_tokens": ns.question_tokens,
                     "delay_s": ns.delay_s, "runs": runs}

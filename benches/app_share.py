@@ -28,14 +28,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from llama_tools import ensure_tools  # noqa: E402
 from servers import (  # noqa: E402
     Server,
+    add_fair_sides_arg,
     add_server_args,
-    llama_server,
+    fair_sides,
     medians,
     run_sides,
-    uma_server,
 )
 from streams import long_prompt, sse_completion  # noqa: E402
 from uma import synth  # noqa: E402
@@ -136,24 +135,15 @@ def main() -> int:
                     help="samples left out of the spread while both apps fill the slots")
     ap.add_argument("--sample-s", type=float, default=0.25)
     ap.add_argument("--quantum-ms", type=float, default=None, help="UMA's fair_quantum_ms")
-    ap.add_argument("--sides", nargs="+", default=["uma", "uma, fair share off", "llama-server"],
-                    help="which of the sides to run")
+    add_fair_sides_arg(ap)
     ap.add_argument("--repeat", type=int, default=1, help="runs a side, alternating order")
     ap.add_argument("--out", type=Path, default=None)
     ns = ap.parse_args()
     path = Path(ns.model) if Path(ns.model).exists() else synth.cached_model(ns.model)
-    tool = ensure_tools(ns.backend)["llama-server"]
     prompts = [long_prompt(path, ns.long_prompt_tokens, salt=k) for k in range(64)]
-    common = {"threads": ns.threads, "ctx": SLOTS * 1024, "parallel": SLOTS,
-              "gpu_layers": ns.gpu_layers}
     quantum = () if ns.quantum_ms is None else ("--fair-quantum-ms", str(ns.quantum_ms))
-    sides = {
-        "uma": lambda: uma_server(path, args=quantum, **common),
-        "uma, fair share off": lambda: uma_server(path, args=("--no-fair-share",), **common),
-        "llama-server": lambda: llama_server(tool, path, args=("-kvu",), **common),
-    }
-    sides = {name: side for name, side in sides.items() if name in ns.sides}
-    runs = run_sides(sides, ns.repeat, lambda server: Load(server, ns, prompts).run())
+    runs = run_sides(fair_sides(ns, path, SLOTS, quantum), ns.repeat,
+                     lambda server: Load(server, ns, prompts).run())
     report: dict = {"model": str(path), "threads": ns.threads, "args": vars(ns) | {
         "model": str(ns.model), "out": str(ns.out)}, "runs": runs}
     for name, med in medians(runs).items():

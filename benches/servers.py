@@ -149,3 +149,29 @@ def medians(runs: dict[str, list[dict]]) -> dict[str, dict[str, float]]:
 
 def _row(row: dict[str, float]) -> str:
     return "  ".join(f"{k} {v:.4g}" for k, v in row.items())
+
+
+FAIR_SIDES = ("uma", "uma, fair share off", "llama-server")
+
+
+def add_fair_sides_arg(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--sides", nargs="+", default=list(FAIR_SIDES), choices=FAIR_SIDES,
+                    help="which of the sides to run")
+
+
+def fair_sides(ns: argparse.Namespace, model: Path, slots: int, uma_args: tuple[str, ...] = ()
+               ) -> dict[str, Callable[[], AbstractContextManager[Server]]]:
+    """The fair-share benchmarks' sides that ns.sides names: UMA Serve (with uma_args), UMA
+    without fair share, and llama-server with one KV buffer, each with `slots` slots."""
+    common = {"threads": ns.threads, "ctx": slots * 1024, "parallel": slots,
+              "gpu_layers": ns.gpu_layers}
+    sides: dict[str, Callable[[], AbstractContextManager[Server]]] = {
+        "uma": lambda: uma_server(model, args=uma_args, **common),
+        "uma, fair share off": lambda: uma_server(model, args=("--no-fair-share",), **common),
+    }
+    if "llama-server" in ns.sides:
+        from llama_tools import ensure_tools
+
+        tool = ensure_tools(ns.backend)["llama-server"]
+        sides["llama-server"] = lambda: llama_server(tool, model, args=("-kvu",), **common)
+    return {name: side for name, side in sides.items() if name in ns.sides}

@@ -23,7 +23,12 @@ import os
 import numpy as np
 
 from uma import errors
-from uma.config import GREEDY_BELOW as _GREEDY_BELOW, check_logit_bias, check_sampling
+from uma.config import (
+    GREEDY_BELOW as _GREEDY_BELOW,
+    check_logit_bias,
+    check_masks,
+    check_sampling,
+)
 
 cdef extern from *:
     """
@@ -1293,18 +1298,7 @@ cdef class Sampler:
 
     def _masks(self, masks, mask_index, Py_ssize_t n):
         """Checked token masks for n rows: (uint32 (k, words), int32 (n,)), or (None, None)."""
-        if masks is None and mask_index is None:
-            return None, None
-        words = (self._check().n_vocab() + 31) // 32
-        m = np.ascontiguousarray(masks, dtype=np.uint32)
-        i = np.ascontiguousarray(mask_index, dtype=np.int32)
-        if m.ndim != 2 or m.shape[1] != words:
-            raise errors.InvalidRequestError(f"masks must have shape (k, {words})")
-        if i.shape != (n,):
-            raise errors.InvalidRequestError("mask_index must hold one entry per row")
-        if i.size and (i.max() >= m.shape[0] or i.min() < -1):
-            raise errors.InvalidRequestError(f"mask_index must be in [-1, {m.shape[0]})")
-        return m, i
+        return check_masks(masks, mask_index, n, self._check().n_vocab())
 
     cdef SampleJob _job(self, size_t data, r, s, tokens, lp, masks=None, mask_index=None):
         cdef SampleJob job

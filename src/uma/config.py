@@ -84,6 +84,27 @@ def check_sampling(
         raise InvalidRequestError(f"seed must be in [0, 2**64), not {seed}")
 
 
+def check_masks(masks: object, mask_index: object, n_rows: int, n_vocab: int
+                ) -> tuple[Any, Any]:
+    """Token masks for n_rows logits rows as a sampler takes them (constrained decoding):
+    (uint32 (k, ceil(n_vocab / 32)), int32 (n_rows,), -1 for an unconstrained row), or
+    (None, None) when none are given. InvalidRequestError naming a bad shape or index."""
+    if masks is None and mask_index is None:
+        return None, None
+    import numpy as np  # here: the settings load without numpy (`uma --help`)
+
+    words = (n_vocab + 31) // 32
+    m = np.ascontiguousarray(masks, dtype=np.uint32)
+    i = np.ascontiguousarray(mask_index, dtype=np.int32)
+    if m.ndim != 2 or m.shape[1] != words:
+        raise InvalidRequestError(f"masks must have shape (k, {words})")
+    if i.shape != (n_rows,):
+        raise InvalidRequestError("mask_index must hold one entry per row")
+    if i.size and (i.max() >= m.shape[0] or i.min() < -1):
+        raise InvalidRequestError(f"mask_index must be in [-1, {m.shape[0]})")
+    return m, i
+
+
 MAX_LOGIT_BIAS = 1024  # tokens one request may bias
 
 

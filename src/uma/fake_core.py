@@ -47,7 +47,7 @@ from collections.abc import Callable
 import numpy as np
 
 from uma import errors
-from uma.config import check_logit_bias, check_sampling
+from uma.config import check_logit_bias, check_masks, check_sampling
 
 __all__ = [
     "BOS", "EOG_AFTER", "EOS", "N_VOCAB", "TRIGGER", "Batch", "Context", "Model", "Sampler",
@@ -1027,17 +1027,9 @@ class Sampler:
     def _masks(self, masks, mask_index, n: int) -> list[np.ndarray | None]:
         """Each row's mask as a boolean array over the vocabulary (None: unconstrained),
         checked as the real core checks them."""
-        if masks is None and mask_index is None:
+        m, i = check_masks(masks, mask_index, n, self._n_vocab)
+        if m is None or i is None:
             return [None] * n
-        words = (self._n_vocab + 31) // 32
-        m = np.ascontiguousarray(masks, dtype=np.uint32)
-        i = np.ascontiguousarray(mask_index, dtype=np.int32)
-        if m.ndim != 2 or m.shape[1] != words:
-            raise errors.InvalidRequestError(f"masks must have shape (k, {words})")
-        if i.shape != (n,):
-            raise errors.InvalidRequestError("mask_index must hold one entry per row")
-        if i.size and (i.max() >= m.shape[0] or i.min() < -1):
-            raise errors.InvalidRequestError(f"mask_index must be in [-1, {m.shape[0]})")
         bits = np.unpackbits(m.view(np.uint8), axis=1, bitorder="little")[:, :self._n_vocab]
         return [None if k < 0 else bits[k].astype(bool) for k in i.tolist()]
 
