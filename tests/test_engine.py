@@ -344,3 +344,27 @@ def test_tokenize_and_detokenize(engine):
         engine.detokenize([engine.model.n_vocab])
     with pytest.raises(InvalidRequestError):
         engine.tokenize(b"bytes")
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_top_logprobs_are_sorted_and_agree_with_the_sampled_token(engine, temperature):
+    handle = engine.submit(PROMPTS[1], max_tokens=8, ignore_eos=True, top_logprobs=5,
+                           temperature=temperature, seed=11)
+    streamed = [step for event in handle for step in event.top_logprobs or ()]
+    r = handle.result(timeout=60)
+    assert r.logprobs is not None and r.top_logprobs is not None  # top implies logprobs
+    assert tuple(streamed) == r.top_logprobs and len(r.top_logprobs) == 8
+    for token, lp, top in zip(r.token_ids, r.logprobs, r.top_logprobs, strict=True):
+        ids, lps = zip(*top, strict=True)
+        assert len(top) == 5 and list(lps) == sorted(lps, reverse=True)
+        if temperature == 0:
+            assert ids[0] == token
+        if token in ids:
+            assert lps[ids.index(token)] == pytest.approx(lp, abs=1e-5)
+        else:  # sampled from below the five most probable
+            assert lp <= lps[-1]
+
+
+def test_top_logprobs_outside_0_to_20_are_refused(engine):
+    with pytest.raises(InvalidRequestError, match="top_logprobs must be in"):
+        engine.submit("x", top_logprobs=21)

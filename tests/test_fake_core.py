@@ -13,6 +13,7 @@ import pytest
 
 import uma
 import uma.testing
+from uma import _core
 from uma.errors import (
     BatchFullError,
     ClosedError,
@@ -114,7 +115,7 @@ def test_it_has_the_real_cores_surface_with_the_same_parameters():
     kinds and defaults. The fake may have more: its test hooks."""
     model = fc.Model("x")
     instances = {"Model": model, "Batch": fc.Batch(1), "Context": fc.Context(model),
-                 "Sampler": fc.Sampler(1, fc.N_VOCAB)}
+                 "Sampler": fc.Sampler(1, fc.N_VOCAB), "Embedder": fc.Embedder(model)}
     problems = []
 
     def compare(where: str, stub: ast.FunctionDef, func, method: bool, defaults: bool):
@@ -378,6 +379,19 @@ def test_sampling_is_greedy_at_zero_and_repeats_per_seed_above(model):
         with pytest.raises(ClosedError):
             sampler.sample(ctx, [0], [0])
         batch.close()
+
+
+def test_top_logprobs_match_the_real_sampler(model):
+    rows = np.random.default_rng(3).normal(size=(3, model.n_vocab)).astype(np.float32)
+    rows[2] = 0.0  # ties go by token id
+    real = _core.Sampler(1, model.n_vocab)
+    try:
+        want_ids, want_lps = real.top_logprobs_array(rows, 7)
+    finally:
+        real.close()
+    ids, lps = fc.Sampler(1, model.n_vocab).top_logprobs_array(rows, 7)
+    assert ids.tolist() == want_ids.tolist()
+    np.testing.assert_allclose(lps, want_lps, atol=1e-5)
 
 
 def test_eos_comes_eog_after_tokens_after_the_trigger_word_and_never_otherwise(model):

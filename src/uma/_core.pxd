@@ -51,6 +51,8 @@ cdef extern from "sampler.hpp" namespace "uma" nogil:
         cbool busy()
         int32_t candidates(int32_t slot, const float * row, int32_t * out_ids,
                            float * out_probs) except +
+        void top_logprobs(const float * logits, const int32_t * rows, int32_t n, int32_t k,
+                          int32_t * out_ids, float * out_logprobs) except +
 
 
 cdef class Model:
@@ -102,6 +104,18 @@ cdef class Context:
     cdef int _validate(self, Batch batch) except -1
     cdef const float * _logits(self) except NULL
     cdef void _drop_chain(self, int seq_id) noexcept
+
+
+cdef class Embedder:
+    cdef llama_context * _ctx
+    cdef llama_batch _batch
+    cdef readonly Model model
+    cdef readonly int n_ctx
+    cdef readonly int n_seq_max
+    cdef readonly int n_embd
+    cdef readonly str pooling
+
+    cdef void _free(self) noexcept
 
 
 cdef class Sampler:

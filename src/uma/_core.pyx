@@ -25,10 +25,12 @@ import numpy as np
 from uma import errors
 from uma.config import (
     GREEDY_BELOW as _GREEDY_BELOW,
+    MAX_TOP_LOGPROBS as _MAX_TOP_LOGPROBS,
     check_logit_bias,
     check_masks,
     check_sampling,
 )
+from uma.embeddings import decode_end as _decode_end
 
 cdef extern from *:
     """
@@ -1179,6 +1181,160 @@ def default_threads():
     return max(1, min(n, 16))
 
 
+# --- Embedder ----------------------------------------------------------------------------------
+
+_POOLING = {"mean": L.LLAMA_POOLING_TYPE_MEAN, "cls": L.LLAMA_POOLING_TYPE_CLS,
+            "last": L.LLAMA_POOLING_TYPE_LAST}
+_POOLING_NAMES = {int(v): k for k, v in _POOLING.items()}
+
+
+cdef L.llama_context * _embeddings_context(Model model,
+                                           L.llama_context_params params) except NULL:
+    cdef L.llama_context * ctx
+    log_clear_problem()
+    with nogil:
+        ctx = L.llama_init_from_model(model._model, params)
+    if ctx == NULL:
+        raise errors.UmaError(
+            f"llama.cpp could not create the embeddings context: {_last_problem()}")
+    return ctx
+
+
+@cython.no_gc_clear
+cdef class Embedder:
+    """A second llama.cpp context over a Model, in embeddings mode: each input's hidden states
+    pooled into one vector (llama.cpp's pooling: mean, cls or last).
+
+    n_ctx: the most tokens of one decode, and so of one input (a sequence's pooled vector comes
+    from one physical batch). pooling 'auto' is the model's own (its GGUF's pooling_type),
+    else 'mean'. Inputs share decodes, up to n_seq_max of them. The weights are the Model's:
+    the context adds only its KV cache and compute buffers. Not thread-safe.
+    """
+
+    def __cinit__(self, Model model not None, *, int n_ctx=2048, str pooling="auto",
+                  int n_seq_max=8, n_threads=None):
+        self._ctx = NULL
+        model._check_open()
+        if model.vocab_only:
+            raise errors.InvalidRequestError("a vocab-only model cannot run: load its weights")
+        if n_ctx <= 0:
+            raise errors.InvalidRequestError(f"n_ctx must be positive, not {n_ctx}")
+        if pooling != "auto" and pooling not in _POOLING:
+            raise errors.InvalidRequestError(
+                f"pooling must be 'auto', 'mean', 'cls' or 'last', not {pooling!r}")
+        max_seq = L.llama_max_parallel_sequences()
+        if not 0 < n_seq_max <= max_seq:
+            raise errors.InvalidRequestError(f"n_seq_max must be in [1, {max_seq}]")
+        threads = n_threads if n_threads is not None else default_threads()
+        if threads <= 0:
+            raise errors.InvalidRequestError("thread counts must be positive")
+        cdef L.llama_context_params params = L.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = n_ctx
+        params.n_ubatch = n_ctx
+        params.n_seq_max = n_seq_max
+        params.kv_unified = True
+        params.n_threads = threads
+        params.n_threads_batch = threads
+        params.no_perf = True
+        params.embeddings = True
+        params.pooling_type = L.LLAMA_POOLING_TYPE_UNSPECIFIED if pooling == "auto" \
+            else _POOLING[pooling]
+        self._ctx = _embeddings_context(model, params)
+        cdef int kind = L.llama_context_pooling(self._ctx)
+        if kind not in _POOLING_NAMES:
+            # a generative model declares none (or a reranker's 'rank'): mean pooling
+            L.llama_free(self._ctx)
+            self._ctx = NULL
+            params.pooling_type = L.LLAMA_POOLING_TYPE_MEAN
+            self._ctx = _embeddings_context(model, params)
+            kind = L.llama_context_pooling(self._ctx)
+        self._batch = L.llama_batch_init(n_ctx, 0, 1)
+        if self._batch.token == NULL:
+            self._free()
+            raise MemoryError()
+        self.model = model
+        model._n_contexts += 1
+        _live["context"] += 1
+        self.n_ctx = n_ctx
+        self.n_seq_max = n_seq_max
+        self.n_embd = L.llama_model_n_embd_out(model._model)
+        self.pooling = _POOLING_NAMES[kind]
+
+    def __dealloc__(self):
+        self._free()
+
+    cdef void _free(self) noexcept:
+        if self._batch.token != NULL:
+            L.llama_batch_free(self._batch)
+            self._batch.token = NULL
+        if self._ctx != NULL:
+            L.llama_free(self._ctx)
+            self._ctx = NULL
+            if self.model is not None:
+                _live["context"] -= 1
+                self.model._release_context()
+
+    def close(self):
+        """Frees the context now. Idempotent."""
+        self._free()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def embed(self, inputs):
+        """The pooled vector of each input (a sequence of token ids, 1 to n_ctx of them), as
+        float32 rows (len(inputs), n_embd), not normalised. Inputs are packed into decodes of
+        at most n_ctx tokens and n_seq_max inputs; the GIL is released around each."""
+        if self._ctx == NULL:
+            raise errors.ClosedError("embedder is closed")
+        arrays = [self.model._token_array(t) for t in inputs]
+        for i, a in enumerate(arrays):
+            if not 0 < a.size <= self.n_ctx:
+                raise errors.InvalidRequestError(
+                    f"input {i} has {a.size} tokens; an input takes 1 to {self.n_ctx}")
+        out = np.empty((len(arrays), self.n_embd), dtype=np.float32)
+        cdef float[:, ::1] ov = out
+        cdef int32_t[::1] tv
+        cdef int first = 0, last, k, j, n, pos, rc
+        cdef const float * vec
+        cdef L.llama_memory_t mem = L.llama_get_memory(self._ctx)
+        lengths = [a.size for a in arrays]
+        while first < len(arrays):
+            last = _decode_end(lengths, first, self.n_ctx, self.n_seq_max)
+            n = 0
+            for k in range(last - first):
+                tv = arrays[first + k]
+                for pos in range(tv.shape[0]):
+                    self._batch.token[n] = tv[pos]
+                    self._batch.pos[n] = pos
+                    self._batch.n_seq_id[n] = 1
+                    self._batch.seq_id[n][0] = k
+                    self._batch.logits[n] = True  # pooling reads every token's state
+                    n += 1
+            self._batch.n_tokens = n
+            log_clear_problem()
+            with nogil:
+                rc = L.llama_decode(self._ctx, self._batch)
+            if rc != 0:
+                L.llama_memory_clear(mem, True)
+                raise errors.DecodeError(
+                    f"the embeddings decode failed ({rc}): {_last_problem()}")
+            for k in range(last - first):
+                vec = L.llama_get_embeddings_seq(self._ctx, k)
+                if vec == NULL:
+                    L.llama_memory_clear(mem, True)
+                    raise errors.UmaError("llama.cpp returned no pooled embedding")
+                for j in range(self.n_embd):
+                    ov[first + k, j] = vec[j]
+            L.llama_memory_clear(mem, True)
+            first = last
+        return out
+
+
 # --- Sampler -----------------------------------------------------------------------------------
 
 @cython.no_gc_clear
@@ -1395,6 +1551,43 @@ cdef class Sampler:
         with nogil:
             self._native.sample(job)
         return (tokens, lp) if logprobs else tokens
+
+    def top_logprobs(self, Context ctx not None, rows, int k):
+        """The k most probable tokens of logits rows `rows` of ctx's last decode by the model's
+        own distribution (log softmax of the raw logits, before any option or mask of the
+        sampler), most probable first: (ids int32 (n, k), logprobs float32 (n, k)). k in
+        [1, 20]; GIL released."""
+        if not 1 <= k <= _MAX_TOP_LOGPROBS:
+            raise errors.InvalidRequestError(f"k must be in [1, {_MAX_TOP_LOGPROBS}], not {k}")
+        r, _, _, _, data = self._prepare(ctx, rows, np.zeros(len(rows), np.int32), False)
+        return self._top(data, r, k)
+
+    def top_logprobs_array(self, logits, int k):
+        """top_logprobs() of each row of a float32 array (rows, n_vocab)."""
+        if not 1 <= k <= _MAX_TOP_LOGPROBS:
+            raise errors.InvalidRequestError(f"k must be in [1, {_MAX_TOP_LOGPROBS}], not {k}")
+        arr = np.ascontiguousarray(logits, dtype=np.float32)
+        if arr.ndim != 2 or arr.shape[1] != self._check().n_vocab():
+            raise errors.InvalidRequestError(
+                f"logits must have shape (rows, {self._native.n_vocab()})")
+        cdef float[:, ::1] view = arr
+        cdef size_t data = <size_t>&view[0, 0] if arr.shape[0] else 0
+        return self._top(data, np.arange(arr.shape[0], dtype=np.int32), k)
+
+    def _top(self, size_t data, r, int k):
+        k = min(k, self._native.n_vocab())
+        ids = np.empty((r.size, k), dtype=np.int32)
+        lps = np.empty((r.size, k), dtype=np.float32)
+        if not r.size:
+            return ids, lps
+        cdef int32_t[::1] rv = r
+        cdef int32_t[:, ::1] iv = ids
+        cdef float[:, ::1] lv = lps
+        cdef const float * logits = <const float *>data
+        cdef int32_t n = <int32_t>r.size
+        with nogil:
+            self._native.top_logprobs(logits, &rv[0], n, k, &iv[0, 0], &lv[0, 0])
+        return ids, lps
 
     def candidates(self, int slot, row):
         """The token ids that survive the slot's filters for this logits row, most probable

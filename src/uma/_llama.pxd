@@ -47,6 +47,14 @@ cdef extern from "llama.h" nogil:
         LLAMA_FLASH_ATTN_TYPE_DISABLED
         LLAMA_FLASH_ATTN_TYPE_ENABLED
 
+    enum llama_pooling_type:
+        LLAMA_POOLING_TYPE_UNSPECIFIED
+        LLAMA_POOLING_TYPE_NONE
+        LLAMA_POOLING_TYPE_MEAN
+        LLAMA_POOLING_TYPE_CLS
+        LLAMA_POOLING_TYPE_LAST
+        LLAMA_POOLING_TYPE_RANK
+
     struct llama_model_params:
         int32_t n_gpu_layers
         llama_progress_callback progress_callback
@@ -66,6 +74,7 @@ cdef extern from "llama.h" nogil:
         ggml_type type_v
         ggml_abort_callback abort_callback
         void * abort_callback_data
+        llama_pooling_type pooling_type
         bint embeddings
         bint offload_kqv
         bint no_perf
@@ -134,6 +143,7 @@ cdef extern from "llama.h" nogil:
     const llama_vocab * llama_model_get_vocab(const llama_model * model)
     int32_t llama_model_n_ctx_train(const llama_model * model)
     int32_t llama_model_n_embd(const llama_model * model)
+    int32_t llama_model_n_embd_out(const llama_model * model)
     int32_t llama_model_n_layer(const llama_model * model)
     int32_t llama_model_n_head(const llama_model * model)
     int32_t llama_model_n_head_kv(const llama_model * model)
@@ -182,6 +192,8 @@ cdef extern from "llama.h" nogil:
     llama_batch llama_batch_init(int32_t n_tokens, int32_t embd, int32_t n_seq_max)
     void llama_batch_free(llama_batch batch)
     int32_t llama_decode(llama_context * ctx, llama_batch batch)
+    int llama_context_pooling "llama_pooling_type"(const llama_context * ctx)
+    float * llama_get_embeddings_seq(llama_context * ctx, llama_seq_id seq_id)
     void llama_synchronize(llama_context * ctx)
     llama_token llama_get_sampled_token_ith(llama_context * ctx, int32_t i)
     float * llama_get_logits(llama_context * ctx)

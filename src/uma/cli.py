@@ -138,6 +138,8 @@ def run(
     app_weights: str | None = _opt("app_weights"),
     fair_quantum_ms: float | None = _opt("fair_quantum_ms"),
     app_latency_caps: str | None = _opt("app_latency_caps"),
+    embedding_ctx: int | None = _opt("embedding_ctx"),
+    pooling: str | None = _opt("pooling"),
     policy: str | None = _opt("policy"),
     tick_ms: float | None = _opt("tick_ms"),
     latency_cap: float | None = _opt("latency_cap"),

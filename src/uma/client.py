@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 
 from uma.config import SamplingParams, default_socket_path
+from uma.embeddings import Embeddings
 from uma.errors import ClosedError, InvalidRequestError, UmaError
-from uma.handle import Result, Timings, TokenEvent, Usage
+from uma.handle import Result, Timings, TokenEvent, TopLogprobs, Usage
 from uma.priority import Priority
 from uma.server.framing import FrameDecoder, FrameError, encode
 from uma.server.protocol import MAX_ID_CHARS, ProtocolError, parse_event
@@ -95,6 +96,18 @@ def generate_request(request_id: str, prompt, params: SamplingParams | None = No
     return msg
 
 
+def embed_request(request_id: str, inputs: str | Sequence, normalize: bool = True) -> dict:
+    """The embed request map: inputs as OpenAI's input forms (numpy arrays become lists)."""
+    if isinstance(inputs, np.ndarray):
+        inputs = inputs.tolist()
+    elif not isinstance(inputs, str):
+        inputs = [x.tolist() if isinstance(x, np.ndarray) else x for x in inputs]
+    msg: dict = {"type": "embed", "id": request_id, "input": inputs}
+    if not normalize:
+        msg["normalize"] = False
+    return msg
+
+
 def configure_request(priority: str | Priority) -> dict:
     """The configure map: the connection's default class for requests that name none."""
     return {"type": "configure", "priority": Priority.parse(priority).value}
@@ -125,6 +138,7 @@ class _Stream:
         self._texts: list[str] = []
         self._token_ids: list[int] = []
         self._logprobs: list[float] | None = None
+        self._top: list[TopLogprobs] | None = None
         self._result: Result | None = None
         self._answer: dict | None = None
         self._error: UmaError | None = None
@@ -144,15 +158,20 @@ class _Stream:
         try:
             kind = msg["event"]
             if kind == "token":
-                logprobs = msg.get("logprobs")
+                logprobs, top = msg.get("logprobs"), msg.get("top_logprobs")
                 event = TokenEvent(msg["text"], tuple(msg["token_ids"]),
-                                   None if logprobs is None else tuple(logprobs))
+                                   None if logprobs is None else tuple(logprobs),
+                                   None if top is None else _top_logprobs(top))
                 self._texts.append(event.text)
                 self._token_ids.extend(event.token_ids)
                 if event.logprobs is not None:
                     if self._logprobs is None:
                         self._logprobs = []
                     self._logprobs.extend(event.logprobs)
+                if event.top_logprobs is not None:
+                    if self._top is None:
+                        self._top = []
+                    self._top.extend(event.top_logprobs)
                 self._push(event)
             elif kind == "eos":
                 self._result = self._build_result(msg)
@@ -181,7 +200,8 @@ class _Stream:
                 queue_ms=_number(timings, "queue_ms"), ttft_ms=_number(timings, "ttft_ms"),
                 total_ms=_number(timings, "total_ms"),
                 token_ms=tuple(timings.get("token_ms") or ())),
-            logprobs=None if self._logprobs is None else tuple(self._logprobs),
+            logprobs=_first_of(eos.get("logprobs"), self._logprobs, tuple),
+            top_logprobs=_first_of(eos.get("top_logprobs"), self._top, _top_logprobs),
             tool_calls=tuple(ToolCall(str(c["name"]), str(c["arguments"]), str(c["id"]))
                              for c in eos.get("tool_calls") or ()),
             content=eos.get("content"))
@@ -204,10 +224,28 @@ class _Stream:
             raise ConnectionLost(f"the daemon did not answer a {kind} request with a {kind} event")
         return self._answer[kind]
 
+    def _embeddings(self) -> Embeddings:
+        vectors = self._reply("embeddings")
+        return Embeddings(np.asarray(vectors, dtype=np.float32),
+                          int(self._answer["usage"]["prompt_tokens"]),  # type: ignore[index]
+                          str(self._answer["pooling"]))  # type: ignore[index]
+
 
 def _number(timings: dict, key: str) -> float:
     value = timings.get(key)
     return _NAN if value is None else float(value)
+
+
+def _top_logprobs(steps: list) -> tuple[TopLogprobs, ...]:
+    """[[[id, logprob], ...], ...] off the wire as TopLogprobs, one per token."""
+    return tuple(tuple((int(t), float(lp)) for t, lp in step) for step in steps)
+
+
+def _first_of(sent: list | None, streamed: list | None, convert):
+    """What the eos event carries (a stream=false request's), else what the stream had."""
+    if sent is not None:
+        return convert(sent)
+    return None if streamed is None else convert(streamed)
 
 
 class DaemonNotRunning(ConnectionLost):
@@ -386,6 +424,15 @@ class Client(_Demux):
     def detokenize(self, tokens: Sequence[int]) -> str:
         """Token ids to text with the daemon's model."""
         return str(self._ask("detokenize", "text", tokens=[int(t) for t in tokens]))
+
+    def embed(self, inputs: str | Sequence, *, normalize: bool = True) -> Embeddings:
+        """Each input (a text or token ids; one or a list) pooled into one vector by the
+        daemon's model (uma.embeddings)."""
+        with self._send_lock:
+            rid = self._new_id(None)
+            waiter = self._start(ClientStream(self, rid), embed_request(rid, inputs, normalize))
+        self._wait(lambda: waiter.done)
+        return waiter._embeddings()
 
     def health(self) -> dict:
         """Whether the daemon is up and what it serves."""
@@ -610,6 +657,14 @@ class AsyncClient(_Demux):
     async def detokenize(self, tokens: Sequence[int]) -> str:
         """Token ids to text with the daemon's model."""
         return str(await self._ask("detokenize", "text", tokens=[int(t) for t in tokens]))
+
+    async def embed(self, inputs: str | Sequence, *, normalize: bool = True) -> Embeddings:
+        """Client.embed, awaited."""
+        rid = self._new_id(None)
+        stream = await self._start(AsyncClientStream(self, rid),
+                                   embed_request(rid, inputs, normalize))
+        await stream._finished.wait()
+        return stream._embeddings()
 
     async def metrics(self) -> dict:
         """The daemon's metrics snapshot."""

@@ -106,6 +106,7 @@ def check_masks(masks: object, mask_index: object, n_rows: int, n_vocab: int
 
 
 MAX_LOGIT_BIAS = 1024  # tokens one request may bias
+MAX_TOP_LOGPROBS = 20  # most probable tokens reported beside each sampled one (OpenAI's cap)
 
 
 def check_logit_bias(value: object, n_vocab: int | None = None
@@ -151,6 +152,9 @@ class SamplingParams:
     stop: tuple[str, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
     logprobs: bool = False
+    # also the log-probabilities of the most probable tokens at each step, up to
+    # MAX_TOP_LOGPROBS (OpenAI's top_logprobs); more than 0 implies logprobs
+    top_logprobs: int = 0
     cache_prompt: bool = True  # reuse a cached prefix of the prompt (llama-server's name)
     # added to these tokens' logits (OpenAI's): (token, bias) pairs, or a map when given
     logit_bias: tuple[tuple[int, float], ...] = ()
@@ -169,6 +173,11 @@ class SamplingParams:
         for name in ("ignore_eos", "logprobs", "cache_prompt"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidRequestError(f"{name} must be a boolean")
+        if not 0 <= _integer("top_logprobs", self.top_logprobs) <= MAX_TOP_LOGPROBS:
+            raise InvalidRequestError(
+                f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], not {self.top_logprobs}")
+        if self.top_logprobs:
+            object.__setattr__(self, "logprobs", True)
 
     @property
     def device_capable(self) -> bool:
@@ -214,6 +223,7 @@ _SAMPLER_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty",
                     "frequency_penalty", "presence_penalty", "penalty_last_n", "seed")
 
 
+EMBEDDING_POOLING = ("auto", "mean", "cls", "last")
 _KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
 
 
@@ -267,11 +277,16 @@ class EngineConfig:
     # slo: each app's own latency_cap, as (name, cap) pairs or a dict (others: latency_cap);
     # the latency guard holds a tick to the lowest cap among the apps decoding in it
     app_latency_caps: tuple[tuple[str, float], ...] = ()
+    # embeddings (Engine.embed): the most tokens of one input, and so of the second context
+    # that pools them (made at the first request); and how it pools: the model's own ('auto',
+    # else mean), 'mean', 'cls' or 'last'
+    embedding_ctx: int = 2048
+    embedding_pooling: str = "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
             raise InvalidRequestError("model must be a path to a GGUF file")
-        for name in ("n_ctx", "n_seq_max", "n_batch", "max_queue"):
+        for name in ("n_ctx", "n_seq_max", "n_batch", "max_queue", "embedding_ctx"):
             if not 1 <= _integer(name, getattr(self, name)) < _INT32_LIMIT:  # C ints
                 raise InvalidRequestError(
                     f"{name} must be in [1, 2**31), not {getattr(self, name)}")
@@ -290,6 +305,10 @@ class EngineConfig:
             if getattr(self, name) not in _KV_TYPES:
                 raise InvalidRequestError(
                     f"{name} must be one of {', '.join(_KV_TYPES)}, not {getattr(self, name)!r}")
+        if self.embedding_pooling not in EMBEDDING_POOLING:
+            raise InvalidRequestError(f"embedding_pooling must be one of "
+                                      f"{', '.join(EMBEDDING_POOLING)}, not "
+                                      f"{self.embedding_pooling!r}")
         if self.flash_attn not in ("auto", "on", "off"):
             raise InvalidRequestError(
                 f"flash_attn must be 'auto', 'on' or 'off', not {self.flash_attn!r}")

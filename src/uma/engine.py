@@ -9,6 +9,7 @@ Apps embed it directly; the daemon wraps it. Three kinds of threads meet here:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -19,6 +20,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from types import ModuleType
 from typing import Any, cast
 
@@ -29,6 +31,7 @@ from uma import templates
 from uma import tools as uma_tools
 from uma.app import DEFAULT_APP, app_name, app_weight
 from uma.config import EngineConfig, SamplingParams, check_logit_bias
+from uma.embeddings import EmbeddingJob, Embeddings, inputs_of
 from uma.errors import (
     ClosedError,
     ContextOverflowError,
@@ -103,6 +106,11 @@ class Engine:
         self._closed = False
         self._cond = threading.Condition()
         self._inbox: list[Request] = []
+        self._core = core
+        # embeddings requests, run a decode at a time between ticks (uma.embeddings), by an
+        # embeddings context made at the first
+        self._jobs: collections.deque[EmbeddingJob] = collections.deque()
+        self._embedder: Any = None
         self._submitting = 0  # callers tokenizing right now (they use the model)
         self._reprioritize: list[tuple[Request, Priority]] = []
         self._closing: str | None = None  # None, "drain" or "cancel"
@@ -286,6 +294,37 @@ class Engine:
                                          parse_special=parse_special)
         return [int(t) for t in tokens]
 
+    def submit_embeddings(self, inputs: object, *, normalize: bool = True
+                          ) -> Future[Embeddings]:
+        """Queues inputs (a text, token ids, or a list of either; OpenAI's forms) to be pooled
+        into one vector each (uma.embeddings); the future gets the Embeddings. Each input is
+        tokenised as a prompt and must hold 1 to embedding_ctx tokens."""
+        if not isinstance(normalize, bool):
+            raise InvalidRequestError("normalize must be a boolean")
+        forms = inputs_of(inputs)
+        limit = self.config.embedding_ctx
+        with self._using_model():
+            tokens = [self.model.tokenize(x) if isinstance(x, str)
+                      else self.model._token_array(x) for x in forms]
+        for i, t in enumerate(tokens):
+            if not 0 < len(t) <= limit:
+                where = "input" if len(tokens) == 1 else f"input[{i}]"
+                raise InvalidRequestError(
+                    f"{where} has {len(t)} tokens; an input takes 1 to {limit} "
+                    f"(embedding_ctx)")
+        job = EmbeddingJob([np.asarray(t, np.int32) for t in tokens], normalize)
+        with self._cond:
+            if self._closing or self._closed:
+                raise ClosedError("engine is closed")
+            self._jobs.append(job)
+            self._cond.notify()
+        return job.future
+
+    def embed(self, inputs: object, *, normalize: bool = True,
+              timeout: float | None = None) -> Embeddings:
+        """submit_embeddings(), waited for."""
+        return self.submit_embeddings(inputs, normalize=normalize).result(timeout)
+
     def detokenize(self, tokens: Sequence[int] | np.ndarray) -> str:
         """Token ids to text (special tokens as their text); InvalidTokenError for an id the
         vocabulary does not have."""
@@ -402,7 +441,7 @@ class Engine:
         while True:
             with self._cond:
                 while not (self._inbox or self._poked or self._closing or self._reprioritize
-                           or not ex.idle):
+                           or self._jobs or not ex.idle):
                     self._cond.wait()
                 inbox, self._inbox, self._poked = self._inbox, [], False
                 changes, self._reprioritize = self._reprioritize, []
@@ -413,8 +452,11 @@ class Engine:
                 ex.reprioritize(req, prio)
             if closing == "cancel":
                 ex.release_all("cancelled")
-            if closing and ex.idle:
+                self._end_jobs()
+            if closing and ex.idle and not self._jobs:
                 return
+            if self._jobs:
+                self._embed_step()
             try:
                 ex.step()
             except Exception as exc:  # noqa: BLE001 - a bug must end requests, not hang them
@@ -425,6 +467,31 @@ class Engine:
                 ex.release_all("error", UmaError(
                     f"internal error in the engine's tick, which ended every request in "
                     f"flight: {exc!r}"))
+
+    def _embed_step(self) -> None:
+        """One decode of the first embeddings request, on this thread between ticks."""
+        job = self._jobs[0]
+        try:
+            if self._embedder is None:
+                cfg = self.config
+                self._embedder = self._core.Embedder(
+                    self.model, n_ctx=cfg.embedding_ctx, pooling=cfg.embedding_pooling,
+                    n_threads=cfg.n_threads)
+                log.info("embeddings: %s pooling, inputs of up to %d tokens",
+                         self._embedder.pooling, cfg.embedding_ctx)
+            done = job.step(self._embedder)
+        except Exception as exc:  # noqa: BLE001 - this request's alone
+            job.fail(exc)
+            done = True
+        if done:
+            with self._cond:
+                self._jobs.popleft()
+
+    def _end_jobs(self) -> None:
+        with self._cond:
+            jobs, self._jobs = list(self._jobs), collections.deque()
+        for job in jobs:
+            job.fail(ClosedError("engine is closed"))
 
     # --- status and shutdown -------------------------------------------------------------------
 
@@ -477,6 +544,9 @@ class Engine:
         self._executor.close()
         with self._cond:
             self._cond.wait_for(lambda: self._submitting == 0)
+        self._end_jobs()  # queued after the compute thread's last look
+        if self._embedder is not None:
+            self._embedder.close()
         self.ctx.close()
         self.model.close()
         self._closed = True

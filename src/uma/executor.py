@@ -33,6 +33,7 @@ import numpy as np
 
 from uma.calibration import DeviceTiming
 from uma.errors import DecodeAbortedError, NoKVSlotError, UmaError
+from uma.handle import TokenLogprob, TopLogprobs
 from uma.metrics import LoadMeter, Registry
 from uma.output import END, TOKEN, Event, OutputStage
 from uma.prefix_cache import KvPrefixCache
@@ -61,6 +62,8 @@ class Ran:
     seqs: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
     tokens: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
     logprobs: np.ndarray | None = None
+    # sequence -> its step's most probable tokens, for the requests that asked (top_logprobs)
+    top: dict[int, TopLogprobs] | None = None
 
 
 class Executor:
@@ -99,6 +102,7 @@ class Executor:
         self._rows: list[tuple[Request, float]] = []  # the tick's requests and their price
         self.grammars = grammars
         self._constrained: set[int] = set()  # sequences of requests with a grammar
+        self._top_wanted: set[int] = set()  # sequences of requests with top_logprobs
         # the last decode's masks: the row in _mask_buf of each constrained sequence
         self._mask_of: dict[int, int] = {}
         self._mask_buf = np.empty((0, 0), np.int32)
@@ -215,6 +219,7 @@ class Executor:
         self._changes += 1
         if req.seq_id >= 0:
             self._constrained.discard(req.seq_id)
+            self._top_wanted.discard(req.seq_id)
             if reason != "error":
                 self._keep(req)
             self.ctx.seq_rm(req.seq_id)
@@ -362,6 +367,8 @@ class Executor:
         self.on_device[seq] = False
         if req.matcher is not None:
             self._constrained.add(seq)
+        if req.params.top_logprobs:
+            self._top_wanted.add(seq)
         if self.device_sampling and req.params.device_capable and req.matcher is None:
             self.on_device[seq] = self.ctx.set_sampler(seq, **req.params.device_options())
         else:
@@ -506,10 +513,11 @@ class Executor:
         t1 = time.perf_counter()
         if n_out == 0:  # only prompt chunks that do not end their prompt
             return Ran(plan, t1 - t0)
+        top = self._top_logprobs(self.ctx.output_seqs)
         seqs, tokens, logprobs = self._sample(self.ctx.output_seqs)
         if len(seqs) != n_out:  # some rows failed to sample: their requests have ended
             plan = dataclasses.replace(plan, items=self._live(plan.items))
-        return Ran(plan, t1 - t0, time.perf_counter() - t1, seqs, tokens, logprobs)
+        return Ran(plan, t1 - t0, time.perf_counter() - t1, seqs, tokens, logprobs, top)
 
     def _roll_back(self, items: tuple[BatchItem, ...]) -> None:
         """Removes from the cache what a failed decode of items may have kept (its first
@@ -521,6 +529,19 @@ class Executor:
 
     def _live(self, items: tuple[BatchItem, ...]) -> tuple[BatchItem, ...]:
         return tuple(i for i in items if i.seq_id in self.running)
+
+    def _top_logprobs(self, seqs: np.ndarray) -> dict[int, TopLogprobs] | None:
+        """The most probable tokens of the rows whose requests asked for them (the model's own
+        distribution, as their sampled token's log-probability)."""
+        if not self._top_wanted:
+            return None
+        rows = [(row, s) for row, s in enumerate(seqs.tolist()) if s in self._top_wanted]
+        if not rows:
+            return None
+        want = [self.running[s].params.top_logprobs for _, s in rows]
+        ids, lps = self.sampler.top_logprobs(self.ctx, [row for row, _ in rows], max(want))
+        return {s: tuple(zip(ids[i, :n].tolist(), lps[i, :n].tolist(), strict=True))
+                for i, ((_, s), n) in enumerate(zip(rows, want, strict=True))}
 
     def _sample(self, seqs: np.ndarray, logprobs: bool | None = None
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -611,6 +632,7 @@ class Executor:
         and sampled alone, halving again where a half fails; a lone item that fails ends its
         request with the error. At most 2n - 1 decodes for n items, only after a failure."""
         parts: list[tuple[tuple[BatchItem, ...], np.ndarray, np.ndarray, np.ndarray]] = []
+        top: dict[int, TopLogprobs] = {}
         todo = [(plan.items, exc)]
         while todo:
             items, error = todo.pop()
@@ -636,6 +658,7 @@ class Executor:
                     continue
                 if n_out:
                     self._fill_masks(self.ctx.output_seqs)
+                    top.update(self._top_logprobs(self.ctx.output_seqs) or {})
                     seqs, tokens, lps = self._sample(self.ctx.output_seqs, logprobs=True)
                     assert lps is not None  # asked for
                     parts.append((part, seqs, tokens, lps))
@@ -650,7 +673,7 @@ class Executor:
                    decode_s,
                    seqs=np.concatenate([p[1] for p in parts]),
                    tokens=np.concatenate([p[2] for p in parts]),
-                   logprobs=np.concatenate([p[3] for p in parts]))
+                   logprobs=np.concatenate([p[3] for p in parts]), top=top or None)
 
     def _shed(self, plan: Plan) -> Plan:
         """A smaller plan after 'no KV slot', as the policy decides it."""
@@ -668,6 +691,7 @@ class Executor:
         self._changes += 1
         self._keep(req)  # its next admission finds its own cells again
         self._constrained.discard(req.seq_id)
+        self._top_wanted.discard(req.seq_id)
         self.ctx.seq_rm(req.seq_id)
         heapq.heappush(self.free_seqs, req.seq_id)
         del self.running[req.seq_id]
@@ -690,7 +714,11 @@ class Executor:
         for k, seq in enumerate(ran.seqs.tolist()):
             req = self.running.get(seq)
             if req is not None:
-                lp = None if ran.logprobs is None else float(ran.logprobs[k])
+                lp: float | TokenLogprob | None = None
+                if ran.logprobs is not None:
+                    value = float(ran.logprobs[k])
+                    top = None if ran.top is None else ran.top.get(seq)
+                    lp = value if top is None else TokenLogprob(value, top)
                 try:
                     self._accept(req, int(ran.tokens[k]), lp, now)
                 except Exception as exc:  # noqa: BLE001 - this request's alone
@@ -703,7 +731,8 @@ class Executor:
                 or any(first for *_, first in self._latencies):
             self._flush()
 
-    def _accept(self, req: Request, token: int, logprob: float | None, now: int) -> None:
+    def _accept(self, req: Request, token: int, logprob: float | TokenLogprob | None,
+                now: int) -> None:
         # every token has one entry: its time to first token, or its gap after the last
         first = req.first_token_ns == 0
         since = req.arrival_ns if first else req.last_token_ns

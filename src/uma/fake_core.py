@@ -47,7 +47,8 @@ from collections.abc import Callable
 import numpy as np
 
 from uma import errors
-from uma.config import check_logit_bias, check_masks, check_sampling
+from uma.config import MAX_TOP_LOGPROBS, check_logit_bias, check_masks, check_sampling
+from uma.embeddings import decode_end
 
 __all__ = [
     "BOS", "EOG_AFTER", "EOS", "N_VOCAB", "TRIGGER", "Batch", "Context", "Model", "Sampler",
@@ -957,6 +958,71 @@ class _Slot:
         self.counts[token] += 1
 
 
+class Embedder:
+    """An embeddings context: each input's vector a fixed function of its tokens (the mean of
+    per-token random vectors for 'mean', the first's for 'cls', the last's for 'last';
+    'auto' is mean), packed into decodes as the real one packs them."""
+
+    def __init__(self, model: Model, *, n_ctx: int = 2048, pooling: str = "auto",
+                 n_seq_max: int = 8, n_threads: int | None = None) -> None:
+        self._closed = True
+        model._check_open()
+        n_ctx, n_seq_max = _int(n_ctx), _int(n_seq_max)
+        if n_ctx <= 0:
+            raise errors.InvalidRequestError(f"n_ctx must be positive, not {n_ctx}")
+        if pooling not in ("auto", "mean", "cls", "last"):
+            raise errors.InvalidRequestError(
+                f"pooling must be 'auto', 'mean', 'cls' or 'last', not {pooling!r}")
+        if not 0 < n_seq_max <= _MAX_SEQ:
+            raise errors.InvalidRequestError(f"n_seq_max must be in [1, {_MAX_SEQ}]")
+        if n_threads is not None and _int(n_threads) <= 0:
+            raise errors.InvalidRequestError("thread counts must be positive")
+        self.model = model
+        self.n_ctx, self.n_seq_max = n_ctx, n_seq_max
+        self.n_embd = model.n_embd
+        self.pooling = "mean" if pooling == "auto" else pooling
+        self.n_decodes = 0  # decode calls made, as the real one packs inputs into them
+        model._n_contexts += 1
+        self._closed = False
+        _count("context", 1)
+
+    def close(self) -> None:
+        """Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self.model._n_contexts -= 1
+            _count("context", -1)
+
+    def __enter__(self) -> Embedder:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def embed(self, inputs) -> np.ndarray:
+        """The pooled vector of each input (1 to n_ctx token ids), float32 (n, n_embd)."""
+        if self._closed:
+            raise errors.ClosedError("embedder is closed")
+        arrays = [self.model._token_array(t) for t in inputs]
+        for i, a in enumerate(arrays):
+            if not 0 < a.size <= self.n_ctx:
+                raise errors.InvalidRequestError(
+                    f"input {i} has {a.size} tokens; an input takes 1 to {self.n_ctx}")
+        out = np.empty((len(arrays), self.n_embd), np.float32)
+        first = 0
+        lengths = [a.size for a in arrays]
+        while first < len(arrays):
+            last = decode_end(lengths, first, self.n_ctx, self.n_seq_max)
+            self.n_decodes += 1
+            for k in range(first, last):
+                states = np.stack([np.random.default_rng(int(t)).standard_normal(
+                    self.n_embd, dtype=np.float32) for t in arrays[k].tolist()])
+                out[k] = {"mean": states.mean(0), "cls": states[0],
+                          "last": states[-1]}[self.pooling]
+            first = last
+        return out
+
+
 _DEFAULTS = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repeat_penalty": 1.0,
              "frequency_penalty": 0.0, "presence_penalty": 0.0, "penalty_last_n": 64, "seed": 0}
 
@@ -1158,6 +1224,29 @@ class Sampler:
         for i, slot in enumerate(s.tolist()):
             tokens[i], lps[i] = self._sample_row(self._slots[slot], arr[i], allowed[i])
         return (tokens, lps) if logprobs else tokens
+
+    def top_logprobs(self, ctx: Context, rows, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The k most probable tokens of each row by the raw logits' log softmax, most
+        probable first (ties by id): (ids (n, k), logprobs (n, k))."""
+        if not 1 <= k <= MAX_TOP_LOGPROBS:
+            raise errors.InvalidRequestError(f"k must be in [1, {MAX_TOP_LOGPROBS}], not {k}")
+        r, _ = self._rows(ctx, rows, np.zeros(len(rows), np.int32))
+        return self.top_logprobs_array([ctx._logits(row) for row in r.tolist()], k)
+
+    def top_logprobs_array(self, logits, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """top_logprobs() of each row of a float32 array (rows, n_vocab)."""
+        if not 1 <= k <= MAX_TOP_LOGPROBS:
+            raise errors.InvalidRequestError(f"k must be in [1, {MAX_TOP_LOGPROBS}], not {k}")
+        arr = np.asarray(logits, dtype=np.float32).reshape(-1, self._n_vocab)
+        k = min(k, self._n_vocab)
+        ids = np.empty((len(arr), k), np.int32)
+        lps = np.empty((len(arr), k), np.float32)
+        for i, x in enumerate(arr.astype(np.float64)):
+            order = np.lexsort((np.arange(x.size), -x))[:k]
+            m = x.max()
+            ids[i] = order
+            lps[i] = x[order] - m - np.log(np.exp(x - m).sum())
+        return ids, lps
 
     def candidates(self, slot: int, row) -> tuple[np.ndarray, np.ndarray]:
         """The token ids that survive the slot's filters for this row, most probable first,

@@ -13,9 +13,21 @@ import contextlib
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from uma.errors import UmaError
 from uma.tools import ToolCall
+
+# One step's most probable tokens and their log-probabilities, most probable first
+# (SamplingParams.top_logprobs).
+TopLogprobs = tuple[tuple[int, float], ...]
+
+
+class TokenLogprob(NamedTuple):
+    """A sampled token's log-probability with its step's most probable tokens."""
+
+    logprob: float
+    top: TopLogprobs
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +38,7 @@ class TokenEvent:
     text: str
     token_ids: tuple[int, ...]
     logprobs: tuple[float, ...] | None = None
+    top_logprobs: tuple[TopLogprobs, ...] | None = None  # per token, when asked for
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +72,7 @@ class Result:
     timings: Timings
     error: UmaError | None = field(default=None, compare=False)
     logprobs: tuple[float, ...] | None = None  # per token, when the request asked for them
+    top_logprobs: tuple[TopLogprobs, ...] | None = None  # per token, likewise
     # With tools (finish_reason 'tool_calls'): the calls the model made, and its text outside
     # them (None: no calls; `text` is all of it)
     tool_calls: tuple[ToolCall, ...] = ()

@@ -21,7 +21,7 @@ from typing import Any
 
 from uma import tools
 from uma.errors import UmaError
-from uma.handle import Result, Timings, TokenEvent, Usage
+from uma.handle import Result, Timings, TokenEvent, TokenLogprob, TopLogprobs, Usage
 from uma.request import Request
 from uma.text import StopMatcher, TextStream
 
@@ -32,7 +32,7 @@ Event = tuple[int, Request, Any, Any, int, bool]
 
 
 class _Stream:
-    __slots__ = ("text", "stops", "parts", "ids", "logprobs", "token_ms", "stopped")
+    __slots__ = ("text", "stops", "parts", "ids", "logprobs", "top", "token_ms", "stopped")
 
     def __init__(self, model, req: Request) -> None:
         self.text = TextStream(model)
@@ -40,6 +40,7 @@ class _Stream:
         self.parts: list[str] = []
         self.ids: list[int] = []
         self.logprobs: list[float] | None = [] if req.params.logprobs else None
+        self.top: list[TopLogprobs] | None = [] if req.params.top_logprobs else None
         self.token_ms: list[float] = []
         self.stopped = False
 
@@ -57,7 +58,8 @@ class OutputStage:
         self._thread.start()
 
     def publish(self, events: list[Event]) -> None:
-        """A tick's events at once, in order: (TOKEN, req, token, logprob, t_ns, hidden) or
+        """A tick's events at once, in order: (TOKEN, req, token, logprob, t_ns, hidden) (logprob:
+        a float, a TokenLogprob with the step's most probable tokens, or None) or
         (END, req, reason, error, t_ns, False). One hand-over and one wake-up a tick, however
         many streams."""
         self._queue.put(events)
@@ -109,12 +111,17 @@ class OutputStage:
             st = self._streams[req.rid] = _Stream(self._model, req)
         return st
 
-    def _publish_token(self, req: Request, token: int, logprob: float | None, t_ns: int,
-                       hidden: bool) -> None:
+    def _publish_token(self, req: Request, token: int, logprob: float | TokenLogprob | None,
+                       t_ns: int, hidden: bool) -> None:
         st = self._stream(req)
         if st.stopped:
             return
         st.ids.append(token)
+        top = None
+        if isinstance(logprob, TokenLogprob):
+            logprob, top = logprob
+            if st.top is not None:
+                st.top.append(top)
         if st.logprobs is not None and logprob is not None:
             st.logprobs.append(logprob)
         st.token_ms.append((t_ns - req.arrival_ns) / 1e6)
@@ -126,7 +133,7 @@ class OutputStage:
             req.stop_hit = True
             self._on_stop()
         lp = None if logprob is None else (logprob,)
-        req.handle._push(TokenEvent(text, (token,), lp))
+        req.handle._push(TokenEvent(text, (token,), lp, None if top is None else (top,)))
 
     def _publish_end(self, req: Request, reason: str, error: UmaError | None, t_ns: int) -> None:
         if req.failure is not None:  # its output failed after the compute thread ended it
@@ -158,6 +165,7 @@ class OutputStage:
             usage=Usage(req.n_prompt, len(st.ids), req.cached_tokens), timings=timings,
             error=error,
             logprobs=None if st.logprobs is None else tuple(st.logprobs),
+            top_logprobs=None if st.top is None else tuple(st.top),
             tool_calls=tuple(calls), content=content if calls else None,
         )
         req.handle._push(result=result)

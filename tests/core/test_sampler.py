@@ -236,3 +236,28 @@ def test_logit_bias_moves_tokens_and_lasts_until_the_slot_is_configured_again(sa
         sampler.configure(0, logit_bias={VOCAB: 1.0})
     with pytest.raises(InvalidRequestError, match=r"logit_bias\[3\] must be in"):
         sampler.configure(0, logit_bias={3: 101})
+
+
+@pytest.mark.parametrize("k", [1, 5, 20])
+def test_top_logprobs_are_the_k_most_probable_by_the_raw_row(sampler, row, k):
+    rows = np.stack([row, row[::-1].copy(), np.zeros(VOCAB, np.float32)])
+    ids, lps = sampler.top_logprobs_array(rows, k)
+    assert ids.shape == lps.shape == (3, k)
+    for x, got_ids, got_lps in zip(rows, ids, lps, strict=True):
+        log_softmax = np.log(softmax(x.astype(np.float64)))
+        assert list(got_ids) == list(expected_order(x)[:k])  # ties by id: a flat row too
+        np.testing.assert_allclose(got_lps, log_softmax[got_ids], atol=1e-5)
+        assert np.all(np.diff(got_lps) <= 0)
+
+
+def test_top_logprobs_hold_the_greedy_token_first_with_its_logprob(sampler, row):
+    sampler.configure(1, temperature=0.0)
+    token, lp = sampler.sample_array(row[None], [1], logprobs=True)
+    ids, lps = sampler.top_logprobs_array(row[None], 3)
+    assert ids[0, 0] == token[0] and lps[0, 0] == pytest.approx(lp[0], abs=1e-6)
+
+
+@pytest.mark.parametrize("k", [0, 21])
+def test_top_logprobs_outside_1_to_20_are_refused(sampler, row, k):
+    with pytest.raises(InvalidRequestError, match="k must be in"):
+        sampler.top_logprobs_array(row[None], k)

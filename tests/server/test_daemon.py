@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -15,10 +16,11 @@ import threading
 import time
 
 import msgpack
+import numpy as np
 import pytest
 
 from uma import testing
-from uma.client import Client, ConnectionLost, ServerError
+from uma.client import AsyncClient, Client, ConnectionLost, ServerError
 from uma.server.framing import FrameDecoder, encode
 
 from ..helpers import assert_same_greedy
@@ -91,6 +93,38 @@ def test_structured_output_and_a_required_call_over_the_socket(daemon):
         with pytest.raises(ServerError, match="Unimplemented keys"):
             c.generate("x", max_tokens=2, response_format={"type": "json_schema", "json_schema": {
                 "schema": {"dependentSchemas": {"a": {}}}}})
+
+
+def test_top_logprobs_over_the_socket_streamed_or_not(daemon):
+    opts = {"max_tokens": 6, "ignore_eos": True, "top_logprobs": 3}
+    with Client(daemon.socket) as c:
+        streamed = c.generate("Hello", **opts)
+        whole = c.generate("Hello", stream=False, **opts)
+    assert whole.token_ids == streamed.token_ids and len(whole.token_ids) == 6
+    assert whole.logprobs == pytest.approx(streamed.logprobs)
+    assert whole.top_logprobs == streamed.top_logprobs
+    assert all(len(step) == 3 and step[0][0] == t
+               for step, t in zip(whole.top_logprobs, whole.token_ids, strict=True))
+
+
+def test_embeddings_over_the_socket(daemon):
+    with Client(daemon.socket) as c:
+        result = c.embed(["Hello world", [1, 15043]])
+        raw = c.embed("Hello world", normalize=False)
+        with pytest.raises(ServerError, match=r"E_PROTO_003: input\[0\] must be"):
+            c.embed([{"text": "no"}])
+        assert c.tokenize("still here")  # the connection outlives a bad request
+    assert result.vectors.shape[0] == 2 and result.pooling == "mean"
+    np.testing.assert_allclose(np.linalg.norm(result.vectors, axis=1), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(raw.vectors[0] / np.linalg.norm(raw.vectors[0]),
+                               result.vectors[0], atol=1e-5)
+
+    async def embed_async():
+        async with AsyncClient(daemon.socket) as c:
+            return await c.embed("Hello world")
+
+    np.testing.assert_allclose(asyncio.run(embed_async()).vectors, result.vectors[:1],
+                               atol=1e-6)
 
 
 def test_tokenize_and_detokenize_over_the_socket(daemon, model):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import re
 import shutil
@@ -14,6 +15,7 @@ import threading
 
 import httpx
 import jsonschema
+import numpy as np
 import openai
 import pytest
 
@@ -157,9 +159,52 @@ def test_logprobs_are_those_of_the_sampled_tokens(engine, oai, model, model_id):
     assert [c.logprob for c in content] == pytest.approx(expected.logprobs, abs=1e-5)
     assert [bytes(c.bytes) for c in content] == [model.token_to_piece(t)
                                                 for t in expected.token_ids]
-    with pytest.raises(openai.BadRequestError, match="top_logprobs"):
-        oai.chat.completions.create(model=model_id, messages=CHAT, logprobs=True,
-                                    top_logprobs=3)
+
+
+def test_top_logprobs_through_the_openai_client(engine, oai, model, model_id):
+    expected = engine.chat(CHAT, max_tokens=5, ignore_eos=True, top_logprobs=4)
+    r = oai.chat.completions.create(model=model_id, messages=CHAT, max_tokens=5, logprobs=True,
+                                    top_logprobs=4, extra_body={"ignore_eos": True})
+    content = r.choices[0].logprobs.content
+    for entry, token, top in zip(content, expected.token_ids, expected.top_logprobs,
+                                 strict=True):
+        assert [bytes(t.bytes) for t in entry.top_logprobs] == [
+            model.token_to_piece(t) for t, _ in top]
+        assert [t.logprob for t in entry.top_logprobs] == pytest.approx([x for _, x in top],
+                                                                        abs=1e-5)
+        assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob)  # greedy
+        assert bytes(entry.bytes) == model.token_to_piece(token)
+
+    chunks = list(oai.chat.completions.create(
+        model=model_id, messages=CHAT, max_tokens=5, logprobs=True, top_logprobs=4,
+        stream=True, extra_body={"ignore_eos": True}))
+    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs
+                for e in c.choices[0].logprobs.content]
+    assert [t.logprob for e in streamed for t in e.top_logprobs] == pytest.approx(
+        [t.logprob for e in content for t in e.top_logprobs], abs=1e-5)
+    assert len(streamed) == 5
+
+    r = oai.completions.create(model=model_id, prompt=PROMPT, max_tokens=4, logprobs=3,
+                               extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    assert len(lp.top_logprobs) == 4
+    for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+        assert 1 <= len(top) <= 3 and top[token] == pytest.approx(value, abs=1e-5)
+
+
+@pytest.mark.parametrize(("endpoint", "body", "words"), [
+    ("chat", {"top_logprobs": 3}, "needs logprobs"),
+    ("chat", {"logprobs": True, "top_logprobs": 21}, "in [0, 20]"),
+    ("chat", {"logprobs": True, "top_logprobs": "3"}, "must be an integer"),
+    ("completions", {"logprobs": 21}, "in [0, 20]"),
+])
+def test_bad_top_logprobs_are_named(http, endpoint, body, words):
+    base = {"messages": CHAT} if endpoint == "chat" else {"prompt": PROMPT}
+    path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+    r = http.post(path, json={**base, **body})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert words in error["message"] and error["param"] in ("top_logprobs", "logprobs")
 
 
 def test_penalties_and_common_extra_fields_pass_through(engine, http, model_id):
@@ -402,6 +447,83 @@ def test_a_required_tool_call_is_answered_as_a_call(oai, model_id):
     [call] = r.choices[0].message.tool_calls
     assert r.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
     assert isinstance(json.loads(call.function.arguments), dict)
+
+
+def test_the_async_openai_client_gets_each_feature(gateway, model_id):
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0,
+                                                     "maximum": 99}},
+              "required": ["n"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}
+    history = [*CHAT, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "20 degrees"}]
+
+    async def ask():
+        async with openai.AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key=KEY,
+                                      max_retries=0, timeout=30) as client:
+            chat = client.chat.completions.create
+            return await asyncio.gather(
+                chat(model=model_id, messages=CHAT, tools=[WEATHER], tool_choice="required",
+                     max_tokens=100),
+                chat(model=model_id, messages=history, tools=[WEATHER], max_tokens=2),
+                chat(model=model_id, messages=CHAT, response_format=fmt, max_tokens=50,
+                     temperature=1.0),
+                client.completions.create(model=model_id, prompt=PROMPT, max_tokens=3,
+                                          logit_bias={"29871": 100}),
+                read(chat(model=model_id, messages=CHAT, max_tokens=4, logprobs=True,
+                          top_logprobs=2, stream=True, extra_body={"ignore_eos": True})))
+
+    async def read(stream):
+        tops = []
+        async for chunk in await stream:
+            if chunk.choices and chunk.choices[0].logprobs:
+                tops.extend([t.logprob for t in e.top_logprobs]
+                            for e in chunk.choices[0].logprobs.content)
+        return tops
+
+    called, answered, structured, biased, tops = asyncio.run(asyncio.wait_for(ask(), 60))
+    assert called.choices[0].message.tool_calls[0].function.name == "get_weather"
+    assert answered.usage.completion_tokens == 2
+    jsonschema.validate(json.loads(structured.choices[0].message.content), schema)
+    assert biased.usage.completion_tokens == 3
+    # beside the other requests, batched: the values themselves may differ in the last digits
+    assert len(tops) == 4 and all(len(t) == 2 and t[0] >= t[1] for t in tops)
+
+
+def test_embeddings_through_the_openai_client(engine, oai, model_id):
+    texts = ["Hello world", "🦙 llamas"]
+    expected = engine.embed(texts).vectors
+    r = oai.embeddings.create(model=model_id, input=texts)
+    assert [d.index for d in r.data] == [0, 1] and r.model == model_id
+    got = np.array([d.embedding for d in r.data], np.float32)
+    assert got.shape == (2, engine.model.n_embd)
+    np.testing.assert_allclose(got, expected, atol=1e-6)
+    assert r.usage.prompt_tokens == r.usage.total_tokens == sum(
+        len(engine.tokenize(t)) for t in texts)
+    # the client asks for base64 by default when it decodes vectors itself (numpy present)
+    one = oai.embeddings.create(model=model_id, input=texts[0], encoding_format="base64")
+    raw = base64.b64decode(one.data[0].embedding)
+    np.testing.assert_allclose(np.frombuffer(raw, "<f4"), expected[0], atol=1e-6)
+    tokens = oai.embeddings.create(model=model_id, input=[engine.tokenize(texts[1])])
+    np.testing.assert_allclose(tokens.data[0].embedding, expected[1], atol=1e-6)
+
+
+@pytest.mark.parametrize(("body", "param", "words"), [
+    ({}, "input", "input is required"),
+    ({"input": []}, "input", "non-empty list"),
+    ({"input": ["ok", 3]}, "input", "input[1] must be"),
+    ({"input": "x", "encoding_format": "int8"}, "encoding_format", "'float' or 'base64'"),
+    ({"input": "x", "dimensions": 3}, "dimensions", "the model's own"),
+    ({"input": "x", "model": "other"}, "model", "unknown model"),
+    ({"input": "word " * 3000}, "input", "embedding_ctx"),
+])
+def test_bad_embeddings_requests_are_named(http, body, param, words):
+    r = http.post("/v1/embeddings", json=body)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and words in error["message"]
+    assert_still_serving(http)
 
 
 def test_tokenize_and_detokenize_as_llama_server_has_them(engine, gateway, http):

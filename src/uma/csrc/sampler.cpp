@@ -53,13 +53,36 @@ inline int32_t argmax(const float * row, int32_t n) {
     return best_block;
 }
 
-// log softmax of one entry, over the raw row: the model's own belief in the token.
-float log_prob_of(const float * row, int32_t n, int32_t token) {
-    float m = row[0];
-    for (int32_t i = 1; i < n; ++i) m = std::max(m, row[i]);
+// log sum exp of a raw row, with its maximum m: log softmax(x_i) = x_i - m - lse_shifted.
+double log_norm(const float * row, int32_t n, float & m) {
+    m = block_max(row, n);
     double z = 0.0;
     for (int32_t i = 0; i < n; ++i) z += std::exp(static_cast<double>(row[i] - m));
-    return static_cast<float>(static_cast<double>(row[token] - m) - std::log(z));
+    return std::log(z);
+}
+
+// log softmax of one entry, over the raw row: the model's own belief in the token.
+float log_prob_of(const float * row, int32_t n, int32_t token) {
+    float m;
+    const double lz = log_norm(row, n, m);
+    return static_cast<float>(static_cast<double>(row[token] - m) - lz);
+}
+
+// The k best of a row scaled by `scale` into `heap`: a heap with the worst of them on top, so
+// most tokens lose to the top in one comparison, far cheaper than materialising every one.
+void best_k(const float * row, int32_t n, float scale, size_t k, std::vector<Candidate> & heap) {
+    heap.clear();
+    for (int32_t i = 0; i < n; ++i) {
+        const Candidate c{row[i] * scale, i};
+        if (heap.size() < k) {
+            heap.push_back(c);
+            std::push_heap(heap.begin(), heap.end(), before);
+        } else if (before(c, heap.front())) {
+            std::pop_heap(heap.begin(), heap.end(), before);
+            heap.back() = c;
+            std::push_heap(heap.begin(), heap.end(), before);
+        }
+    }
 }
 
 // Sorts the best `k` candidates to the front.
@@ -167,20 +190,7 @@ void Sampler::filter(Workspace & ws, Slot & slot, const float * row, bool need_s
     ws.sorted = false;
     const size_t k = p.top_k > 0 ? static_cast<size_t>(p.top_k) : n;
     if (k * 16 <= n) {
-        // A small top-k: one pass with a heap of the k best, worst on top; most tokens lose
-        // to the top in one comparison, far cheaper than materialising every candidate.
-        cands.clear();
-        for (size_t i = 0; i < n; ++i) {
-            const Candidate c{row[i] * inv_t, static_cast<int32_t>(i)};
-            if (cands.size() < k) {
-                cands.push_back(c);
-                std::push_heap(cands.begin(), cands.end(), before);
-            } else if (before(c, cands.front())) {
-                std::pop_heap(cands.begin(), cands.end(), before);
-                cands.back() = c;
-                std::push_heap(cands.begin(), cands.end(), before);
-            }
-        }
+        best_k(row, n_vocab_, inv_t, k, cands);  // a small top-k: one pass
     } else {
         cands.resize(n);
         for (size_t i = 0; i < n; ++i) cands[i] = Candidate{row[i] * inv_t, static_cast<int32_t>(i)};
@@ -280,6 +290,26 @@ int32_t Sampler::sample_row(Workspace & ws, Slot & slot, const float * raw, floa
     if (logprob) *logprob = log_prob_of(raw, n_vocab_, token);
     slot.remember(token);
     return token;
+}
+
+void Sampler::top_logprobs(const float * logits, const int32_t * rows, int32_t n, int32_t k,
+                           int32_t * out_ids, float * out_logprobs) const {
+    k = std::min(k, n_vocab_);
+    std::vector<Candidate> best;
+    best.reserve(static_cast<size_t>(k) + 1);
+    for (int32_t r = 0; r < n; ++r) {
+        const float * row = logits + static_cast<size_t>(rows[r]) * static_cast<size_t>(n_vocab_);
+        best_k(row, n_vocab_, 1.0f, static_cast<size_t>(k), best);
+        std::sort_heap(best.begin(), best.end(), before);
+        float m;
+        const double lz = log_norm(row, n_vocab_, m);
+        for (int32_t j = 0; j < k; ++j) {
+            const size_t at = static_cast<size_t>(r) * static_cast<size_t>(k) + static_cast<size_t>(j);
+            out_ids[at] = best[static_cast<size_t>(j)].id;
+            out_logprobs[at] = static_cast<float>(
+                static_cast<double>(best[static_cast<size_t>(j)].logit - m) - lz);
+        }
+    }
 }
 
 void Sampler::sample_rows(Workspace & ws, const SampleJob & job, int32_t i) {

@@ -98,6 +98,12 @@ public:
     // their probabilities after renormalisation. Returns how many; out arrays hold n_vocab.
     int32_t candidates(int32_t slot, const float * row, int32_t * out_ids, float * out_probs);
 
+    // The k most probable tokens of each of n rows by the model's own distribution (log
+    // softmax of the raw logits, as the sampled token's log-probability is), most probable
+    // first: out_ids and out_logprobs hold n * k entries. Independent of every slot.
+    void top_logprobs(const float * logits, const int32_t * rows, int32_t n, int32_t k,
+                      int32_t * out_ids, float * out_logprobs) const;
+
 private:
     struct Slot {
         SamplingParams params;

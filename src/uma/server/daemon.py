@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import uma
 from uma import _core
@@ -113,6 +113,8 @@ class Daemon:
         self._sel = selectors.DefaultSelector()
         self._conns: dict[int, _Connection] = {}
         self._ready: collections.deque = collections.deque()  # (conn, request id, handle)
+        # (conn, request id, future) of embed requests once answered, for the poll loop
+        self._answers: collections.deque = collections.deque()
         self._input_reserved = 0  # Σ of the connections' reservations (max_input_bytes)
         self._paused: collections.deque[_Connection] = collections.deque()  # waiting, in order
         self._wake_pending = False
@@ -161,6 +163,7 @@ class Daemon:
                 for key, mask in self._sel.select(self._timeout(deadline)):
                     self._on_event(key, mask)
                 self._publish_ready()
+                self._publish_answers()
                 self._expire_idle()
         finally:
             self._shutdown()
@@ -326,6 +329,8 @@ class Daemon:
         elif isinstance(req, P.TokenizeRequest):
             self._answer(conn, req.id, lambda: P.tokens_event(req.id, self.engine.tokenize(
                 req.text, add_special=req.add_special, parse_special=req.parse_special)))
+        elif isinstance(req, P.EmbedRequest):
+            self._submitter.submit(self._embed, conn, req)  # tokenising takes a while
         elif isinstance(req, P.DetokenizeRequest):
             self._answer(conn, req.id,
                          lambda: P.text_event(req.id, self.engine.detokenize(req.tokens)))
@@ -341,6 +346,29 @@ class Daemon:
         except Exception as exc:  # noqa: BLE001 - this request's alone
             event = P.error_event(request_id, P.error_code_for(exc), str(exc))
         self._send(conn, event)
+
+    def _embed(self, conn: _Connection, req: P.EmbedRequest) -> None:
+        """On the submit pool: queue the inputs; the answer goes back through _answers."""
+        future: Future = Future()
+        try:
+            future = self.engine.submit_embeddings(list(req.inputs), normalize=req.normalize)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes an error event
+            future.set_exception(exc)
+
+        def answered(done: Future) -> None:  # on the engine's compute thread (or here)
+            self._answers.append((conn, req.id, done))
+            self._wake()
+
+        future.add_done_callback(answered)
+
+    def _publish_answers(self) -> None:
+        while self._answers:
+            conn, request_id, future = self._answers.popleft()
+            if conn.sock.fileno() < 0 or future.cancelled():
+                continue  # its client is gone
+            exc = future.exception()
+            self._send(conn, P.embeddings_event(request_id, future.result()) if exc is None
+                       else P.error_event(request_id, P.error_code_for(exc), str(exc)))
 
     def _entry(self, conn: _Connection, request_id: str) -> _Entry | None:
         entry = conn.requests.get(request_id)
@@ -416,7 +444,7 @@ class Daemon:
             if entry.stream:
                 for ev in events:
                     self._queue(conn, P.token_event(request_id, ev.text, ev.token_ids,
-                                                    ev.logprobs))
+                                                    ev.logprobs, ev.top_logprobs))
             if result is not None:
                 del conn.requests[request_id]
                 conn.last_active = time.monotonic()
@@ -434,8 +462,11 @@ class Daemon:
                  "cached_tokens": r.usage.cached_tokens}
         t = r.timings
         timings = {"queue_ms": t.queue_ms, "ttft_ms": t.ttft_ms, "total_ms": t.total_ms}
-        return P.eos_event(request_id, r.finish_reason, usage, timings,
-                           None if stream else r.text, r.tool_calls, r.content)
+        if stream:
+            return P.eos_event(request_id, r.finish_reason, usage, timings, None,
+                               r.tool_calls, r.content)
+        return P.eos_event(request_id, r.finish_reason, usage, timings, r.text, r.tool_calls,
+                           r.content, r.token_ids, r.logprobs, r.top_logprobs)
 
     # --- output ------------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ touches the daemon's poller. Request bodies become socket-protocol requests
 (uma.server.openai_api), so both doors accept and refuse the same things.
 
     POST /v1/completions, POST /v1/chat/completions  (stream: server-sent events)
+    POST /v1/embeddings
     POST /tokenize, /detokenize (llama-server's)
     GET  /v1/models, /v1/models/{id}, /health, /metrics (Prometheus text)
 """
@@ -47,10 +48,12 @@ from uma.server.openai_api import (
     ApiRequest,
     ChatFormat,
     CompletionFormat,
+    embeddings_response,
     error_for,
     parse_chat,
     parse_completion,
     parse_detokenize,
+    parse_embeddings,
     parse_tokenize,
 )
 from uma.server.protocol import RequestLimits
@@ -74,6 +77,7 @@ def create_app(engine: Engine, config: ServerConfig,
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
         Route("/v1/models", api.models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", api.model, methods=["GET"]),
+        Route("/v1/embeddings", api.embeddings, methods=["POST"]),
         Route("/tokenize", api.tokenize, methods=["POST"]),
         Route("/detokenize", api.detokenize, methods=["POST"]),
         Route("/health", api.health, methods=["GET"]),
@@ -223,6 +227,24 @@ class _Api:
     def _model(self) -> dict:
         return {"id": self.model_id, "object": "model", "created": self.model_created,
                 "owned_by": "uma"}
+
+    async def embeddings(self, request: Request) -> Response:
+        """OpenAI's /v1/embeddings: each input pooled into one unit-length vector."""
+        body = parse_embeddings(await _read_json(request, self.max_body, self.body_timeout_s),
+                                model_id=self.model_id, limits=self.limits,
+                                dimensions=self.engine.model.n_embd)
+        try:
+            future = await asyncio.to_thread(self.engine.submit_embeddings, body.inputs)
+        except Exception as exc:  # noqa: BLE001 - each one has its HTTP answer
+            raise error_for(exc) from exc
+        try:
+            result = await asyncio.wrap_future(future)
+        except asyncio.CancelledError:  # the client left: a job not yet started is dropped
+            future.cancel()
+            raise
+        except Exception as exc:  # noqa: BLE001 - each one has its HTTP answer
+            raise error_for(exc) from exc
+        return JSONResponse(embeddings_response(result, self.model_id, body.base64))
 
     async def tokenize(self, request: Request) -> Response:
         """llama-server's /tokenize: {"content", "add_special"?, "parse_special"?,

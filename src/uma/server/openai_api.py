@@ -6,24 +6,27 @@ parsed by uma.server.protocol.parse_request, so HTTP accepts exactly what the so
 the same prompt limits, the same max_tokens cap, and SamplingParams' own checks.
 
 Not supported, and refused with 400 rather than silently ignored: n > 1, several prompts in one
-request, echo, suffix, best_of > 1, and top_logprobs (the engine knows
-only the sampled token's log-probability; completions' `logprobs: N` returns token_logprobs and
-leaves top_logprobs null). Other fields that clients commonly send (user, metadata, store,
-parallel_tool_calls, ...) are ignored.
+request, echo, suffix and best_of > 1. Other fields that clients commonly send (user, metadata,
+store, parallel_tool_calls, ...) are ignored.
 """
 
 from __future__ import annotations
 
+import base64
 import math
 import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from uma import tools as uma_tools
 from uma.app import app_name
+from uma.config import MAX_TOP_LOGPROBS
+from uma.embeddings import Embeddings, inputs_of
 from uma.errors import ClosedError, ContextOverflowError, InvalidRequestError
-from uma.handle import Result, TokenEvent
+from uma.handle import Result, TokenEvent, TopLogprobs
 from uma.priority import Priority
 from uma.server import protocol as P
 
@@ -36,7 +39,7 @@ _PASSED = (
 )
 # Leading words of protocol/SamplingParams messages that name a body field.
 _PARAMS = frozenset({*_PASSED, "max_tokens", "stop", "prompt", "messages", "tokens", "tools",
-                     "tool_choice", "response_format", "grammar"})
+                     "tool_choice", "response_format", "grammar", "top_logprobs", "input"})
 _MESSAGE_FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id")
 # OpenAI's placeholder for a log-probability that is too small to show.
 _TINY_LOGPROB = -9999.0
@@ -97,11 +100,13 @@ def parse_completion(body: object, *, model_id: str, limits: P.RequestLimits,
         raise ApiError(400, "suffix is not supported", param="suffix")
     if _field(body, "best_of", int) not in (None, 1):
         raise ApiError(400, "best_of must be 1", param="best_of")
+    # logprobs: N, the N most probable tokens at each step beside the sampled one's
     logprobs = _field(body, "logprobs", int)
-    if logprobs is not None and logprobs < 0:
-        raise ApiError(400, f"logprobs must be >= 0, not {logprobs}", param="logprobs")
+    if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
+        raise ApiError(400, f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], not {logprobs}",
+                       param="logprobs")
     fields = {**_prompt(body["prompt"]), "max_tokens": body.get("max_tokens"),
-              "logprobs": logprobs is not None}
+              "logprobs": logprobs is not None, "top_logprobs": logprobs or None}
     return _parse(body, fields, model_id, limits, default_priority)
 
 
@@ -119,25 +124,26 @@ def parse_chat(body: object, *, model_id: str, limits: P.RequestLimits,
     except InvalidRequestError as exc:
         raise ApiError(400, str(exc), param="tools" if str(exc).startswith("tools")
                        else "tool_choice") from None
-    if _field(body, "top_logprobs", int):
-        raise ApiError(400, "top_logprobs is not supported: only the sampled token's "
-                            "log-probability is known", param="top_logprobs")
+    logprobs = bool(_field(body, "logprobs", bool))
+    top = _field(body, "top_logprobs", int)
+    if top is not None and not logprobs:
+        raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise ApiError(400, f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], not {top}",
+                       param="top_logprobs")
     # max_completion_tokens is the newer name; OpenAI clients send one or the other.
     max_tokens = body.get("max_completion_tokens")
     if max_tokens is None:
         max_tokens = body.get("max_tokens")
     fields = {"messages": _messages(body["messages"]), "max_tokens": max_tokens,
-              "logprobs": bool(_field(body, "logprobs", bool)), "tools": tools,
+              "logprobs": logprobs, "top_logprobs": top or None, "tools": tools,
               "tool_choice": choice}
     return _parse(body, fields, model_id, limits, default_priority)
 
 
 def _parse(body: dict, fields: dict, model_id: str, limits: P.RequestLimits,
            default_priority: Priority) -> ApiRequest:
-    model = _field(body, "model", str)
-    if model is not None and model not in (model_id, f"{model_id}.gguf"):
-        raise ApiError(400, f"unknown model {model!r}; this server has {model_id!r}",
-                       param="model", code="model_not_found")
+    _check_model(body, model_id)
     if _field(body, "n", int) not in (None, 1):
         raise ApiError(400, "n must be 1: send one request per completion", param="n")
     user = _field(body, "user", str)
@@ -198,10 +204,67 @@ def parse_detokenize(body: object, limits: P.RequestLimits) -> tuple[int, ...]:
     return tuple(tokens)
 
 
+@dataclass(frozen=True)
+class EmbeddingsBody:
+    inputs: list  # texts and token lists (uma.embeddings.inputs_of)
+    base64: bool  # encoding_format: base64 (little-endian float32) rather than float
+    user: str | None = None
+
+
+def parse_embeddings(body: object, *, model_id: str, limits: P.RequestLimits,
+                     dimensions: int) -> EmbeddingsBody:
+    """POST /v1/embeddings: input (a text, token ids, or a list of either), model,
+    encoding_format (float or base64), dimensions (only the model's own), user."""
+    body = _object(body)
+    if body.get("input") is None:
+        raise ApiError(400, "input is required", param="input")
+    _check_model(body, model_id)
+    try:
+        inputs = inputs_of(body["input"])
+    except InvalidRequestError as exc:
+        raise ApiError(400, str(exc), param="input") from None
+    for i, item in enumerate(inputs):
+        where = "input" if len(inputs) == 1 else f"input[{i}]"
+        if isinstance(item, str) and len(item.encode("utf-8", "surrogatepass")) \
+                > limits.max_prompt_bytes:
+            raise ApiError(400, f"{where} is over {limits.max_prompt_bytes} bytes of UTF-8",
+                           param="input", code="context_length_exceeded")
+    encoding = _field(body, "encoding_format", str) or "float"
+    if encoding not in ("float", "base64"):
+        raise ApiError(400, f"encoding_format must be 'float' or 'base64', not {encoding!r}",
+                       param="encoding_format")
+    wanted = _field(body, "dimensions", int)
+    if wanted is not None and wanted != dimensions:
+        raise ApiError(400, f"dimensions must be the model's own, {dimensions}: vectors are "
+                            f"not shortened", param="dimensions")
+    return EmbeddingsBody(inputs, encoding == "base64", _field(body, "user", str))
+
+
+def embeddings_response(result: Embeddings, model_id: str, base64_floats: bool) -> dict:
+    """OpenAI's list of embedding objects, one per input in order."""
+    def vector(row: np.ndarray) -> list[float] | str:
+        if base64_floats:
+            return base64.b64encode(row.astype("<f4").tobytes()).decode("ascii")
+        return row.tolist()
+
+    data = [{"object": "embedding", "index": i, "embedding": vector(row)}
+            for i, row in enumerate(result.vectors)]
+    return {"object": "list", "data": data, "model": model_id,
+            "usage": {"prompt_tokens": result.prompt_tokens,
+                      "total_tokens": result.prompt_tokens}}
+
+
 def _object(body: object) -> dict:
     if not isinstance(body, dict):
         raise ApiError(400, f"the body must be a JSON object, not {_json_type(body)}")
     return body
+
+
+def _check_model(body: dict, model_id: str) -> None:
+    model = _field(body, "model", str)
+    if model is not None and model not in (model_id, f"{model_id}.gguf"):
+        raise ApiError(400, f"unknown model {model!r}; this server has {model_id!r}",
+                       param="model", code="model_not_found")
 
 
 def _field(obj: dict, name: str, kind: type, label: str | None = None):
@@ -267,6 +330,8 @@ def _param_named_in(message: str) -> str | None:
     word = message.split(" ", 1)[0]
     if word.startswith("response_format."):
         return "response_format"
+    if word.startswith("input["):
+        return "input"
     return word if word in _PARAMS or word.startswith(("messages[", "tokens[", "stop[",
                                                         "logit_bias[")) \
         else None
@@ -306,13 +371,20 @@ class _Format:
         """The last chunk of a stream with stream_options.include_usage: no choices."""
         return {**self._envelope(self.chunk_name, []), "usage": usage(result)}
 
-    def _pieces(self, token_ids: Sequence[int]) -> list[bytes]:
-        return [self._piece(t) for t in token_ids]
+    def _text(self, token: int) -> str:
+        return self._piece(token).decode("utf-8", "replace")
+
+    def _entry(self, token: int, logprob: float) -> dict:
+        """A chat logprobs entry's token fields: its text, log-probability and bytes."""
+        piece = self._piece(token)
+        return {"token": piece.decode("utf-8", "replace"), "logprob": _finite(logprob),
+                "bytes": list(piece)}
 
 
 class CompletionFormat(_Format):
     """text_completion objects. logprobs: tokens, token_logprobs and text_offset of the
-    sampled tokens; top_logprobs is null."""
+    sampled tokens, and top_logprobs (each step's most probable tokens, text -> logprob) when
+    logprobs: N > 0 asked for them (else null)."""
 
     object_name = chunk_name = "text_completion"
 
@@ -322,33 +394,36 @@ class CompletionFormat(_Format):
 
     def full(self, result: Result) -> dict:
         return {**self._envelope(self.object_name, [self._choice(
-            result.text, result.token_ids, result.logprobs, result.finish_reason)]),
-            "usage": usage(result)}
+            result.text, result.token_ids, result.logprobs, result.top_logprobs,
+            result.finish_reason)]), "usage": usage(result)}
 
     def delta(self, event: TokenEvent) -> dict:
         return self._envelope(self.chunk_name, [self._choice(
-            event.text, event.token_ids, event.logprobs, None)])
+            event.text, event.token_ids, event.logprobs, event.top_logprobs, None)])
 
     def closing(self, result: Result) -> dict:
-        return self._envelope(self.chunk_name, [self._choice("", (), None, result.finish_reason)])
+        return self._envelope(self.chunk_name, [self._choice("", (), None, None,
+                                                             result.finish_reason)])
 
     def _choice(self, text: str, token_ids: Sequence[int], logprobs: Sequence[float] | None,
-                finish_reason: str | None) -> dict:
+                top: Sequence[TopLogprobs] | None, finish_reason: str | None) -> dict:
         lp = None
         if logprobs is not None:
-            tokens = [p.decode("utf-8", "replace") for p in self._pieces(token_ids)]
+            tokens = [self._text(t) for t in token_ids]
             offsets = []
             for t in tokens:
                 offsets.append(self._offset)
                 self._offset += len(t)
             lp = {"tokens": tokens, "token_logprobs": [_finite(x) for x in logprobs],
-                  "top_logprobs": None, "text_offset": offsets}
+                  "top_logprobs": None if top is None else [
+                      {self._text(t): _finite(x) for t, x in step} for step in top],
+                  "text_offset": offsets}
         return {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish_reason}
 
 
 class ChatFormat(_Format):
-    """chat.completion objects. logprobs: content entries for the sampled tokens, each with an
-    empty top_logprobs list."""
+    """chat.completion objects. logprobs: content entries for the sampled tokens, each with
+    its step's most probable tokens in top_logprobs (empty unless asked for)."""
 
     object_name = "chat.completion"
     chunk_name = "chat.completion.chunk"
@@ -362,7 +437,8 @@ class ChatFormat(_Format):
             message = {"role": "assistant", "content": result.content or None,
                        "tool_calls": [c.openai() for c in result.tool_calls]}
         choice = {"index": 0, "message": message,
-                  "logprobs": self._logprobs(result.token_ids, result.logprobs),
+                  "logprobs": self._logprobs(result.token_ids, result.logprobs,
+                                             result.top_logprobs),
                   "finish_reason": result.finish_reason}
         return {**self._envelope(self.object_name, [choice]), "usage": usage(result)}
 
@@ -375,7 +451,7 @@ class ChatFormat(_Format):
     def delta(self, event: TokenEvent) -> dict:
         return self._envelope(self.chunk_name, [{
             "index": 0, "delta": {"content": event.text},
-            "logprobs": self._logprobs(event.token_ids, event.logprobs),
+            "logprobs": self._logprobs(event.token_ids, event.logprobs, event.top_logprobs),
             "finish_reason": None}])
 
     def tool_calls(self, result: Result) -> dict:
@@ -389,13 +465,13 @@ class ChatFormat(_Format):
         return self._envelope(self.chunk_name, [{
             "index": 0, "delta": {}, "logprobs": None, "finish_reason": result.finish_reason}])
 
-    def _logprobs(self, token_ids: Sequence[int], logprobs: Sequence[float] | None
-                  ) -> dict | None:
+    def _logprobs(self, token_ids: Sequence[int], logprobs: Sequence[float] | None,
+                  top: Sequence[TopLogprobs] | None) -> dict | None:
         if logprobs is None:
             return None
-        content = [{"token": p.decode("utf-8", "replace"), "logprob": _finite(lp),
-                    "bytes": list(p), "top_logprobs": []}
-                   for p, lp in zip(self._pieces(token_ids), logprobs, strict=False)]
+        steps = top if top is not None else [()] * len(token_ids)
+        content = [{**self._entry(t, lp), "top_logprobs": [self._entry(*e) for e in step]}
+                   for t, lp, step in zip(token_ids, logprobs, steps, strict=False)]
         return {"content": content, "refusal": None}
 
 

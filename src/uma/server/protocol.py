@@ -15,11 +15,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from uma import embeddings as uma_embeddings
 from uma import grammar as uma_grammar
 from uma import templates
 from uma import tools as uma_tools
 from uma.app import app_name, app_weight
 from uma.config import SamplingParams
+from uma.embeddings import Embeddings
 from uma.errors import (
     BatchFullError,
     ClosedError,
@@ -30,6 +32,7 @@ from uma.errors import (
     NoChatTemplateError,
     UmaError,
 )
+from uma.handle import TopLogprobs
 from uma.priority import Priority
 from uma.tools import ToolCall
 
@@ -222,6 +225,16 @@ class DetokenizeRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class EmbedRequest:
+    """Inputs pooled into one vector each (uma.embeddings); answered with an embeddings
+    event."""
+
+    id: str
+    inputs: tuple[str | list[int], ...]  # texts and token lists
+    normalize: bool = True  # unit-length vectors
+
+
+@dataclass(frozen=True, slots=True)
 class StopRequest:
     """Stop the daemon gracefully, as SIGTERM does (`uma stop`); answered with a health event
     (status 'draining'). Only the socket's owner can connect, so only they can stop it."""
@@ -230,7 +243,7 @@ class StopRequest:
 
 
 Request = (GenerateRequest | CancelRequest | PriorityRequest | ConfigureRequest | MetricsRequest
-           | HealthRequest | StopRequest | TokenizeRequest | DetokenizeRequest)
+           | HealthRequest | StopRequest | TokenizeRequest | DetokenizeRequest | EmbedRequest)
 
 _SAMPLER_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "frequency_penalty",
@@ -240,7 +253,8 @@ _PROMPT_FIELDS = ("prompt", "messages", "tokens")
 _FIELDS = {
     "generate": frozenset({
         "type", "id", *_PROMPT_FIELDS, *_SAMPLER_FIELDS, "max_tokens", "stop", "stream",
-        "priority", "logprobs", "ignore_eos", "cache_prompt", "app", "weight", "tools",
+        "priority", "logprobs", "top_logprobs", "ignore_eos", "cache_prompt", "app", "weight",
+        "tools",
         "tool_choice", "response_format", "grammar",
     }),
     "cancel": frozenset({"type", "id"}),
@@ -251,6 +265,7 @@ _FIELDS = {
     "stop": frozenset({"type", "id"}),
     "tokenize": frozenset({"type", "id", "text", "add_special", "parse_special"}),
     "detokenize": frozenset({"type", "id", "tokens"}),
+    "embed": frozenset({"type", "id", "input", "normalize"}),
 }
 
 
@@ -289,6 +304,8 @@ def parse_request(msg: dict, limits: RequestLimits,
             return StopRequest(_id(msg, required=False))
         if kind == "tokenize":
             return _parse_tokenize(msg, limits)
+        if kind == "embed":
+            return _parse_embed(msg, limits)
         if kind == "detokenize":
             return DetokenizeRequest(_id(msg, required=True), _tokens(msg.get("tokens"), limits))
         return HealthRequest(_id(msg, required=False))
@@ -305,7 +322,7 @@ def _parse_generate(msg: dict, limits: RequestLimits,
     request_id = _id(msg, required=True)
     prompt, messages, tokens = _prompt(msg, limits)
     options = {name: msg[name] for name in _SAMPLER_FIELDS if msg.get(name) is not None}
-    for name in ("logprobs", "ignore_eos", "cache_prompt"):
+    for name in ("logprobs", "top_logprobs", "ignore_eos", "cache_prompt"):
         if msg.get(name) is not None:
             options[name] = msg[name]
     params = SamplingParams(max_tokens=_max_tokens(msg.get("max_tokens"), limits),
@@ -352,6 +369,23 @@ def _parse_tokenize(msg: dict, limits: RequestLimits) -> TokenizeRequest:
                 raise ProtocolError(E_PROTO_003, f"{name} must be a boolean")
             flags[name] = msg[name]
     return TokenizeRequest(_id(msg, required=True), text, **flags)
+
+
+def _parse_embed(msg: dict, limits: RequestLimits) -> EmbedRequest:
+    request_id = _id(msg, required=True)
+    if msg.get("input") is None:
+        raise ProtocolError(E_PROTO_003, "missing field 'input'")
+    inputs = uma_embeddings.inputs_of(msg["input"])
+    for i, item in enumerate(inputs):
+        if isinstance(item, str):
+            _check_bytes(f"input[{i}]", _utf8_len(item), limits)
+        elif len(item) > limits.max_prompt_tokens:
+            raise ProtocolError(E_LIMIT_001, f"input[{i}] holds {len(item)} tokens; this "
+                                             f"server takes at most {limits.max_prompt_tokens}")
+    normalize = msg.get("normalize")
+    if normalize is not None and type(normalize) is not bool:
+        raise ProtocolError(E_PROTO_003, "normalize must be a boolean")
+    return EmbedRequest(request_id, tuple(inputs), True if normalize is None else normalize)
 
 
 def _parse_configure(msg: dict) -> ConfigureRequest:
@@ -517,7 +551,8 @@ def _show(value: object) -> str:
 # --- events ------------------------------------------------------------------------------------
 # Plain dicts, built once per token: no validation here, the server passes its own values.
 
-EVENTS = frozenset({"token", "eos", "error", "metrics", "health", "tokens", "text"})
+EVENTS = frozenset({"token", "eos", "error", "metrics", "health", "tokens", "text",
+                    "embeddings"})
 _EVENT_FIELDS = {
     "token": ("id", "text", "token_ids"),
     "eos": ("id", "reason", "usage", "timings"),
@@ -526,29 +561,44 @@ _EVENT_FIELDS = {
     "health": ("id", "health"),
     "tokens": ("id", "tokens"),
     "text": ("id", "text"),
+    "embeddings": ("id", "embeddings", "usage", "pooling"),
 }
 
 
 def token_event(request_id: str, text: str, token_ids: Sequence[int],
-                logprobs: Sequence[float] | None = None) -> dict:
+                logprobs: Sequence[float] | None = None,
+                top_logprobs: Sequence[TopLogprobs] | None = None) -> dict:
     """New output of a streaming request: the tokens sampled since its last event and the text
-    they completed ('' while a character or a possible stop string is pending)."""
+    they completed ('' while a character or a possible stop string is pending); with
+    logprobs, each token's log-probability, and with top_logprobs each step's most probable
+    tokens as [[id, logprob], ...]."""
     event = {"event": "token", "id": request_id, "text": text, "token_ids": token_ids}
     if logprobs is not None:
         event["logprobs"] = logprobs
+    if top_logprobs is not None:
+        event["top_logprobs"] = top_logprobs
     return event
 
 
 def eos_event(request_id: str, reason: str, usage: dict, timings: dict,
               text: str | None = None, tool_calls: Sequence[ToolCall] = (),
-              content: str | None = None) -> dict:
+              content: str | None = None, token_ids: Sequence[int] | None = None,
+              logprobs: Sequence[float] | None = None,
+              top_logprobs: Sequence[TopLogprobs] | None = None) -> dict:
     """The end of a request: reason 'stop', 'length', 'tool_calls', 'cancelled' or 'error'.
-    text (the whole output) only for stream=false requests; with tool calls, tool_calls
-    ([{id, name, arguments}]) and content (the text outside them)."""
+    text (the whole output), token_ids and what was asked of logprobs and top_logprobs only
+    for stream=false requests (a stream had them in its token events); with tool calls,
+    tool_calls ([{id, name, arguments}]) and content (the text outside them)."""
     event = {"event": "eos", "id": request_id, "reason": reason, "usage": usage,
              "timings": timings}
     if text is not None:
         event["text"] = text
+    if token_ids is not None:
+        event["token_ids"] = token_ids
+    if logprobs is not None:
+        event["logprobs"] = logprobs
+    if top_logprobs is not None:
+        event["top_logprobs"] = top_logprobs
     if tool_calls:
         event["tool_calls"] = [{"id": c.id, "name": c.name, "arguments": c.arguments}
                                for c in tool_calls]
@@ -574,6 +624,12 @@ def tokens_event(request_id: str, tokens: Sequence[int]) -> dict:
 def text_event(request_id: str, text: str) -> dict:
     """The answer to a detokenize request."""
     return {"event": "text", "id": request_id, "text": text}
+
+
+def embeddings_event(request_id: str, result: Embeddings) -> dict:
+    """The answer to an embed request: one list of floats per input, in order."""
+    return {"event": "embeddings", "id": request_id, "embeddings": result.vectors.tolist(),
+            "usage": {"prompt_tokens": result.prompt_tokens}, "pooling": result.pooling}
 
 
 def health_event(request_id: str | None, info: dict) -> dict:
