@@ -38,6 +38,17 @@ def test_sample_32_rows_of_32k_vocab(benchmark):
     sampler.close()
 
 
+def test_sample_8_rows_of_128k_vocab_at_temperature(benchmark):
+    # temperature alone (the OpenAI clients' default): the sampler's direct draw
+    logits = np.random.default_rng(0).normal(size=(8, 128256)).astype(np.float32) * 3
+    sampler = _core.Sampler(8, 128256, 1)
+    for slot in range(8):
+        sampler.configure(slot, temperature=1.0, seed=slot)
+    tokens = benchmark(sampler.sample_array, logits, np.arange(8, dtype=np.int32))
+    assert tokens.shape == (8,)
+    sampler.close()
+
+
 def test_tokenize_4kb(benchmark, tiny_model):
     tokens = benchmark(tiny_model.tokenize, TEXT_4K)
     assert len(tokens) > 500

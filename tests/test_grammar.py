@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import types
 
 import jsonschema
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 
 import uma
 from uma.errors import InvalidRequestError
-from uma.grammar import Constraint, Grammars, constraint_of, tool_call
+from uma.grammar import Constraint, Grammars, TickMasks, constraint_of, tool_call
 
 from .test_templates import REAL
 
@@ -51,10 +52,16 @@ def fuzzed_schema(rng: random.Random, depth: int = 0) -> dict:
 SCHEMAS = [fuzzed_schema(random.Random(seed)) for seed in range(32)]
 
 
-@pytest.fixture(scope="module", params=["off", "on"], ids=["serial", "overlapped"])
+@pytest.fixture(scope="module", params=["serial", "overlapped", "prefetched"])
 def engine(tiny_path, request):
-    # overlapped: masks are built while the device decodes, tokens handed on a tick later
-    with uma.Engine(tiny_path, n_ctx=4096, n_seq_max=4, overlap=request.param) as e:
+    # overlapped: masks are built while the device decodes, tokens handed on a tick later;
+    # prefetched: as beside a GPU, each tick's masks started on a thread once the last
+    # tick's tokens are consumed (uma.grammar.TickMasks), their builder's pool in use
+    overlap = "off" if request.param == "serial" else "on"
+    with uma.Engine(tiny_path, n_ctx=4096, n_seq_max=4, overlap=overlap) as e:
+        if request.param == "prefetched":  # before any request: the compute thread waits
+            e._executor._tick_masks = TickMasks(Grammars(e.model, parallel=True),
+                                                e.model.n_vocab)
         yield e
 
 
@@ -165,3 +172,20 @@ def test_masks_filled_on_the_pool_equal_those_filled_in_turn(engine):
     engine.grammars.fill_masks([engine.grammars.matcher(c) for c in constraints], one)
     pooled.fill_masks([pooled.matcher(c) for c in constraints], many)
     assert (one == many).all() and one.any()
+
+
+def test_prefetched_masks_are_those_built_when_needed(engine):
+    pooled = Grammars(engine.model, parallel=True)
+    masks = TickMasks(pooled, engine.model.n_vocab)
+    reqs = [types.SimpleNamespace(matcher=pooled.matcher(Constraint.json_schema(s)))
+            for s in SCHEMAS[:3]]
+    words = (engine.model.n_vocab + 31) // 32
+    want = np.empty((3, words), np.int32)
+    pooled.fill_masks([r.matcher for r in reqs], want)
+    masks.prefetch(reqs[:2])
+    got = masks.fill([reqs[2], reqs[0], reqs[1]])  # one not prefetched, in another order
+    assert (got == want[[2, 0, 1]]).all()
+    masks.prefetch(reqs)
+    masks.wait()  # dropped: built again when needed
+    assert (masks.fill(reqs) == want).all()
+    masks.close()

@@ -66,9 +66,11 @@ for m in $MODELS; do
     timeout 200 python3 benches/prefix_restore.py --model "$m" $GPU --history 8000 \
       --out "$OUT/prefix_restore_$m.json" 2>&1 | quiet | tee -a "$OUT/log.txt"
   elif [[ $PART == grammar ]]; then
-    timeout 400 python3 benches/constrained.py --model "$m" $GPU --repeat 3 --streams 8 \
-      --tokens 256 --sides plain "plain, host sampling" "json schema" \
-      --out "$OUT/constrained_$m.json" 2>&1 | quiet | tee -a "$OUT/log.txt"
+    for schema in ${SCHEMAS:-bounded open}; do
+      timeout 280 python3 benches/constrained.py --model "$m" $GPU --repeat 3 --streams 8 \
+        --tokens 256 --sides plain "plain, host sampling" "json schema" --schema "$schema" \
+        --out "$OUT/constrained_${schema}_$m.json" 2>&1 | quiet | tee -a "$OUT/log.txt"
+    done
   elif [[ $PART == fair ]]; then
     [[ $FAIR == *flood* ]] && timeout 280 python3 benches/app_flood.py --model "$m" --backend cuda $GPU \
       --repeat 3 --out "$OUT/app_flood_$m.json" 2>&1 | quiet | tee -a "$OUT/log.txt"

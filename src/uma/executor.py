@@ -33,6 +33,7 @@ import numpy as np
 
 from uma.calibration import DeviceTiming
 from uma.errors import DecodeAbortedError, NoKVSlotError, UmaError
+from uma.grammar import TickMasks
 from uma.handle import TokenLogprob, TopLogprobs
 from uma.metrics import LoadMeter, Registry
 from uma.output import END, TOKEN, Event, OutputStage
@@ -101,6 +102,7 @@ class Executor:
         self.ledger = fair.Ledger()  # what each app has been served (uma.sched.fair)
         self._rows: list[tuple[Request, float]] = []  # the tick's requests and their price
         self.grammars = grammars
+        self._tick_masks = None if grammars is None else TickMasks(grammars, self.model.n_vocab)
         self._constrained: set[int] = set()  # sequences of requests with a grammar
         self._top_wanted: set[int] = set()  # sequences of requests with top_logprobs
         # the last decode's masks: the row in _mask_buf of each constrained sequence
@@ -588,13 +590,14 @@ class Executor:
         """The next-token masks of the decode's constrained rows (uma.grammar), built as soon
         as the decode is launched: on a GPU while it runs."""
         self._mask_of.clear()
-        if not self._constrained or self.grammars is None:
+        if self._tick_masks is None:
             return
-        running = self.running
         rows = [s for s in seqs.tolist() if s in self._constrained]
         self._mask_of.update((s, k) for k, s in enumerate(rows))
-        self._mask_buf = np.empty((len(rows), (self.model.n_vocab + 31) // 32), np.int32)
-        self.grammars.fill_masks([running[s].matcher for s in rows], self._mask_buf)
+        if rows:
+            self._mask_buf = self._tick_masks.fill([self.running[s] for s in rows])
+        else:
+            self._tick_masks.wait()  # nothing of it is wanted
 
     def _masks(self, seqs: np.ndarray) -> dict[str, np.ndarray]:
         """The masks of these rows as Sampler.sample takes them; none when no row has one."""
@@ -723,6 +726,9 @@ class Executor:
                     self._accept(req, int(ran.tokens[k]), lp, now)
                 except Exception as exc:  # noqa: BLE001 - this request's alone
                     self.fail(req, exc)
+        if self._tick_masks is not None and self._constrained:
+            self._tick_masks.prefetch([r for s in self._constrained
+                                       if (r := self.running[s]).matcher is not None])
         self._memory = ran.plan.memory
         self._due = self._report(ran, apps)
         # A first token goes out at once, not with the next decode: time to first token is
@@ -815,5 +821,7 @@ class Executor:
         return parts
 
     def close(self) -> None:
+        if self._tick_masks is not None:
+            self._tick_masks.close()
         self.sampler.close()
         self.batch.close()

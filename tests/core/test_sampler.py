@@ -109,6 +109,18 @@ def test_draws_follow_the_distribution(sampler):
     np.testing.assert_allclose(freq, [0.5, 0.3, 0.2], atol=0.04)
 
 
+def test_tempered_draws_follow_the_scaled_distribution_within_min_p(sampler):
+    # temperature and min-p alone take the sampler's direct draw (no candidate list)
+    logits = np.full(VOCAB, -30.0, dtype=np.float32)
+    logits[[3, 7, 11, 13]] = np.log([0.4, 0.3, 0.2, 0.1])
+    sampler.configure(0, temperature=0.5, min_p=0.2, seed=1)
+    tokens = sampler.sample_array(np.stack([logits] * 4000), [0] * 4000)
+    # p ~ q^2 = .16, .09, .04, .01; min_p keeps p >= 0.2 * .16: token 13 goes
+    assert set(tokens.tolist()) == {3, 7, 11}
+    freq = np.bincount(tokens, minlength=VOCAB)[[3, 7, 11]] / 4000
+    np.testing.assert_allclose(freq, np.array([0.16, 0.09, 0.04]) / 0.29, atol=0.04)
+
+
 def test_repeat_penalty_demotes_seen_tokens(sampler):
     logits = np.zeros(VOCAB, dtype=np.float32)
     logits[10], logits[20] = 2.0, 1.9

@@ -58,9 +58,13 @@ struct Candidate {
     int32_t id;
 };
 
+constexpr int32_t kDrawBlock = 1024;  // tokens per block sum of the tempered draw
+
 // Per-thread buffers for one row at a time.
 struct Workspace {
     std::vector<float> scratch;      // a penalised copy of the row
+    std::vector<float> weights;      // exp of each scaled logit (the tempered draw)
+    std::vector<float> block_sums;   // their sums by block of kDrawBlock tokens
     std::vector<Candidate> cands;    // survivors of the filters
     float cands_max = 0.0f;          // largest scaled logit among them
     bool sorted = false;             // cands is most probable first
@@ -118,6 +122,9 @@ private:
 
     int32_t sample_row(Workspace & ws, Slot & slot, const float * row, float * logprob,
                        const uint32_t * mask);
+    // Temperature (and min-p) alone, the common case: a draw from softmax(row / T) in three
+    // vectorised passes over the row, no candidate list (top-k and top-p need one).
+    int32_t draw_tempered(Workspace & ws, Slot & slot, const float * row);
     void sample_rows(Workspace & ws, const SampleJob & job, int32_t i);
     // Scales `row` by the temperature into ws.cands and applies top-k, top-p and min-p there.
     void filter(Workspace & ws, Slot & slot, const float * row, bool need_sorted);
