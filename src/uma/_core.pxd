@@ -14,6 +14,17 @@ cdef extern from "logsink.hpp" namespace "uma" nogil:
     void log_clear_problem()
 
 
+cdef extern from "rpc.hpp" namespace "uma" nogil:
+    cbool rpc_compiled()
+    int32_t native_rpc_add_worker "uma::rpc_add_worker"(const char * endpoint, char * names,
+                                                        size_t cap, int32_t max_names)
+    cbool native_rpc_serve "uma::rpc_serve"(const char * endpoint, const char * cache_dir,
+                                            size_t n_threads)
+    void abort_hold_install()
+    cbool native_abort_wait "uma::abort_wait"(char * buf, size_t cap)
+    void abort_wait_cancel()
+
+
 cdef extern from "sampler.hpp" namespace "uma" nogil:
     cdef cppclass SamplingParams:
         float temperature

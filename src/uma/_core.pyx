@@ -116,7 +116,8 @@ cdef class Model:
     progress: optional callable(fraction) observed while loading; returning False cancels.
     """
 
-    def __cinit__(self, path, *, int n_gpu_layers=-1, progress=None, bint vocab_only=False):
+    def __cinit__(self, path, *, int n_gpu_layers=-1, progress=None, bint vocab_only=False,
+                  tensor_split=()):
         self._model = NULL
         path = os.fspath(path)
         if not isinstance(path, str):
@@ -137,6 +138,18 @@ cdef class Model:
         cdef L.llama_model_params params = L.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
         params.vocab_only = vocab_only
+        # each device's share of the offloaded layers, in llama.cpp's order (RPC workers,
+        # then GPUs); the rest of the array zero
+        cdef size_t n_dev = L.llama_max_devices()
+        split = np.zeros(n_dev, dtype=np.float32)
+        if len(tensor_split) > <Py_ssize_t>n_dev:
+            raise errors.InvalidRequestError(f"tensor_split has more than {n_dev} shares")
+        split[:len(tensor_split)] = tensor_split
+        if (split < 0).any() or not np.isfinite(split).all():
+            raise errors.InvalidRequestError("tensor_split shares must be finite and >= 0")
+        cdef float[::1] split_view = split
+        if len(tensor_split):
+            params.tensor_split = &split_view[0]
         if progress is not None:
             self._progress = progress
             params.progress_callback = _on_progress
@@ -1169,6 +1182,74 @@ cdef class Context:
             raise errors.InvalidRequestError(
                 f"could not restore the sequence state: {_last_problem() or 'rejected'}")
         return read
+
+
+# --- llama.cpp's RPC backend ---------------------------------------------------------------------
+
+def rpc_supported():
+    """Whether llama.cpp's RPC backend is compiled in (CMake UMA_RPC, on by default)."""
+    return rpc_compiled()
+
+
+def rpc_add_worker(str endpoint not None):
+    """Registers the RPC worker at endpoint ('host:port') as devices that models loaded from
+    now on put layers on, in this process for good (llama.cpp has no way to drop them).
+    Returns their names. ModelLoadError naming the worker when it cannot be reached."""
+    if not rpc_compiled():
+        raise errors.ModelLoadError("this build has no RPC backend (build with -DUMA_RPC=ON)")
+    cdef bytes bend = endpoint.encode()
+    cdef const char * cend = bend
+    cdef char names[16 * 128]
+    cdef int32_t n
+    log_clear_problem()
+    with nogil:
+        n = native_rpc_add_worker(cend, names, 128, 16)
+    if n <= 0:
+        problem = _last_problem()
+        raise errors.ModelLoadError(
+            f"cannot reach the RPC worker at {endpoint}"
+            + (f": {problem}" if problem else "")
+            + " (is `uma rpc-worker` running there, and its port open to this machine?)")
+    return tuple((<bytes>names[i * 128:(i + 1) * 128]).split(b"\0", 1)[0].decode()
+                 for i in range(min(n, 16)))
+
+
+def rpc_serve(str endpoint not None, *, int n_threads=0, cache_dir=None):
+    """Serves this process's devices (its GPUs, else its CPU) to RPC clients at endpoint
+    ('host:port') until the process is killed; the GIL is released meanwhile."""
+    if not rpc_compiled():
+        raise errors.UmaError("this build has no RPC backend (build with -DUMA_RPC=ON)")
+    threads = n_threads if n_threads > 0 else default_threads()
+    cdef bytes bend = endpoint.encode()
+    cdef bytes bdir = os.fsencode(cache_dir) if cache_dir is not None else b""
+    cdef const char * cend = bend
+    cdef const char * cdir = NULL
+    if cache_dir is not None:
+        cdir = bdir
+    cdef size_t nt = threads
+    with nogil:
+        native_rpc_serve(cend, cdir, nt)
+
+
+def hold_aborts():
+    """From now on, a failure that would make ggml abort the process (a lost RPC worker,
+    mid-decode) holds the failing thread forever instead; wait_for_abort() tells of it."""
+    abort_hold_install()
+
+
+def wait_for_abort():
+    """Blocks until a thread has been held (returns ggml's message; at once if one was) or
+    cancel_abort_waits() is called (returns None). The GIL is released meanwhile."""
+    cdef char buf[2048]
+    cdef cbool held
+    with nogil:
+        held = native_abort_wait(buf, sizeof(buf))
+    return (<bytes>buf).decode(errors="replace") if held else None
+
+
+def cancel_abort_waits():
+    """Ends the wait_for_abort() calls under way."""
+    abort_wait_cancel()
 
 
 def default_threads():

@@ -57,6 +57,7 @@ cdef extern from "llama.h" nogil:
 
     struct llama_model_params:
         int32_t n_gpu_layers
+        const float * tensor_split
         llama_progress_callback progress_callback
         void * progress_callback_user_data
         bint vocab_only
@@ -124,6 +125,7 @@ cdef extern from "llama.h" nogil:
     const char * llama_print_system_info()
     bint llama_supports_gpu_offload()
     size_t llama_max_parallel_sequences()
+    size_t llama_max_devices()
 
     llama_model * llama_model_load_from_file(const char * path_model, llama_model_params params)
     void llama_model_free(llama_model * model)

@@ -140,6 +140,8 @@ def run(
     app_latency_caps: str | None = _opt("app_latency_caps"),
     embedding_ctx: int | None = _opt("embedding_ctx"),
     pooling: str | None = _opt("pooling"),
+    rpc: str | None = _opt("rpc"),
+    tensor_split: str | None = _opt("tensor_split"),
     policy: str | None = _opt("policy"),
     tick_ms: float | None = _opt("tick_ms"),
     latency_cap: float | None = _opt("latency_cap"),
@@ -400,7 +402,60 @@ def info() -> None:
     from uma import _core
 
     typer.echo(json.dumps({"version": uma.__version__, "backends": _core.backends(),
-                           "system": _core.system_info()}, indent=2))
+                           "rpc": _core.rpc_supported(), "system": _core.system_info()},
+                          indent=2))
+
+
+@app.command("rpc-worker")
+def rpc_worker(
+    host: str = typer.Option("127.0.0.1", "--host", "-H",
+                             help="address to listen on: loopback, or a private network's"),
+    port: int = typer.Option(50052, "--port", "-p", min=1, max=65535),
+    threads: int | None = typer.Option(None, "--threads", "-t", min=1,
+                                       help="CPU threads  [default: the cores available]"),
+    cache: Path | None = typer.Option(None, "--cache",
+                                      help="keep received tensors in this folder, so that a "
+                                           "restarted daemon loads faster"),
+    allow_public: bool = typer.Option(False, "--allow-public",
+                                      help="listen on a public address anyway"),
+) -> None:
+    """Serve this machine's devices (its GPUs, else its CPU) to `uma run --rpc HOST:PORT` on
+    another, which puts layers of its model here: llama.cpp's RPC worker. It runs until killed.
+
+    The protocol has no authentication and no encryption: whoever reaches the port can run
+    computations here and read what they hold. Listen on loopback or a private network only."""
+    import ipaddress
+    import signal
+    import socket
+
+    from uma import _core
+
+    if not _core.rpc_supported():
+        raise _fail("this build has no RPC backend (reinstall with -DUMA_RPC=ON)", EXIT_USAGE)
+    if ":" in host:
+        raise _fail("--host: llama.cpp's RPC takes a host name or an IPv4 address", EXIT_USAGE)
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, port)}
+    except socket.gaierror as exc:
+        raise _fail(f"--host {host!r} does not resolve: {exc}", EXIT_USAGE) from None
+    public = [a for a in addresses if not (ipaddress.ip_address(a.split("%")[0]).is_loopback
+                                           or ipaddress.ip_address(a.split("%")[0]).is_private)
+              or ipaddress.ip_address(a.split("%")[0]).is_unspecified]
+    if public and not allow_public:
+        raise _fail(f"refusing to listen on {host} ({', '.join(sorted(public))}): RPC workers "
+                    f"are unauthenticated, so anyone who reaches the port can use this "
+                    f"machine's devices. Use loopback or a private network, or pass "
+                    f"--allow-public if a firewall guards it", EXIT_USAGE)
+    if public:
+        typer.echo(f"uma: WARNING: listening on {host}, which is not private: the RPC protocol "
+                   f"has no authentication", err=True)
+    endpoint = f"{host}:{port}"
+    typer.echo(f"uma: RPC worker at {endpoint}; serve a model with "
+               f"`uma run MODEL --rpc {endpoint}`", err=True)
+    # The server loop runs in llama.cpp with the GIL released and never returns; Ctrl-C
+    # ends the process at once instead of waiting for Python's handler.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    _core.rpc_serve(endpoint, n_threads=threads or 0, cache_dir=cache)
 
 
 @service_app.command("install")

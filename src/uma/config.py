@@ -282,6 +282,11 @@ class EngineConfig:
     # else mean), 'mean', 'cls' or 'last'
     embedding_ctx: int = 2048
     embedding_pooling: str = "auto"
+    # llama.cpp RPC workers ("host:port"; a list, or 'H:P,H:P') whose devices hold layers of
+    # the model (`uma rpc-worker`, or llama.cpp's rpc-server); tensor_split: each device's
+    # share of the offloaded layers, workers first then local GPUs (empty: by free memory)
+    rpc: tuple[str, ...] = ()
+    tensor_split: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -347,6 +352,8 @@ class EngineConfig:
         if self.fair_quantum_ms is not None and _number(
                 "fair_quantum_ms", self.fair_quantum_ms) <= 0:
             raise InvalidRequestError(f"fair_quantum_ms must be > 0, not {self.fair_quantum_ms}")
+        object.__setattr__(self, "rpc", check_endpoints(self.rpc))
+        object.__setattr__(self, "tensor_split", _shares(self.tensor_split))
         object.__setattr__(self, "app_weights",
                            _per_app("app_weights", self.app_weights, app_weight))
         object.__setattr__(self, "app_latency_caps",
@@ -355,6 +362,48 @@ class EngineConfig:
         from uma.sched.knobs import check_knobs
 
         object.__setattr__(self, "slo", check_knobs(self.slo))
+
+
+def check_endpoint(value: object, field: str = "rpc") -> str:
+    """'host:port' with a host name or an IPv4 address (llama.cpp's RPC client splits at the
+    first colon: no IPv6), port in [1, 65535]; InvalidRequestError naming the field
+    otherwise."""
+    if not isinstance(value, str) or value.strip().count(":") != 1:
+        raise InvalidRequestError(f"{field}: {value!r} is not host:port (IPv6 addresses are "
+                                  f"not supported by llama.cpp's RPC)")
+    host, _, port = value.strip().partition(":")
+    if not host or any(c.isspace() or c in ",[]" for c in host):
+        raise InvalidRequestError(f"{field}: {value!r} has no valid host")
+    if not port.isdecimal() or not 1 <= int(port) <= 65535:
+        raise InvalidRequestError(f"{field}: {value!r} needs a port in [1, 65535]")
+    return f"{host}:{int(port)}"
+
+
+def check_endpoints(value: object, field: str = "rpc") -> tuple[str, ...]:
+    """A list of endpoints, or 'H:P,H:P'; each checked, none twice."""
+    if isinstance(value, str):
+        value = [v for v in value.split(",") if v.strip()]
+    if not isinstance(value, (list, tuple)):
+        raise InvalidRequestError(f"{field} must be host:port endpoints")
+    out = tuple(check_endpoint(v, field) for v in value)
+    if len(set(out)) != len(out):
+        raise InvalidRequestError(f"{field} names an endpoint twice")
+    return out
+
+
+def _shares(value: object) -> tuple[float, ...]:
+    """tensor_split: a list of numbers >= 0 (or '1,1,2'), not all zero; at most 16."""
+    if isinstance(value, str):
+        value = [v for v in value.replace("/", ",").split(",") if v.strip()]
+    if not isinstance(value, (list, tuple)) or len(value) > 16:
+        raise InvalidRequestError("tensor_split must be at most 16 numbers")
+    try:
+        shares = tuple(float(v) for v in value)
+    except (TypeError, ValueError):
+        raise InvalidRequestError(f"tensor_split must be numbers, not {value!r}") from None
+    if any(not 0 <= x < float("inf") for x in shares) or (shares and not any(shares)):
+        raise InvalidRequestError("tensor_split shares must be >= 0, and not all 0")
+    return shares
 
 
 def _per_app(field: str, value: object,

@@ -36,6 +36,7 @@ from uma.errors import (
     ClosedError,
     ContextOverflowError,
     EngineBusyError,
+    EngineFailedError,
     InvalidRequestError,
     UmaError,
 )
@@ -117,8 +118,12 @@ class Engine:
         self._poked = False
         self._rids = itertools.count(1)
         self.metrics = Registry()
+        # set once a ggml abort held the compute thread (a lost RPC worker): every request
+        # ends with it, and nothing more is served
+        self.failure: str | None = None
+        self.rpc_devices = self._add_rpc_workers(config, core)
         self.model = core.Model(config.model, n_gpu_layers=config.n_gpu_layers,
-                                 progress=progress)
+                                 progress=progress, tensor_split=config.tensor_split)
         try:
             self.chat_template = self._chat_template(config.chat_template)
             # constrained decoding; masks on a thread pool where the host's cores are free
@@ -162,6 +167,39 @@ class Engine:
         self._ready = threading.Event()  # set once calibrated: requests are then served at once
         self._thread = threading.Thread(target=self._compute, name="uma-compute", daemon=True)
         self._thread.start()
+        if config.rpc:
+            threading.Thread(target=self._watch_aborts, name="uma-abort-watch",
+                             daemon=True).start()
+
+    @staticmethod
+    def _add_rpc_workers(config: EngineConfig, core: ModuleType) -> tuple[str, ...]:
+        """Registers config.rpc's workers as devices before the model loads; a worker that
+        cannot be reached fails the start, naming it. From here on a ggml abort (what
+        llama.cpp's RPC client does when a worker is lost mid-run) holds its thread instead
+        of ending the process (_watch_aborts)."""
+        if not config.rpc:
+            return ()
+        core.hold_aborts()
+        devices = tuple(d for endpoint in config.rpc for d in core.rpc_add_worker(endpoint))
+        log.info("RPC workers %s: devices %s", ", ".join(config.rpc), ", ".join(devices))
+        return devices
+
+    def _watch_aborts(self) -> None:
+        """Waits for a ggml abort to hold a thread: the compute thread, inside a decode, when
+        an RPC worker is lost. It never comes back, so this thread ends every request in
+        flight with the failure, and submit() refuses new ones; the process stays up to say
+        so (health) until it is restarted."""
+        message = self._core.wait_for_abort()
+        if message is None:  # the engine closed first
+            return
+        failure = (f"the engine stopped: {message.strip()}. An RPC worker was probably "
+                   f"lost; restart the daemon once the workers are back")
+        log.critical("%s", failure)
+        with self._cond:
+            self.failure = failure
+            queued, self._inbox = self._inbox, []
+            self._cond.notify_all()
+        self._executor.abandon(queued, EngineFailedError(failure))
 
     @staticmethod
     def _bandwidth(config: EngineConfig, core: ModuleType) -> float:
@@ -247,6 +285,8 @@ class Engine:
         with self._cond:
             if self._closing or self._closed:
                 raise ClosedError("engine is closed")
+            if self.failure is not None:
+                raise EngineFailedError(self.failure)
             if len(self._inbox) + self._executor.n_waiting >= self.config.max_queue:
                 raise EngineBusyError(
                     f"{self.config.max_queue} requests are already waiting; try again later")
@@ -316,6 +356,8 @@ class Engine:
         with self._cond:
             if self._closing or self._closed:
                 raise ClosedError("engine is closed")
+            if self.failure is not None:
+                raise EngineFailedError(self.failure)
             self._jobs.append(job)
             self._cond.notify()
         return job.future
@@ -535,6 +577,12 @@ class Engine:
                 return
             self._closing = "cancel" if cancel else "drain"
             self._cond.notify()
+        if self.failure is not None:
+            # The compute thread is held mid-decode for good: it cannot be joined, and the
+            # native state it holds cannot be freed under it; the process's exit frees it.
+            self._output.close()
+            self._closed = True
+            return
         if cancel:  # a decode in flight (a long prompt on a CPU: up to a minute) stops now
             self.ctx.abort()
         self._thread.join(timeout)
@@ -545,6 +593,8 @@ class Engine:
         with self._cond:
             self._cond.wait_for(lambda: self._submitting == 0)
         self._end_jobs()  # queued after the compute thread's last look
+        if self.config.rpc:
+            self._core.cancel_abort_waits()  # the watcher ends: nothing aborted
         if self._embedder is not None:
             self._embedder.close()
         self.ctx.close()

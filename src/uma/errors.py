@@ -88,6 +88,11 @@ class ClosedError(UmaError, RuntimeError):
     """The object was closed and can no longer be used."""
 
 
+class EngineFailedError(UmaError):
+    """The engine stopped for good (its compute thread was held by a ggml abort, as when an
+    RPC worker is lost): nothing more is served until it is restarted."""
+
+
 def decode_error(rc: int, detail: str = "") -> DecodeError:
     """Translates a llama_decode return code (llama.h) into the matching exception."""
     suffix = f": {detail}" if detail else ""

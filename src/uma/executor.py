@@ -246,6 +246,16 @@ class Executor:
                 self.release(q.popleft(), reason, error)
         self._flush()
 
+    def abandon(self, queued: list[Request], error: UmaError) -> None:
+        """Ends every request (these queued ones too) with error, from another thread, once
+        the compute thread is gone for good (held in a ggml abort): nothing here touches the
+        context, whose state that thread left mid-decode."""
+        now = time.monotonic_ns()
+        reqs = [*self.running.values(), *(r for q in self.waiting.values() for r in q), *queued]
+        for req in reqs:
+            req.done = True
+        self.output.publish([(END, req, "error", error, now, False) for req in reqs])
+
     def _flush(self) -> None:
         """Hands on what the ticks so far produced: the output events in one batch, the
         latencies to the metrics, the last tick's report to the statistics."""

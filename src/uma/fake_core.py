@@ -119,6 +119,42 @@ def max_parallel_sequences() -> int:
     return _MAX_SEQ
 
 
+def rpc_supported() -> bool:
+    """No RPC workers for the fake core."""
+    return False
+
+
+def rpc_add_worker(endpoint: str) -> tuple[str, ...]:
+    raise errors.ModelLoadError("the fake core has no RPC backend")
+
+
+def rpc_serve(endpoint: str, *, n_threads: int = 0, cache_dir=None) -> None:
+    raise errors.UmaError("the fake core has no RPC backend")
+
+
+_abort_cond = threading.Condition()
+_abort_cancels = 0
+
+
+def hold_aborts() -> None:
+    """Nothing of the fake core aborts."""
+
+
+def wait_for_abort() -> str | None:
+    """Blocks until cancel_abort_waits(): the fake core never aborts."""
+    with _abort_cond:
+        cancels = _abort_cancels
+        _abort_cond.wait_for(lambda: _abort_cancels != cancels)
+    return None
+
+
+def cancel_abort_waits() -> None:
+    global _abort_cancels
+    with _abort_cond:
+        _abort_cancels += 1
+        _abort_cond.notify_all()
+
+
 def backends() -> tuple[str, ...]:
     """('fake',): not ('cpu',), so the engine does not time host memory bandwidth for its
     ΣBMT budget (a few hundred ms) unless the config asks for n_gpu_layers=0."""
@@ -174,11 +210,13 @@ class Model:
     the load (ModelLoadError), as with the real core."""
 
     def __init__(self, path, *, n_gpu_layers: int = -1, progress=None,
-                 vocab_only: bool = False) -> None:
+                 vocab_only: bool = False, tensor_split=()) -> None:
         self._closed = True  # until constructed: close() of a half-made model does nothing
         path = os.fspath(path)
         self.path = path if isinstance(path, str) else os.fsdecode(path)
         _int(n_gpu_layers)
+        if any(not 0 <= float(x) < float("inf") for x in tensor_split):
+            raise errors.InvalidRequestError("tensor_split shares must be finite and >= 0")
         if progress is not None and not callable(progress):
             raise errors.InvalidRequestError("progress must be callable")
         if progress is not None:

@@ -564,9 +564,12 @@ class Daemon:
     def health(self) -> dict:
         """Whether it serves, and what `uma status` shows: the engine's slots, queue, load
         and memory, with the daemon's own figures."""
+        failure = self.engine.failure
         return {
             **self.engine.status(),
-            "status": "draining" if self._stopping else "ok",
+            "status": "failed" if failure else "draining" if self._stopping else "ok",
+            **({"error": failure} if failure else {}),
+            **({"rpc": list(self.engine.config.rpc)} if self.engine.config.rpc else {}),
             "uptime_s": round(time.monotonic() - self._started, 3),
             "connections": len(self._conns), "requests_in_flight": self._in_flight(),
             "backends": list(_core.backends()), "pid": os.getpid(),

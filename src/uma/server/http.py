@@ -272,6 +272,12 @@ class _Api:
             raise error_for(exc) from exc
 
     async def health(self, request: Request) -> Response:
+        """200 while it serves; 503 once the engine has failed (a lost RPC worker), so that a
+        load balancer takes the daemon out of rotation."""
+        failure = self.engine.failure
+        if failure is not None:
+            return JSONResponse({"status": "failed", "model": self.model_id,
+                                 "error": failure}, status_code=503)
         return JSONResponse({"status": "draining" if self.stopping else "ok",
                              "model": self.model_id})
 

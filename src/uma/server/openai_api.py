@@ -25,7 +25,7 @@ from uma import tools as uma_tools
 from uma.app import app_name
 from uma.config import MAX_TOP_LOGPROBS
 from uma.embeddings import Embeddings, inputs_of
-from uma.errors import ClosedError, ContextOverflowError, InvalidRequestError
+from uma.errors import ClosedError, ContextOverflowError, EngineFailedError, InvalidRequestError
 from uma.handle import Result, TokenEvent, TopLogprobs
 from uma.priority import Priority
 from uma.server import protocol as P
@@ -67,6 +67,8 @@ def error_for(exc: BaseException) -> ApiError:
     if isinstance(exc, ClosedError):
         return ApiError(503, "the server is shutting down", type="server_error",
                         code="shutting_down")
+    if isinstance(exc, EngineFailedError):
+        return ApiError(503, str(exc), type="server_error", code="engine_failed")
     code = P.error_code_for(exc)
     if code == P.E_BUSY_001:
         return ApiError(429, str(exc), type="rate_limit_error", code="server_busy")

@@ -27,6 +27,7 @@ from uma.errors import (
     ClosedError,
     ContextOverflowError,
     EngineBusyError,
+    EngineFailedError,
     InvalidRequestError,
     ModelLoadError,
     NoChatTemplateError,
@@ -80,6 +81,7 @@ _ERROR_CODES: tuple[tuple[type[BaseException], str], ...] = (
     (BatchFullError, E_BUSY_001),
     (EngineBusyError, E_BUSY_001),
     (ClosedError, E_BUSY_001),  # the engine is shutting down
+    (EngineFailedError, E_MODEL_001),  # the model's devices are gone (an RPC worker lost)
     (NoChatTemplateError, E_MODEL_001),
     (InvalidRequestError, E_PROTO_003),  # a field's value was rejected
     (ModelLoadError, E_MODEL_001),

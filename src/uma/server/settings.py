@@ -123,6 +123,10 @@ SETTINGS: tuple[Setting, ...] = (
     _e("app_latency_caps", str, "none (every app latency_cap)",
        "slo: apps' own latency caps, as NAME=CAP,NAME=CAP"),
     _e("embedding_ctx", int, "2048", "most tokens of one /v1/embeddings input"),
+    _e("rpc", str, "none", "RPC workers holding layers of the model, as HOST:PORT,HOST:PORT "
+       "(`uma rpc-worker` on each)"),
+    _e("tensor_split", str, "by free memory",
+       "each device's share of the offloaded layers, RPC workers first: e.g. 1,1,2"),
     _e("pooling", str, "the model's own, else mean",
        "how embeddings pool an input: auto, mean, cls or last", "embedding_pooling"),
     *(_knob(k) for k in KNOBS),
