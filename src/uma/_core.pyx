@@ -57,6 +57,36 @@ def backends():
     return tuple((<bytes>UMA_BACKENDS).decode().split(","))
 
 
+_DEVICE_TYPES = {L.GGML_BACKEND_DEVICE_TYPE_CPU: "cpu", L.GGML_BACKEND_DEVICE_TYPE_GPU: "gpu",
+                 L.GGML_BACKEND_DEVICE_TYPE_IGPU: "igpu", L.GGML_BACKEND_DEVICE_TYPE_ACCEL: "accel",
+                 L.GGML_BACKEND_DEVICE_TYPE_META: "meta"}
+
+
+def devices():
+    """The devices ggml found at run time, in its order: one dict each with name ('CPU',
+    'Vulkan0', 'CUDA0'), description, type ('cpu', 'gpu', 'igpu', 'accel'), backend ('CPU',
+    'Vulkan', 'CUDA') and memory_free / memory_total in bytes. A GPU backend compiled in lists
+    no device where the machine has none (no driver, or, for Vulkan, only a CPU implementation
+    such as Mesa's lavapipe, which ggml uses only when GGML_VK_VISIBLE_DEVICES names it)."""
+    cdef size_t i, n = L.ggml_backend_dev_count()
+    cdef size_t free_b, total_b
+    cdef L.ggml_backend_dev_t dev
+    out = []
+    for i in range(n):
+        dev = L.ggml_backend_dev_get(i)
+        free_b = total_b = 0
+        L.ggml_backend_dev_memory(dev, &free_b, &total_b)
+        out.append({
+            "name": (<bytes>L.ggml_backend_dev_name(dev)).decode(errors="replace"),
+            "description": (<bytes>L.ggml_backend_dev_description(dev)).decode(errors="replace"),
+            "type": _DEVICE_TYPES.get(L.ggml_backend_dev_type(dev), "other"),
+            "backend": (<bytes>L.ggml_backend_reg_name(
+                L.ggml_backend_dev_backend_reg(dev))).decode(errors="replace"),
+            "memory_free": free_b, "memory_total": total_b,
+        })
+    return tuple(out)
+
+
 def max_parallel_sequences():
     """The most sequences one context may hold (llama.cpp's LLAMA_MAX_SEQ)."""
     return L.llama_max_parallel_sequences()
