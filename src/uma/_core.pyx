@@ -46,8 +46,10 @@ _FLASH_ATTN = {"auto": L.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": L.LLAMA_FLASH_ATTN_TY
                "off": L.LLAMA_FLASH_ATTN_TYPE_DISABLED}
 _LOG_LEVELS = {"none": 0, "debug": 1, "info": 2, "warn": 3, "error": 4}
 
-L.llama_backend_init()
+# The sink first: a GPU backend reports its devices while registering (ggml_vulkan's "Found 1
+# Vulkan devices" on stderr otherwise, ahead of uma's own first line).
 log_install()
+L.llama_backend_init()
 
 
 # --- module functions --------------------------------------------------------------------------
