@@ -89,6 +89,14 @@ def test_model_synth_and_info(tmp_path):
     assert r.returncode != 0 and "unknown preset" in r.stderr
 
 
+def test_info_names_the_backends_and_the_devices_found():
+    r = uma("info")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert "cpu" in info["backends"]
+    assert any(d["type"] == "cpu" for d in info["devices"])
+
+
 # --- everyday commands ---------------------------------------------------------------------------
 
 

@@ -29,7 +29,8 @@ def solo(tiny_path):
 
 @pytest.fixture
 def engine(tiny_path):
-    with uma.Engine(tiny_path, n_ctx=2048, n_seq_max=4) as e:
+    # The failures are injected into the host sampler: on a GPU the device samples by default.
+    with uma.Engine(tiny_path, n_ctx=2048, n_seq_max=4, device_sampling="off") as e:
         yield e
 
 

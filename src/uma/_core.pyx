@@ -48,8 +48,10 @@ _FLASH_ATTN = {"auto": L.LLAMA_FLASH_ATTN_TYPE_AUTO, "on": L.LLAMA_FLASH_ATTN_TY
                "off": L.LLAMA_FLASH_ATTN_TYPE_DISABLED}
 _LOG_LEVELS = {"none": 0, "debug": 1, "info": 2, "warn": 3, "error": 4}
 
-L.llama_backend_init()
+# The sink first: a GPU backend reports its devices while registering (ggml_vulkan's "Found 1
+# Vulkan devices" on stderr otherwise, ahead of uma's own first line).
 log_install()
+L.llama_backend_init()
 
 
 # --- module functions --------------------------------------------------------------------------
@@ -57,6 +59,36 @@ log_install()
 def backends():
     """The ggml backends compiled into this build, e.g. ('cpu', 'cuda')."""
     return tuple((<bytes>UMA_BACKENDS).decode().split(","))
+
+
+_DEVICE_TYPES = {L.GGML_BACKEND_DEVICE_TYPE_CPU: "cpu", L.GGML_BACKEND_DEVICE_TYPE_GPU: "gpu",
+                 L.GGML_BACKEND_DEVICE_TYPE_IGPU: "igpu", L.GGML_BACKEND_DEVICE_TYPE_ACCEL: "accel",
+                 L.GGML_BACKEND_DEVICE_TYPE_META: "meta"}
+
+
+def devices():
+    """The devices ggml found at run time, in its order: one dict each with name ('CPU',
+    'Vulkan0', 'CUDA0'), description, type ('cpu', 'gpu', 'igpu', 'accel'), backend ('CPU',
+    'Vulkan', 'CUDA') and memory_free / memory_total in bytes. A GPU backend compiled in lists
+    no device where the machine has none (no driver, or, for Vulkan, only a CPU implementation
+    such as Mesa's lavapipe, which ggml uses only when GGML_VK_VISIBLE_DEVICES names it)."""
+    cdef size_t i, n = L.ggml_backend_dev_count()
+    cdef size_t free_b, total_b
+    cdef L.ggml_backend_dev_t dev
+    out = []
+    for i in range(n):
+        dev = L.ggml_backend_dev_get(i)
+        free_b = total_b = 0
+        L.ggml_backend_dev_memory(dev, &free_b, &total_b)
+        out.append({
+            "name": (<bytes>L.ggml_backend_dev_name(dev)).decode(errors="replace"),
+            "description": (<bytes>L.ggml_backend_dev_description(dev)).decode(errors="replace"),
+            "type": _DEVICE_TYPES.get(L.ggml_backend_dev_type(dev), "other"),
+            "backend": (<bytes>L.ggml_backend_reg_name(
+                L.ggml_backend_dev_backend_reg(dev))).decode(errors="replace"),
+            "memory_free": free_b, "memory_total": total_b,
+        })
+    return tuple(out)
 
 
 def max_parallel_sequences():

@@ -15,6 +15,28 @@ cdef extern from "ggml.h" nogil:
     ctypedef int ggml_type
     ctypedef void (*ggml_log_callback)(ggml_log_level level, const char * text, void * user_data)
 
+cdef extern from "ggml-backend.h" nogil:
+    ctypedef struct ggml_backend_device:
+        pass
+    ctypedef ggml_backend_device * ggml_backend_dev_t
+    ctypedef struct ggml_backend_reg:
+        pass
+    ctypedef ggml_backend_reg * ggml_backend_reg_t
+    enum:  # enum ggml_backend_dev_type (its name is also the function's below)
+        GGML_BACKEND_DEVICE_TYPE_CPU
+        GGML_BACKEND_DEVICE_TYPE_GPU
+        GGML_BACKEND_DEVICE_TYPE_IGPU
+        GGML_BACKEND_DEVICE_TYPE_ACCEL
+        GGML_BACKEND_DEVICE_TYPE_META
+    size_t ggml_backend_dev_count()
+    ggml_backend_dev_t ggml_backend_dev_get(size_t index)
+    const char * ggml_backend_dev_name(ggml_backend_dev_t device)
+    const char * ggml_backend_dev_description(ggml_backend_dev_t device)
+    void ggml_backend_dev_memory(ggml_backend_dev_t device, size_t * free, size_t * total)
+    int ggml_backend_dev_type(ggml_backend_dev_t device)
+    ggml_backend_reg_t ggml_backend_dev_backend_reg(ggml_backend_dev_t device)
+    const char * ggml_backend_reg_name(ggml_backend_reg_t reg)
+
 cdef extern from "llama.h" nogil:
     ctypedef int32_t llama_pos
     ctypedef int32_t llama_token

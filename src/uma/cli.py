@@ -398,12 +398,13 @@ def _metric_cell(value: object) -> str | None:
 
 @app.command()
 def info() -> None:
-    """The backends compiled into this build and llama.cpp's view of the machine."""
+    """The backends compiled into this build, the devices they found and llama.cpp's view of
+    the machine."""
     from uma import _core
 
     typer.echo(json.dumps({"version": uma.__version__, "backends": _core.backends(),
-                           "rpc": _core.rpc_supported(), "system": _core.system_info()},
-                          indent=2))
+                           "devices": _core.devices(), "rpc": _core.rpc_supported(),
+                           "system": _core.system_info()}, indent=2))
 
 
 @app.command("rpc-worker")

@@ -73,6 +73,12 @@ Prompt = str | Sequence[int] | np.ndarray | Messages
 
 
 _GPU_BACKENDS = {"cuda", "metal", "vulkan"}  # what uma._core.backends() may name besides cpu
+
+
+def _gpu_devices(core: ModuleType) -> list[str]:
+    """The GPU devices ggml found at run time. A GPU backend compiled in may find none (a
+    Vulkan build on a machine without a Vulkan GPU): the model then runs on the CPU."""
+    return [d["name"] for d in core.devices() if d["type"] in ("gpu", "igpu")]
 DEVICE_SAMPLING_MAX_SEQ = 16  # device_sampling=auto: sequences beyond which the host samples
 
 
@@ -207,7 +213,7 @@ class Engine:
         (CPU builds). A discrete GPU's bandwidth cannot be probed from here: off unless given."""
         if config.bmt_budget_gbps is not None:
             return config.bmt_budget_gbps
-        if core.backends() == ("cpu",) or config.n_gpu_layers == 0:
+        if core.backends() == ("cpu",) or config.n_gpu_layers == 0 or not _gpu_devices(core):
             return probe_bandwidth_gbps()
         return 0.0
 
@@ -240,7 +246,8 @@ class Engine:
         overlapped ticks (a GPU decode call returns once queued; a CPU one once done)."""
         if setting != "auto":
             return setting == "on"
-        return bool(_GPU_BACKENDS & set(core.backends())) and config.n_gpu_layers != 0
+        return (bool(_GPU_BACKENDS & set(core.backends())) and config.n_gpu_layers != 0
+                and bool(_gpu_devices(core)))
 
     # --- submitting ------------------------------------------------------------------------
 

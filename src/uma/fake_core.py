@@ -43,6 +43,7 @@ import struct
 import threading
 import zlib
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -52,8 +53,8 @@ from uma.embeddings import decode_end
 
 __all__ = [
     "BOS", "EOG_AFTER", "EOS", "N_VOCAB", "TRIGGER", "Batch", "Context", "Model", "Sampler",
-    "backends", "default_threads", "live_handles", "llama_grammar_steps", "set_log_level",
-    "system_info",
+    "backends", "default_threads", "devices", "live_handles", "llama_grammar_steps",
+    "set_log_level", "system_info",
 ]
 
 N_VOCAB = 512
@@ -159,6 +160,13 @@ def backends() -> tuple[str, ...]:
     """('fake',): not ('cpu',), so the engine does not time host memory bandwidth for its
     ΣBMT budget (a few hundred ms) unless the config asks for n_gpu_layers=0."""
     return ("fake",)
+
+
+def devices() -> tuple[dict[str, Any], ...]:
+    """One GPU-like device, so that the engine takes the fake for a device of its own (no
+    bandwidth probe), as backends() says."""
+    return ({"name": "Fake0", "description": "fake core (uma.fake_core)", "type": "gpu",
+             "backend": "fake", "memory_free": 0, "memory_total": 0},)
 
 
 def system_info() -> str:

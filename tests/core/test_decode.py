@@ -161,8 +161,10 @@ def test_sequence_state_round_trip(model):
         batch.add(token, len(tokens), 1, logits=True)
         ctx.decode(batch)
         rows = np.array(ctx.logits())
-        # The copy sits in other KV cells, which GPU kernels may tile differently.
-        np.testing.assert_allclose(rows[0], rows[1], rtol=1e-3, atol=1e-3)
+        # The copy sits in other KV cells, which GPU kernels may tile differently: on Vulkan
+        # (lavapipe) two sequences computed afresh from one prompt differ by up to 0.009 in
+        # logits up to 13. A broken restore differs by whole units.
+        np.testing.assert_allclose(rows[0], rows[1], rtol=1e-3, atol=2e-2)
 
 
 def test_metadata(model):

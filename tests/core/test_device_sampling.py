@@ -9,6 +9,9 @@ from uma.errors import InvalidRequestError
 
 PROMPT = np.arange(100, 116, dtype=np.int32)
 STREAMS = 3
+# Mesa's CPU Vulkan driver, which ggml uses when GGML_VK_VISIBLE_DEVICES names it
+LAVAPIPE = any(d["backend"] == "Vulkan" and "llvmpipe" in d["description"]
+               for d in _core.devices())
 
 
 def generate(model, steps, device, host_seqs=(), **options):
@@ -56,6 +59,10 @@ def test_greedy_on_the_device_equals_the_host(model):
 def test_filters_that_leave_one_token_are_greedy(model):
     host = generate(model, 12, device=())
     for options in ({"top_k": 1}, {"top_p": 1e-6}, {"min_p": 1.0}):
+        if "min_p" in options and LAVAPIPE:
+            pytest.xfail("lavapipe: llama.cpp's device min-p draws the last token every time "
+                         "(its graph takes log(0) for the tokens it drops, which GLSL leaves "
+                         "undefined: the likely cause)")
         assert generate(model, 12, device=(0, 1, 2), temperature=0.9, seed=5,
                         **options) == host, options
 

@@ -42,7 +42,9 @@ def test_rows_follow_batch_order(ctx, model):
         b = _core.Batch(64)
         b.add_sequence(model.tokenize("second one, longer than the first"), 0, 0)
         solo.decode(b)
-        np.testing.assert_allclose(solo.logits()[0], row1, rtol=1e-4, atol=1e-4)
+        # Another batch shape may take other kernels: on Vulkan (lavapipe) the rows differ by
+        # up to 0.011. Rows out of order differ by whole units.
+        np.testing.assert_allclose(solo.logits()[0], row1, rtol=1e-4, atol=2e-2)
 
 
 def test_decode_refuses_while_a_view_is_alive(ctx, model):

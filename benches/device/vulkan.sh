@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Vulkan on an NVIDIA GPU (docs/BENCHMARKS.md "Vulkan"): the engine's decode against
+# llama-batched-bench and llama-bench built for Vulkan from the same tree, alternating, 3 runs a
+# side; then llama-bench for Vulkan against llama-bench for CUDA on the same GPU.
+#
+# Carried into the checkout beforehand (git-ignored):
+#   build/vulkan-carry/   vulkan-bin.tar.xz: uma._core, llama-bench, llama-batched-bench and
+#                         llama-server built for Vulkan (benches/device/vulkan_pack.sh: the GPU
+#                         machine has no glslc)
+#   .gl/*.deb             the Vulkan loader (libvulkan1), unpacked where the machine has none
+#   .device/llama-src.tar.xz, .device/vocab.tar, .whl/*.whl   as for gpu_speed.sh (CUDA side)
+# Results: $OUT (default ./out-vulkan).
+#
+#   PARTS="decode cuda mixed" bash benches/device/vulkan.sh   # the parts, in this order
+set -uo pipefail
+OUT=$(realpath -m "${OUT:-out-vulkan}")
+mkdir -p "$OUT"
+MODEL=${MODEL:-1b}
+STREAMS=${STREAMS:-1,8,32}
+PARTS=${PARTS:-decode cuda mixed}
+TG=${TG:-256}
+GPU="--gpu-layers 99 --threads 8"
+
+# the Vulkan loader, and the NVIDIA driver's manifest where the loader does not look
+if ! ldconfig -p | grep -q libvulkan.so.1; then
+  for f in .gl/*.deb; do dpkg -x "$f" /; done
+  ldconfig
+fi
+icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+[ -f "$icd" ] && [ -z "${VK_DRIVER_FILES:-}" ] && export VK_DRIVER_FILES=$icd
+
+if [ ! -f third_party/llama.cpp/CMakeLists.txt ]; then
+  mkdir -p third_party/llama.cpp && tar -xf .device/llama-src.tar.* -C third_party/llama.cpp
+fi
+if [ -f .device/vocab.tar ] && [ ! -f third_party/llama.cpp/models/ggml-vocab-llama-bpe.gguf ]; then
+  tar -xf .device/vocab.tar -C third_party/llama.cpp
+fi
+python3 -m pip install -q --no-index --no-deps .whl/*.whl
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt"
+
+VK=build/llama-tools-vulkan/bin  # where benches/llama_tools.py looks for the Vulkan tools
+mkdir -p "$VK"
+bin=build/vulkan-bin
+mkdir -p "$bin" && tar -xJf build/vulkan-carry/vulkan-bin.tar.xz -C "$bin"
+cp "$bin"/llama-* "$VK"/
+cp "$bin"/_core*.so src/uma/
+export PYTHONPATH=$PWD/src
+ldconfig -p | grep -q libgomp.so.1 || export LD_LIBRARY_PATH=$PWD/$bin/lib
+python3 -c "from uma import _core; import json; print(json.dumps(_core.devices(), indent=1))" \
+  | tee "$OUT/devices.json"
+grep -q '"Vulkan' "$OUT/devices.json" || { echo "no Vulkan device"; exit 1; }
+model=$(python3 -c "from uma import synth; print(synth.cached_model('$MODEL'))")
+quiet() { grep --line-buffered -v "^ggml_vulkan\|^ggml_cuda_init\|^  Device"; }
+
+# llama-bench: decode only (-p 0), one sequence, TG tokens, repeated inside each run
+bench() {  # bench BIN LABEL
+  "$1" -m "$model" -p 0 -n "$TG" -ngl 99 -t 8 -r 3 -o jsonl 2>/dev/null \
+    | python3 -c "import json,sys; r=[json.loads(l) for l in sys.stdin if l.startswith('{')][-1]; \
+print('$2', round(r['avg_ts'], 1), round(r['stddev_ts'], 1), r['backends'])" | tee -a "$OUT/llama_bench.txt"
+}
+
+if [[ $PARTS == *decode* ]]; then
+  # the engine against llama-batched-bench (Vulkan), alternating, 3 runs a side
+  timeout 300 python3 benches/decode_throughput.py --model "$MODEL" --backend vulkan $GPU \
+    --streams "$STREAMS" --pp 128 --tg "$TG" --repeat 3 \
+    --out "$OUT/decode_${MODEL}_vulkan.json" 2>&1 | quiet | tee -a "$OUT/log.txt"
+  # one stream: llama-bench (Vulkan) three times, to set beside the engine's 1-stream runs
+  for i in 1 2 3; do bench "$VK/llama-bench" vulkan; done
+fi
+
+if [[ $PARTS == *cuda* ]]; then
+  # llama-bench for CUDA from the same tree (Hopper only), then both backends alternating
+  start=$(date +%s)
+  cmake -S . -B build/llama-tools-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DUMA_BACKEND=cuda \
+    -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90}" -DUMA_LLAMA_TOOLS=ON \
+    -DPython_EXECUTABLE="$(command -v python3)" > "$OUT/build_cuda.log" 2>&1
+  if timeout "${CUDA_BUILD_S:-330}" cmake --build build/llama-tools-cuda --target llama-bench \
+       -j "$(nproc)" >> "$OUT/build_cuda.log" 2>&1; then
+    echo "cuda_build_seconds $(( $(date +%s) - start ))" | tee -a "$OUT/llama_bench.txt"
+    for i in 1 2 3; do
+      bench "$VK/llama-bench" vulkan
+      bench build/llama-tools-cuda/bin/llama-bench cuda
+    done
+  else
+    echo "the CUDA build failed or ran out of time"; tail -20 "$OUT/build_cuda.log"
+  fi
+fi
+
+if [[ $PARTS == *mixed* ]]; then
+  timeout 240 python3 benches/mixed_load.py --model "$MODEL" --backend vulkan $GPU \
+    --streams 8 --background 2 --storm-tokens 6000 --out "mixed_load_${MODEL}_vulkan" 2>&1 \
+    | quiet | tee -a "$OUT/log.txt"
+  cp benches/results/mixed_load_"${MODEL}"_vulkan.json "$OUT"/ 2>/dev/null
+fi
+
+ls -la "$OUT"
