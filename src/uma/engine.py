@@ -73,13 +73,15 @@ Prompt = str | Sequence[int] | np.ndarray | Messages
 
 
 _GPU_BACKENDS = {"cuda", "metal", "vulkan"}  # what uma._core.backends() may name besides cpu
+DEVICE_SAMPLING_MAX_SEQ = 16  # device_sampling=auto: sequences beyond which the host samples
 
 
 def _gpu_devices(core: ModuleType) -> list[str]:
-    """The GPU devices ggml found at run time. A GPU backend compiled in may find none (a
-    Vulkan build on a machine without a Vulkan GPU): the model then runs on the CPU."""
-    return [d["name"] for d in core.devices() if d["type"] in ("gpu", "igpu")]
-DEVICE_SAMPLING_MAX_SEQ = 16  # device_sampling=auto: sequences beyond which the host samples
+    """This machine's GPU devices, as ggml found them at run time. A GPU backend compiled in
+    may find none (a Vulkan build on a machine without a Vulkan GPU): the model then runs on
+    the CPU. RPC workers' devices are another machine's and do not count."""
+    return [d["name"] for d in core.devices()
+            if d["type"] in ("gpu", "igpu") and d["backend"] != "RPC"]
 
 
 class Engine:
