@@ -126,3 +126,6 @@ def test_a_worker_lost_mid_stream_ends_requests_and_the_daemon_says_so(tiny_path
         with pytest.raises(ServerError, match="E_MODEL_001"):
             c.generate("after", max_tokens=2)
         assert d.proc.poll() is None  # still up, saying what happened
+        c.stop()
+        # it exits as failed (for a service manager to restart it), not held by the thread
+        assert d.proc.wait(60) == 1

@@ -162,6 +162,14 @@ def serve(conf: Settings, say=None) -> int:
         engine.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if engine.failure is not None:
+        # A thread is held inside llama.cpp (a lost RPC worker): the interpreter's own exit
+        # would wait on it for ever. Exit at once, as failed, for a service manager to
+        # restart the daemon.
+        say(f"uma: stopped after a failure: {engine.failure}")
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(1)
     say("uma: stopped")
     return 0
 
