@@ -9,7 +9,7 @@ import pytest
 import uma
 from uma import _core
 from uma.embeddings import MAX_INPUTS, inputs_of
-from uma.errors import ClosedError, InvalidRequestError
+from uma.errors import ClosedError, EngineBusyError, InvalidRequestError
 from uma.testing import fake_core as fc
 
 TEXTS = ["Hello world", "The quick brown fox jumps over the lazy dog", "🦙 llamas", "a"]
@@ -132,13 +132,38 @@ def test_a_request_is_embedded_a_decode_at_a_time_between_ticks():
         np.testing.assert_allclose(result.vectors, expected, rtol=1e-6)
 
 
+def hold_the_compute_thread(e):
+    """A request whose first decode waits for e.ctx.release: returned once the compute thread
+    is inside it, so that nothing else runs until the test releases it."""
+    entered, e.ctx.release = threading.Event(), threading.Event()
+
+    def hold(batch):
+        entered.set()
+        e.ctx.release.wait(30)
+
+    e.ctx.before_decode = hold
+    busy = e.submit([5, 6, 7], max_tokens=2)
+    assert entered.wait(30)
+    e.ctx.before_decode = None
+    return busy
+
+
+def test_a_full_embeddings_queue_is_refused():
+    with uma.Engine("fake.gguf", core=fc, n_ctx=1024, n_seq_max=2, max_queue=2) as e:
+        busy = hold_the_compute_thread(e)
+        queued = [e.submit_embeddings("x y"), e.submit_embeddings("z")]
+        with pytest.raises(EngineBusyError, match="embeddings requests are already waiting"):
+            e.submit_embeddings("one too many")
+        e.ctx.release.set()
+        busy.result(timeout=30)
+        assert all(f.result(timeout=30).vectors.shape[0] == 1 for f in queued)
+
+
 def test_a_cancelled_request_is_dropped_and_the_next_one_answered():
     with uma.Engine("fake.gguf", core=fc, n_ctx=1024, n_seq_max=2) as e:
-        ctx_decode = threading.Event()
-        e.ctx.before_decode = lambda batch: ctx_decode.wait(30)
-        busy = e.submit([5, 6, 7], max_tokens=2)  # holds the compute thread in a decode
+        busy = hold_the_compute_thread(e)
         dropped = e.submit_embeddings("x y")
         assert dropped.cancel()
-        ctx_decode.set()
+        e.ctx.release.set()
         busy.result(timeout=30)
         assert e.embed("x y").vectors.shape == (1, e.model.n_embd)

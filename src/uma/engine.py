@@ -367,6 +367,9 @@ class Engine:
                 raise ClosedError("engine is closed")
             if self.failure is not None:
                 raise EngineFailedError(self.failure)
+            if len(self._jobs) >= self.config.max_queue:
+                raise EngineBusyError(f"{self.config.max_queue} embeddings requests are "
+                                      f"already waiting; try again later")
             self._jobs.append(job)
             self._cond.notify()
         return job.future
