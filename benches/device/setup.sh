@@ -1,14 +1,7 @@
 # Sourced by the device scripts: unpack the carried llama.cpp source and tokenizers, install the
 # carried wheels, build uma._core and llama.cpp's tools for CUDA in one tree (TARGETS), and put
 # the fresh core on PYTHONPATH. Needs OUT (the results folder); writes $OUT/build.log.
-if [ ! -f third_party/llama.cpp/CMakeLists.txt ]; then
-  mkdir -p third_party/llama.cpp && tar -xf .device/llama-src.tar.* -C third_party/llama.cpp
-fi
-if [ -f .device/vocab.tar ] && [ ! -f third_party/llama.cpp/models/ggml-vocab-llama-bpe.gguf ]; then
-  tar -xf .device/vocab.tar -C third_party/llama.cpp
-fi
-python3 -m pip install -q --no-index --no-deps .whl/*.whl
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt"
+. benches/device/unpack.sh
 
 start=$(date +%s)  # a no-op when a warm machine still has the build
 # CUDA_ARCH: the GPU's own architecture only (90: Hopper) keeps a cold build to minutes

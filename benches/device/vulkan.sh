@@ -29,14 +29,7 @@ fi
 icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 [ -f "$icd" ] && [ -z "${VK_DRIVER_FILES:-}" ] && export VK_DRIVER_FILES=$icd
 
-if [ ! -f third_party/llama.cpp/CMakeLists.txt ]; then
-  mkdir -p third_party/llama.cpp && tar -xf .device/llama-src.tar.* -C third_party/llama.cpp
-fi
-if [ -f .device/vocab.tar ] && [ ! -f third_party/llama.cpp/models/ggml-vocab-llama-bpe.gguf ]; then
-  tar -xf .device/vocab.tar -C third_party/llama.cpp
-fi
-python3 -m pip install -q --no-index --no-deps .whl/*.whl
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt"
+. benches/device/unpack.sh
 
 VK=build/llama-tools-vulkan/bin  # where benches/llama_tools.py looks for the Vulkan tools
 mkdir -p "$VK"

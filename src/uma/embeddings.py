@@ -78,6 +78,7 @@ class EmbeddingJob:
 
     def __init__(self, tokens: Sequence[np.ndarray], normalize: bool) -> None:
         self.tokens = list(tokens)
+        self.lengths = [len(t) for t in self.tokens]
         self.normalize = normalize
         self.future: Future[Embeddings] = Future()
         self._rows: list[np.ndarray] = []
@@ -91,8 +92,7 @@ class EmbeddingJob:
             if not self.future.set_running_or_notify_cancel():
                 return True
         first = len(self._rows)
-        last = decode_end([len(t) for t in self.tokens], first, embedder.n_ctx,
-                          embedder.n_seq_max)
+        last = decode_end(self.lengths, first, embedder.n_ctx, embedder.n_seq_max)
         self._rows.extend(embedder.embed(self.tokens[first:last]))
         if len(self._rows) < len(self.tokens):
             return False
@@ -101,7 +101,7 @@ class EmbeddingJob:
             norms = np.linalg.norm(vectors, axis=1, keepdims=True)
             vectors = vectors / np.where(norms > 0, norms, 1.0)
         self.future.set_result(Embeddings(vectors.astype(np.float32, copy=False),
-                                          sum(len(t) for t in self.tokens),
+                                          sum(self.lengths),
                                           embedder.pooling))
         return True
 

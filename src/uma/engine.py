@@ -129,7 +129,7 @@ class Engine:
         # set once a ggml abort held the compute thread (a lost RPC worker): every request
         # ends with it, and nothing more is served
         self.failure: str | None = None
-        self.rpc_devices = self._add_rpc_workers(config, core)
+        self._add_rpc_workers(config, core)
         self.model = core.Model(config.model, n_gpu_layers=config.n_gpu_layers,
                                  progress=progress, tensor_split=config.tensor_split)
         try:
@@ -180,17 +180,16 @@ class Engine:
                              daemon=True).start()
 
     @staticmethod
-    def _add_rpc_workers(config: EngineConfig, core: ModuleType) -> tuple[str, ...]:
+    def _add_rpc_workers(config: EngineConfig, core: ModuleType) -> None:
         """Registers config.rpc's workers as devices before the model loads; a worker that
         cannot be reached fails the start, naming it. From here on a ggml abort (what
         llama.cpp's RPC client does when a worker is lost mid-run) holds its thread instead
         of ending the process (_watch_aborts)."""
         if not config.rpc:
-            return ()
+            return
         core.hold_aborts()
-        devices = tuple(d for endpoint in config.rpc for d in core.rpc_add_worker(endpoint))
+        devices = [d for endpoint in config.rpc for d in core.rpc_add_worker(endpoint)]
         log.info("RPC workers %s: devices %s", ", ".join(config.rpc), ", ".join(devices))
-        return devices
 
     def _watch_aborts(self) -> None:
         """Waits for a ggml abort to hold a thread: the compute thread, inside a decode, when
