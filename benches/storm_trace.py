@@ -49,6 +49,20 @@ def parse_variant(text: str, fields: dict[str, dataclasses.Field]) -> tuple[str,
     return name or "default", knobs
 
 
+def parse_settings(pairs: list[str]) -> dict:
+    """['key=value', ...] → EngineConfig keyword arguments, numbers as numbers."""
+    out: dict = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--engine {pair!r}: expected KEY=VALUE")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
 def stream_loop(engine: uma.Engine, seed: int, tokens: int, stop: threading.Event,
                 itls: list[float]) -> None:
     """One interactive stream: short prompts one after another until `stop`; appends every
@@ -192,15 +206,19 @@ def main() -> int:
     ap.add_argument("--bg-tokens", type=int, default=16)
     ap.add_argument("--variant", action="append", default=[],
                     help="name:field=value,... SloPolicy fields for one run (repeatable)")
+    ap.add_argument("--engine", action="append", default=[], metavar="KEY=VALUE",
+                    help="an EngineConfig setting for the engine (repeatable), e.g. "
+                         "prefix_cache_ram_mb=0")
     ap.add_argument("--out", default="", help="also write the figures to this JSON file")
     ns = ap.parse_args()
+    settings = parse_settings(ns.engine)
     fields = {f.name: f for f in dataclasses.fields(SloPolicy)}
     variants = [parse_variant(v, fields) for v in ns.variant or ["default:"]]
     path = Path(ns.model) if Path(ns.model).exists() else synth.cached_model(ns.model)
     n_seq = ns.streams + ns.background
     engine = uma.Engine(path, n_ctx=n_seq * (ns.storm_tokens + 256), n_seq_max=n_seq,
                         n_threads=ns.threads, n_gpu_layers=ns.gpu_layers, kv_unified=True,
-                        policy="slo")
+                        policy="slo", **settings)
     engine.generate("warm up", max_tokens=4)
     executor = engine._executor
     base = executor.policy

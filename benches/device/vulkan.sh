@@ -12,6 +12,9 @@
 # Results: $OUT (default ./out-vulkan).
 #
 #   PARTS="decode cuda mixed" bash benches/device/vulkan.sh   # the parts, in this order
+# and the diagnoses behind them: PARTS="profile trace snap chunk pp" (where a decode tick's time
+# goes, the storm's ticks by kind, what a prefix-cache snapshot costs, what a prompt chunk adds
+# to a tick, llama-bench's prompt speed by batch size).
 set -uo pipefail
 OUT=$(realpath -m "${OUT:-out-vulkan}")
 mkdir -p "$OUT"
@@ -55,7 +58,7 @@ print('$2', round(r['avg_ts'], 1), round(r['stddev_ts'], 1), r['backends'])" | t
 if [[ $PARTS == *decode* ]]; then
   # the engine against llama-batched-bench (Vulkan), alternating, 3 runs a side
   timeout 300 python3 benches/decode_throughput.py --model "$MODEL" --backend vulkan $GPU \
-    --streams "$STREAMS" --pp 128 --tg "$TG" --repeat 3 \
+    --streams "$STREAMS" --pp 128 --tg "$TG" --repeat 3 --device-sampling "${DEVICE_SAMPLING:-auto}" \
     --out "$OUT/decode_${MODEL}_vulkan.json" 2>&1 | quiet | tee -a "$OUT/log.txt"
   # one stream: llama-bench (Vulkan) three times, to set beside the engine's 1-stream runs
   for i in 1 2 3; do bench "$VK/llama-bench" vulkan; done
@@ -84,6 +87,44 @@ if [[ $PARTS == *mixed* ]]; then
     --streams 8 --background 2 --storm-tokens 6000 --out "mixed_load_${MODEL}_vulkan" 2>&1 \
     | quiet | tee -a "$OUT/log.txt"
   cp benches/results/mixed_load_"${MODEL}"_vulkan.json "$OUT"/ 2>/dev/null
+fi
+
+if [[ $PARTS == *profile* ]]; then
+  timeout 240 python3 benches/profile_tick.py --model "$MODEL" --streams "${PROFILE_STREAMS:-1,8}" \
+    --tg "$TG" $GPU 2>&1 | quiet | tee -a "$OUT/profile.txt"
+fi
+
+if [[ $PARTS == *trace* ]]; then
+  # one run a setting in TRACE_ENGINES ("-": the defaults; else KEY=VALUE,... for the engine),
+  # after a first run that pays the driver's pipeline compiles for each new shape
+  for eng in warmup ${TRACE_ENGINES:--}; do
+    args=()
+    [[ $eng != - && $eng != warmup ]] && for kv in ${eng//,/ }; do args+=(--engine "$kv"); done
+    echo "== engine settings: $eng" | tee -a "$OUT/storm_trace.txt"
+    timeout 200 python3 benches/storm_trace.py --model "$MODEL" $GPU --streams 8 --background 2 \
+      --storm-tokens 6000 "${args[@]}" --out "$OUT/storm_trace_${eng//[^a-z0-9_]/_}.json" 2>&1 \
+      | quiet | tee -a "$OUT/storm_trace.txt"
+  done
+fi
+
+if [[ $PARTS == *snap* ]]; then
+  timeout 120 python3 benches/snapshot_cost.py --model "$MODEL" $GPU 2>&1 | quiet \
+    | tee -a "$OUT/snapshot.txt"
+fi
+
+if [[ $PARTS == *chunk* ]]; then
+  for kvu in "" --kv-unified; do
+    for history in 0 6000; do
+      timeout 120 python3 benches/chunk_cost.py --model "$MODEL" $GPU --history "$history" \
+        --chunks "${CHUNKS:-0,1,4,8,16,24,32,48,64,96,128,256}" $kvu 2>&1 | quiet \
+        | tee -a "$OUT/chunk.txt"
+    done
+  done
+fi
+
+if [[ $PARTS == *pp* ]]; then
+  "$VK/llama-bench" -m "$model" -p "${PP_SIZES:-8,16,32,64,128,256,512}" -n 0 -ngl 99 -t 8 -r 3 \
+    2>/dev/null | tee -a "$OUT/pp.txt"
 fi
 
 ls -la "$OUT"
