@@ -678,3 +678,24 @@ def test_overlapped_ticks_run_a_steady_plan_again_without_asking_the_policy():
             assert len(asked) <= 6 < ticks - 30
         else:
             assert len(asked) >= 40
+
+
+def test_an_untimed_snapshot_waits_for_an_idle_moment():
+    """Where snapshots were never timed (a GPU's prefix cache has no prior), entries pushed out
+    while another request decodes leave unsaved and are counted; the first one pushed out
+    with nothing running is snapshotted and timed."""
+    with make_engine(n_ctx=16384, n_seq_max=2, prefix_cache=1, prefix_cache_ram_mb=64) as e:
+        e._executor.prefix.snapshot_ms_per_token = None
+        rng = np.random.default_rng(3)
+        long = e.submit(rng.integers(100, 500, 40).astype(np.int32), max_tokens=8000,
+                        ignore_eos=True)
+        for _ in range(3):
+            e.generate(rng.integers(100, 500, 40).astype(np.int32), max_tokens=4,
+                       ignore_eos=True)
+        busy = e.snapshot()
+        long.cancel()
+        assert long.result().finish_reason == "cancelled"  # it ran through all of the above
+        idle = e.snapshot()
+    assert busy["prefix_cache_unsaved_total"] == 2 and busy["prefix_cache_ram_bytes"] == 0
+    assert idle["prefix_cache_unsaved_total"] == 2 and idle["prefix_cache_ram_bytes"] > 0
+    assert e._executor.prefix.snapshot_ms_per_token is not None

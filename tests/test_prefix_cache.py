@@ -185,6 +185,53 @@ def test_a_restore_keeps_only_the_matching_positions(model):
         ctx.close()
 
 
+def test_a_snapshot_is_taken_only_where_the_executor_lets_it_and_is_timed(model):
+    """may_snapshot sees each snapshot's predicted ms (None before one was timed, with no
+    prior); a refused entry leaves the KV cache unsaved, a taken one is timed per token."""
+    ctx = _core.Context(model, n_ctx=512, n_seq_max=2)
+    batch = _core.Batch(128)
+    asked: list[float | None] = []
+    answer = [False]
+    try:
+        cache = KvPrefixCache(ctx, range(1, 2), budget=512, ram_budget=1 << 24)
+        cache.may_snapshot = lambda predicted: asked.append(predicted) or answer[0]
+        tokens = np.arange(100, 200, dtype=np.int32)
+        for allowed in (False, True, True):
+            answer[0] = allowed
+            batch.clear()
+            batch.add_sequence(tokens, 0, 0)
+            ctx.decode(batch)
+            cache.keep(0, tokens)
+            ctx.seq_rm(0)
+            assert cache.evict_one() and len(cache) == 0
+            assert (cache.ram_bytes > 0) == allowed
+            tokens = tokens + 100  # a new entry: one the RAM tier does not cover yet
+        assert asked[:2] == [None, None]
+        rate = cache.snapshot_ms_per_token
+        assert rate is not None and rate > 0
+        assert asked[2] is not None and asked[2] > 0  # priced from the first one timed
+    finally:
+        batch.close()
+        ctx.close()
+
+
+def test_a_cpu_engine_snapshots_while_others_run_and_counts_none_unsaved(tiny_path):
+    """On a CPU a snapshot is a copy in host memory: entries pushed out while another request
+    decodes are still saved."""
+    with engine(tiny_path, n_seq_max=2, prefix_cache=1, prefix_cache_ram_mb=64) as e:
+        rng = np.random.default_rng(3)
+        long = e.submit(rng.integers(100, 2000, 40).astype(np.int32), max_tokens=200,
+                        ignore_eos=True)
+        for _ in range(3):
+            e.generate(rng.integers(100, 2000, 40).astype(np.int32).tolist(), max_tokens=4,
+                       ignore_eos=True)
+        long.result()
+        snap = e.snapshot()
+    assert snap["prefix_cache_kv_evictions_total"] >= 2
+    assert snap["prefix_cache_ram_bytes"] > 0
+    assert snap["prefix_cache_unsaved_total"] == 0
+
+
 def test_a_request_cancelled_at_its_restore_leaves_other_work_and_the_cache_intact(
         tiny_path, cold):
     """A request whose prompt is restored from host memory is cancelled as soon as it is

@@ -157,7 +157,10 @@ class Engine:
         spare = range(config.n_seq_max, self.ctx.n_seq_max)
         budget = (self.ctx.n_ctx // 2 if config.prefix_cache_tokens is None
                   else config.prefix_cache_tokens)
-        prefix = KvPrefixCache(self.ctx, spare, budget, config.prefix_cache_ram_mb << 20) \
+        # A snapshot on a CPU is a copy within host memory, priced free until one is timed;
+        # a GPU's is unknown until then (uma.executor.Executor._may_snapshot).
+        prefix = KvPrefixCache(self.ctx, spare, budget, config.prefix_cache_ram_mb << 20,
+                               None if self._on_gpu("auto", config, core) else 0.0) \
             if spare and budget else None
         self._executor = Executor(self.ctx, policy, self._output, self.metrics, core,
                                   n_running=config.n_seq_max, prefix=prefix,
@@ -231,12 +234,18 @@ class Engine:
 
     @classmethod
     def _device_sampling(cls, config: EngineConfig, core: ModuleType) -> bool:
-        """auto: on a GPU, with at most DEVICE_SAMPLING_MAX_SEQ sequences. llama.cpp's backend
-        samplers are one sub-graph per sequence: on an H100 (1B f16, 128k vocabulary) they
-        gave +17 % decode tokens/s at 8 streams against copying the logits to the host, and
-        -6 % at 32, where 32 separate arg-max kernels outweigh one 16 MB copy."""
-        if config.device_sampling == "auto" and config.n_seq_max > DEVICE_SAMPLING_MAX_SEQ:
-            return False
+        """auto: on a CUDA GPU, with at most DEVICE_SAMPLING_MAX_SEQ sequences. llama.cpp's
+        backend samplers are one sub-graph per sequence: on an H100 (1B f16, 128k vocabulary)
+        they gave +17 % decode tokens/s at 8 streams against copying the logits to the host,
+        and -6 % at 32, where 32 separate arg-max kernels outweigh one 16 MB copy. Under
+        Vulkan on the same GPU they lost 4 % at one stream and 3 % at 8; on Metal they are
+        unmeasured, and unified memory makes the copy they save cheap."""
+        if config.device_sampling == "auto":
+            if config.n_seq_max > DEVICE_SAMPLING_MAX_SEQ:
+                return False
+            if not any(d["backend"] == "CUDA" for d in core.devices()
+                       if d["type"] in ("gpu", "igpu")):
+                return False
         return cls._on_gpu(config.device_sampling, config, core)
 
     @staticmethod

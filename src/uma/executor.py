@@ -140,6 +140,7 @@ class Executor:
             self.m.prefix_cached.fn = lambda: prefix.tokens
             self.m.prefix_ram.fn = lambda: prefix.ram_bytes
             prefix.on_evict = lambda tier: self.m.prefix_evicted[tier].inc()
+            prefix.may_snapshot = self._may_snapshot
         self.bmt = bmt
         self.bmt_budget_gbps = bmt_budget_gbps
         self.m.bmt_budget.set(bmt_budget_gbps)
@@ -222,11 +223,11 @@ class Executor:
         if req.seq_id >= 0:
             self._constrained.discard(req.seq_id)
             self._top_wanted.discard(req.seq_id)
+            del self.running[req.seq_id]  # before _keep: a snapshot asks who else runs
             if reason != "error":
                 self._keep(req)
             self.ctx.seq_rm(req.seq_id)
             heapq.heappush(self.free_seqs, req.seq_id)
-            del self.running[req.seq_id]
             req.seq_id = -1
         req.done = True
         if self.fair_share:
@@ -370,6 +371,21 @@ class Executor:
             return
         decoded = np.concatenate([req.prompt, np.asarray(req.generated, np.int32)])
         self.prefix.keep(req.seq_id, decoded[:req.n_past])
+
+    def _may_snapshot(self, predicted_ms: float | None) -> bool:
+        """Whether the prefix cache may snapshot an entry leaving the KV cache now: the copy
+        stalls every running stream for its time, so it is taken when none runs, or when it
+        is predicted to take at most one of their decode ticks (a pause of two ticks at most,
+        within the latency guard's worst-pause bound). A device whose snapshots were never
+        timed (a GPU: no prior) times its first while idle. Refused, the entry leaves unsaved."""
+        if not self.running:
+            return True
+        if predicted_ms is not None:
+            kv = sum(r.n_past for r in self.running.values())
+            if predicted_ms <= self.cost.estimate.predict(0, len(self.running), kv):
+                return True
+        self.m.prefix_unsaved.inc()
+        return False
 
     def _route(self, req: Request) -> None:
         """Picks where the request's rows are sampled. A sequence keeps its device chain

@@ -14,9 +14,14 @@ recency); this module owns the spare sequences and the calls into the context. E
 least recently used first when the spare sequences or the token budget run out, and whenever
 the KV cache has no room for running work (`evict_one`): the cache never fails a request.
 An entry that leaves is snapshotted to host memory first (`llama_state_seq_get_data`) while
-the RAM budget allows; a later prompt can get it restored (`_set_data`) into its sequence,
-trimmed to the match. Which tier a prompt starts from is uma.sched.reuse's choice: this module
-finds the candidates and carries the choice out (`reuse`).
+the RAM budget allows, and while the executor lets it (`may_snapshot`): llama.cpp reads a
+sequence's state one run of cells at a time per layer, and a request that decoded beside
+others holds a cell every few, so on a GPU whose every read waits for the device the snapshot
+can stall all streams (160 tokens decoded beside 7 others: 197 ms on an H100 under Vulkan,
+2 ms for the same tokens in one run). A later prompt can get a snapshot restored
+(`_set_data`) into its sequence, trimmed to the match. Which tier a prompt starts from is
+uma.sched.reuse's choice: this module finds the candidates and carries the choice out
+(`reuse`).
 """
 
 from __future__ import annotations
@@ -41,9 +46,10 @@ class KvPrefixCache:
     Used by the executor's thread only."""
 
     def __init__(self, ctx: _core.Context, seqs: range, budget: int,
-                 ram_budget: int = 0) -> None:
+                 ram_budget: int = 0, snapshot_ms_per_token: float | None = None) -> None:
         """ram_budget: bytes of host memory for snapshots of entries that leave the KV cache
-        (0: they are dropped)."""
+        (0: they are dropped). snapshot_ms_per_token: what a snapshot is expected to cost
+        before one is timed (None: unknown, as on a GPU)."""
         self.ctx = ctx
         self.budget = budget
         self.ram_budget = ram_budget
@@ -59,6 +65,11 @@ class KvPrefixCache:
         # called as an entry leaves a tier for room: "kv" (the KV cache, snapshotted or not),
         # "ram" (a snapshot, for the RAM budget); the executor counts them
         self.on_evict: Callable[[str], None] = lambda tier: None
+        # asked before each snapshot with its predicted ms (None: none timed yet, no prior);
+        # False drops the entry unsaved (the executor's: uma.executor.Executor._may_snapshot)
+        self.may_snapshot: Callable[[float | None], bool] = lambda predicted_ms: True
+        self.snapshot_ms_per_token = snapshot_ms_per_token  # timed snapshots, weighted to
+        # the recent ones (a run of cells or a scattered sequence: 100x apart on a GPU)
 
     def __len__(self) -> int:
         return len(self._seq_of)
@@ -164,8 +175,8 @@ class KvPrefixCache:
         spare = self._seq_of.pop(entry)
         tokens = self._tokens_of.pop(entry)
         if keep and self.ram_budget and self.index.covering(tokens, "ram") is None:
-            data = self.ctx.seq_state(spare)
-            if len(data) <= self.ram_budget:
+            data = self._snapshot_of(spare, len(tokens))
+            if data is not None and len(data) <= self.ram_budget:
                 saved = self.index.insert(tokens, "ram", nbytes=len(data))
                 self._snapshot[saved] = data
                 for victim in self.index.evictions("ram", self.ram_budget).victims:
@@ -177,3 +188,15 @@ class KvPrefixCache:
         self._free.append(spare)
         if keep:
             self.on_evict("kv")
+
+    def _snapshot_of(self, seq: int, n_tokens: int) -> bytes | None:
+        """The sequence's state, timed into snapshot_ms_per_token; None where may_snapshot
+        refuses the predicted time."""
+        rate = self.snapshot_ms_per_token
+        if not self.may_snapshot(None if rate is None else rate * n_tokens):
+            return None
+        start = time.perf_counter()
+        data = self.ctx.seq_state(seq)
+        per_token = 1e3 * (time.perf_counter() - start) / max(1, n_tokens)
+        self.snapshot_ms_per_token = per_token if rate is None else 0.5 * (rate + per_token)
+        return data

@@ -96,7 +96,7 @@ SETTINGS: tuple[Setting, ...] = (
     _e("type_v", str, "f16", "V cache type (kv_type sets both)", flag=False),
     _e("kv_unified", bool, "on", "one KV buffer shared by all requests"),
     _e("flash_attn", str, "auto", "flash attention: auto, on or off"),
-    _e("device_sampling", str, "auto (on a GPU, with parallel at most 16)",
+    _e("device_sampling", str, "auto (on a CUDA GPU, with parallel at most 16)",
        "sample on the device where a request allows: auto, on or off"),
     _e("overlap", str, "auto (on where the model runs on a GPU)",
        "publish a tick's tokens while the device runs the next: auto, on or off"),
