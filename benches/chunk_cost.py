@@ -41,8 +41,8 @@ def main() -> int:
     room = ns.repeat * (max(chunks) + 1) * len(chunks) * 2 + 64
     per_seq = max(room, ns.history + 64)
     model = _core.Model(path, n_gpu_layers=ns.gpu_layers)
-    ctx = _core.Context(model, n_ctx=(k + 2) * per_seq, n_seq_max=k + 2,
-                        n_threads=ns.threads, kv_unified=ns.kv_unified)
+    ctx = _core.Context(model, n_ctx=(k + 2) * per_seq, n_seq_max=k + 2, n_batch=2048,
+                        n_ubatch=512, n_threads=ns.threads, kv_unified=ns.kv_unified)
     rng = np.random.default_rng(0)
     batch = _core.Batch(max(2048, k + max(chunks)))
     if ns.history:

@@ -19,7 +19,7 @@ def test_calibration_prices_ticks_at_what_the_device_charges_and_leaves_the_cach
         # (The fixed and per-row terms have already learned from the real ticks, whose first
         # ones pay one-off costs: not compared here.)
         assert 0 < est.per_prefill_ms < generic.per_prefill_ms / 10
-        assert all(e.ctx.seq_pos_max(seq) == -1 for seq in range(4))
+        assert all(e.ctx.seq_pos_max(seq) == -1 for seq in range(e.ctx.n_seq_max))
     # After close (the compute thread has joined: a result can reach its caller before the
     # tick that produced it is counted). Scratch batches are not ticks: the prompt in one,
     # then three decode steps.

@@ -12,6 +12,7 @@
 # Results: $OUT (default ./out-vulkan).
 #
 #   PARTS="decode cuda mixed" bash benches/device/vulkan.sh   # the parts, in this order
+#   (MIXED_ARGS: more mixed_load.py flags, e.g. --kv-unified as the CUDA figures of record)
 # and the diagnoses behind them: PARTS="profile trace snap chunk pp" (where a decode tick's time
 # goes, the storm's ticks by kind, what a prefix-cache snapshot costs, what a prompt chunk adds
 # to a tick, llama-bench's prompt speed by batch size).
@@ -84,7 +85,7 @@ fi
 
 if [[ $PARTS == *mixed* ]]; then
   timeout 240 python3 benches/mixed_load.py --model "$MODEL" --backend vulkan $GPU \
-    --streams 8 --background 2 --storm-tokens 6000 --out "mixed_load_${MODEL}_vulkan" 2>&1 \
+    --streams 8 --background 2 --storm-tokens 6000 ${MIXED_ARGS:-} --out "mixed_load_${MODEL}_vulkan" 2>&1 \
     | quiet | tee -a "$OUT/log.txt"
   cp benches/results/mixed_load_"${MODEL}"_vulkan.json "$OUT"/ 2>/dev/null
 fi
