@@ -236,8 +236,10 @@ def test_device_sampling_gives_the_hosts_greedy_tokens(tiny_path, alone):
 def test_what_the_device_cannot_sample_stays_on_the_host(tiny_path, alone):
     """Log-probs and penalties need the host sampler: their rows keep their logits, beside
     device rows in the same decode; a seeded draw on the device repeats."""
-    with uma.Engine(tiny_path, n_ctx=4096, n_seq_max=4, n_batch=256,
-                    device_sampling="on") as e:
+    # No prefix cache: a finished request's cells stay kept, so the next one is decoded into
+    # other cells of the KV buffer, and on lavapipe its logits then differ in their last bits
+    with uma.Engine(tiny_path, n_ctx=4096, n_seq_max=4, n_batch=256, device_sampling="on",
+                    prefix_cache=0) as e:
         p = PROMPTS[1]
         lp = e.submit(p, max_tokens=16, ignore_eos=True, logprobs=True)
         greedy = e.submit(p, max_tokens=16, ignore_eos=True)
@@ -250,11 +252,9 @@ def test_what_the_device_cannot_sample_stays_on_the_host(tiny_path, alone):
         ids = penalised.result().token_ids
         assert len(set(ids)) < len(ids)
         assert len(set(alone[p].token_ids)) == len(alone[p].token_ids)
-        # one after the other, alone, each prefilling the whole prompt (a draw depends on the
-        # logits' last bits, and so on the batch shapes: with the prefix cache the second
-        # would decode only the prompt's last token, and on lavapipe its logits differ)
-        drawn = [e.generate(p, max_tokens=12, ignore_eos=True, temperature=1.0, seed=3,
-                            cache_prompt=False) for _ in range(2)]
+        # one after the other, alone (a draw depends on the logits' last bits: batch shapes)
+        drawn = [e.generate(p, max_tokens=12, ignore_eos=True, temperature=1.0, seed=3)
+                 for _ in range(2)]
         assert drawn[0].token_ids == drawn[1].token_ids != alone[p].token_ids[:12]
 
 
