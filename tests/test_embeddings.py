@@ -54,7 +54,9 @@ def test_each_input_gets_a_unit_vector_of_the_model_s_width_in_order(engine):
     np.testing.assert_allclose(np.linalg.norm(result.vectors, axis=1), 1.0, rtol=1e-5)
     assert result.prompt_tokens == sum(len(engine.tokenize(t)) for t in TEXTS)
     alone = [engine.embed(t).vectors[0] for t in TEXTS]  # one decode each
-    np.testing.assert_allclose(result.vectors, np.stack(alone), atol=1e-4)
+    # a GPU's kernels may sum another batch shape in another order (lavapipe: 2e-4 apart),
+    # where another input's vector is ~0.1 away
+    np.testing.assert_allclose(result.vectors, np.stack(alone), atol=1e-3)
     cos = result.vectors @ result.vectors.T
     assert np.all(cos[~np.eye(len(TEXTS), dtype=bool)] < 0.9999)  # different texts differ
 

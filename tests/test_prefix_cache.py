@@ -218,7 +218,8 @@ def test_a_snapshot_is_taken_only_where_the_executor_lets_it_and_is_timed(model)
 def test_a_cpu_engine_snapshots_while_others_run_and_counts_none_unsaved(tiny_path):
     """On a CPU a snapshot is a copy in host memory: entries pushed out while another request
     decodes are still saved."""
-    with engine(tiny_path, n_seq_max=2, prefix_cache=1, prefix_cache_ram_mb=64) as e:
+    with engine(tiny_path, n_seq_max=2, prefix_cache=1, prefix_cache_ram_mb=64,
+                n_gpu_layers=0) as e:
         rng = np.random.default_rng(3)
         long = e.submit(rng.integers(100, 2000, 40).astype(np.int32), max_tokens=200,
                         ignore_eos=True)

@@ -504,9 +504,11 @@ def test_embeddings_through_the_openai_client(engine, oai, model_id):
     # the client asks for base64 by default when it decodes vectors itself (numpy present)
     one = oai.embeddings.create(model=model_id, input=texts[0], encoding_format="base64")
     raw = base64.b64decode(one.data[0].embedding)
-    np.testing.assert_allclose(np.frombuffer(raw, "<f4"), expected[0], atol=1e-6)
+    # alone rather than in a batch of two: a GPU's kernels may sum in another order (lavapipe:
+    # 2e-4 apart), where another input's vector is ~0.1 away
+    np.testing.assert_allclose(np.frombuffer(raw, "<f4"), expected[0], atol=1e-3)
     tokens = oai.embeddings.create(model=model_id, input=[engine.tokenize(texts[1])])
-    np.testing.assert_allclose(tokens.data[0].embedding, expected[1], atol=1e-6)
+    np.testing.assert_allclose(tokens.data[0].embedding, expected[1], atol=1e-3)
 
 
 @pytest.mark.parametrize(("body", "param", "words"), [
