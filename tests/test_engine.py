@@ -2,12 +2,14 @@
 
 import asyncio
 import threading
+import types
 
 import numpy as np
 import pytest
 
 import uma
 from uma import _core
+from uma.config import EngineConfig
 from uma.errors import ClosedError, ContextOverflowError, InvalidRequestError, InvalidTokenError
 
 from .helpers import assert_same_greedy
@@ -370,3 +372,24 @@ def test_top_logprobs_are_sorted_and_agree_with_the_sampled_token(engine, temper
 def test_top_logprobs_outside_0_to_20_are_refused(engine):
     with pytest.raises(InvalidRequestError, match="top_logprobs must be in"):
         engine.submit("x", top_logprobs=21)
+
+
+def gpu_core(backend: str):
+    """A stand-in for uma._core with one GPU device of `backend`'s (only what the engine's
+    settings read)."""
+    return types.SimpleNamespace(
+        backends=lambda: ("cpu", backend.lower()),
+        devices=lambda: ({"name": f"{backend}0", "type": "gpu", "backend": backend},))
+
+
+@pytest.mark.parametrize(("backend", "options", "expected"), [
+    ("CUDA", {}, True),
+    ("CUDA", {"n_seq_max": 32}, False),  # past DEVICE_SAMPLING_MAX_SEQ
+    ("Vulkan", {}, False),  # the host sampler measured faster there
+    ("Vulkan", {"device_sampling": "on"}, True),
+    ("CUDA", {"device_sampling": "off"}, False),
+    ("CUDA", {"n_gpu_layers": 0}, False),  # the model on the CPU
+])
+def test_device_sampling_auto_means_a_cuda_gpu(backend, options, expected):
+    config = EngineConfig(model="m.gguf", **options)
+    assert uma.Engine._device_sampling(config, gpu_core(backend)) is expected
