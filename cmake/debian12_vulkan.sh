@@ -21,7 +21,8 @@ for p in glslc libvulkan-dev spirv-headers; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
 done
 if [ -n "$missing" ]; then
-  apt-get update -qq && apt-get install -y -qq $missing >/dev/null
+  apt-get -o Acquire::Retries=3 update -qq \
+    && apt-get -o Acquire::Retries=3 install -y -qq $missing >/dev/null
 fi
 
 if [ ! -f "$DEST/lvp_icd.json" ]; then
@@ -38,8 +39,9 @@ if [ ! -f "$DEST/lvp_icd.json" ]; then
     echo "deb [signed-by=$key] $mirror trixie main"
     echo "deb [signed-by=$key] $mirror bookworm-backports main"
   } > "$tmp/sources.list"
-  o=(-o Dir::Etc::SourceList="$tmp/sources.list" -o Dir::Etc::SourceParts=/dev/null
-     -o Dir::State::Lists="$tmp/lists" -o APT::Architecture="$arch"
+  # retries: CI runs this on every fresh clone, and one dropped download should not fail it
+  o=(-o Acquire::Retries=3 -o Dir::Etc::SourceList="$tmp/sources.list"
+     -o Dir::Etc::SourceParts=/dev/null -o Dir::State::Lists="$tmp/lists" -o APT::Architecture="$arch"
      -o APT::Architectures="$arch" -o APT::Sandbox::User=root)
   apt-get "${o[@]}" update -qq
   (cd "$tmp/debs" && apt-get "${o[@]}" download -qq libvulkan-dev/trixie spirv-headers/trixie \
