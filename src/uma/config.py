@@ -244,7 +244,8 @@ class EngineConfig:
     type_v: str = "f16"
     flash_attn: str = "auto"
     # sample on the device (llama.cpp's backend samplers) where a request's options allow:
-    # "auto" where the model runs on a GPU, "on", or "off" (the host sampler for every row)
+    # "auto" where the model runs on a CUDA GPU (with at most 16 sequences), "on", or "off"
+    # (the host sampler for every row)
     device_sampling: str = "auto"
     # publish a tick's tokens while the device runs the next decode: "auto" where the model
     # runs on a GPU (a decode call returns once queued there), "on" or "off"
