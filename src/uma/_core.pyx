@@ -803,19 +803,14 @@ cdef class Context:
         ubatch = n_batch if n_ubatch is None else n_ubatch
         if not 0 < ubatch <= n_batch:
             raise errors.InvalidRequestError(f"n_ubatch must be in [1, n_batch={n_batch}]")
-        max_seq = L.llama_max_parallel_sequences()
-        if not 0 < n_seq_max <= max_seq:
-            raise errors.InvalidRequestError(f"n_seq_max must be in [1, {max_seq}]")
+        _check_n_seq_max(n_seq_max)
         for name, value in (("type_k", type_k), ("type_v", type_v)):
             if value not in _KV_TYPES:
                 raise errors.InvalidRequestError(
                     f"{name} must be one of {', '.join(_KV_TYPES)}, not {value!r}")
         if flash_attn not in _FLASH_ATTN:
             raise errors.InvalidRequestError("flash_attn must be 'auto', 'on' or 'off'")
-        threads = n_threads if n_threads is not None else default_threads()
-        threads_batch = n_threads_batch if n_threads_batch is not None else threads
-        if threads <= 0 or threads_batch <= 0:
-            raise errors.InvalidRequestError("thread counts must be positive")
+        threads, threads_batch = _thread_counts(n_threads, n_threads_batch)
 
         cdef L.llama_context_params params = L.llama_context_default_params()
         params.n_ctx = n_ctx
@@ -1284,6 +1279,22 @@ def cancel_abort_waits():
     abort_wait_cancel()
 
 
+def _check_n_seq_max(int n_seq_max):
+    max_seq = L.llama_max_parallel_sequences()
+    if not 0 < n_seq_max <= max_seq:
+        raise errors.InvalidRequestError(f"n_seq_max must be in [1, {max_seq}]")
+
+
+def _thread_counts(n_threads, n_threads_batch):
+    """(threads, batch threads) of a context: default_threads() where not given, the batch
+    count the decode count's."""
+    threads = n_threads if n_threads is not None else default_threads()
+    threads_batch = n_threads_batch if n_threads_batch is not None else threads
+    if threads <= 0 or threads_batch <= 0:
+        raise errors.InvalidRequestError("thread counts must be positive")
+    return threads, threads_batch
+
+
 def default_threads():
     """Threads llama.cpp should use: the cores this process may run on, at most 16 beyond
     which decode stops scaling and starts fighting the I/O and sampler threads."""
@@ -1335,12 +1346,8 @@ cdef class Embedder:
         if pooling != "auto" and pooling not in _POOLING:
             raise errors.InvalidRequestError(
                 f"pooling must be 'auto', 'mean', 'cls' or 'last', not {pooling!r}")
-        max_seq = L.llama_max_parallel_sequences()
-        if not 0 < n_seq_max <= max_seq:
-            raise errors.InvalidRequestError(f"n_seq_max must be in [1, {max_seq}]")
-        threads = n_threads if n_threads is not None else default_threads()
-        if threads <= 0:
-            raise errors.InvalidRequestError("thread counts must be positive")
+        _check_n_seq_max(n_seq_max)
+        threads, _ = _thread_counts(n_threads, None)
         cdef L.llama_context_params params = L.llama_context_default_params()
         params.n_ctx = n_ctx
         params.n_batch = n_ctx

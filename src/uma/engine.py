@@ -76,11 +76,11 @@ _GPU_BACKENDS = {"cuda", "metal", "vulkan"}  # what uma._core.backends() may nam
 DEVICE_SAMPLING_MAX_SEQ = 16  # device_sampling=auto: sequences beyond which the host samples
 
 
-def _gpu_devices(core: ModuleType) -> list[str]:
+def _gpu_devices(core: ModuleType) -> list[dict[str, Any]]:
     """This machine's GPU devices, as ggml found them at run time. A GPU backend compiled in
     may find none (a Vulkan build on a machine without a Vulkan GPU): the model then runs on
     the CPU. RPC workers' devices are another machine's and do not count."""
-    return [d["name"] for d in core.devices()
+    return [d for d in core.devices()
             if d["type"] in ("gpu", "igpu") and d["backend"] != "RPC"]
 
 
@@ -243,8 +243,7 @@ class Engine:
         if config.device_sampling == "auto":
             if config.n_seq_max > DEVICE_SAMPLING_MAX_SEQ:
                 return False
-            if not any(d["backend"] == "CUDA" for d in core.devices()
-                       if d["type"] in ("gpu", "igpu")):
+            if not any(d["backend"] == "CUDA" for d in _gpu_devices(core)):
                 return False
         return cls._on_gpu(config.device_sampling, config, core)
 

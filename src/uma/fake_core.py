@@ -532,7 +532,34 @@ def _pad(n: int, to: int) -> int:
     return (n + to - 1) // to * to
 
 
-class Context:
+class _ModelContext:
+    """What every context over a Model shares: it counts among the model's contexts (and the
+    live objects) from _opened() until close()."""
+
+    model: Model
+    _closed = True  # until constructed
+
+    def _opened(self, model: Model) -> None:
+        self.model = model
+        model._n_contexts += 1
+        self._closed = False
+        _count("context", 1)
+
+    def close(self) -> None:
+        """Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self.model._n_contexts -= 1
+            _count("context", -1)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Context(_ModelContext):
     """A KV cache over a Model, with llama.cpp's bookkeeping and none of its arithmetic.
     Driven by one thread; abort(), resume() and stall() may come from any."""
 
@@ -540,7 +567,6 @@ class Context:
                  n_seq_max: int = 1, kv_unified: bool = True, type_k: str = "f16",
                  type_v: str = "f16", flash_attn: str = "auto", n_threads=None,
                  n_threads_batch=None) -> None:
-        self._closed = True  # until constructed
         if not isinstance(model, Model):
             raise TypeError(f"model must be a fake_core.Model, not {type(model).__name__}")
         model._check_open()
@@ -601,26 +627,11 @@ class Context:
         # (the engine's compute thread), e.g. to keep it in step with another thread
         self.before_decode: Callable[[Batch], None] | None = None
         self.n_decodes = 0  # decode calls that ran (not refused by validation)
-        model._n_contexts += 1
-        self._closed = False
-        _count("context", 1)
-
-    def close(self) -> None:
-        """Idempotent."""
-        if not self._closed:
-            self._closed = True
-            self.model._n_contexts -= 1
-            _count("context", -1)
+        self._opened(model)
 
     @property
     def closed(self) -> bool:
         return self._closed
-
-    def __enter__(self) -> Context:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -1004,14 +1015,13 @@ class _Slot:
         self.counts[token] += 1
 
 
-class Embedder:
+class Embedder(_ModelContext):
     """An embeddings context: each input's vector a fixed function of its tokens (the mean of
     per-token random vectors for 'mean', the first's for 'cls', the last's for 'last';
     'auto' is mean), packed into decodes as the real one packs them."""
 
     def __init__(self, model: Model, *, n_ctx: int = 2048, pooling: str = "auto",
                  n_seq_max: int = 8, n_threads: int | None = None) -> None:
-        self._closed = True
         model._check_open()
         n_ctx, n_seq_max = _int(n_ctx), _int(n_seq_max)
         if n_ctx <= 0:
@@ -1023,27 +1033,11 @@ class Embedder:
             raise errors.InvalidRequestError(f"n_seq_max must be in [1, {_MAX_SEQ}]")
         if n_threads is not None and _int(n_threads) <= 0:
             raise errors.InvalidRequestError("thread counts must be positive")
-        self.model = model
         self.n_ctx, self.n_seq_max = n_ctx, n_seq_max
         self.n_embd = model.n_embd
         self.pooling = "mean" if pooling == "auto" else pooling
         self.n_decodes = 0  # decode calls made, as the real one packs inputs into them
-        model._n_contexts += 1
-        self._closed = False
-        _count("context", 1)
-
-    def close(self) -> None:
-        """Idempotent."""
-        if not self._closed:
-            self._closed = True
-            self.model._n_contexts -= 1
-            _count("context", -1)
-
-    def __enter__(self) -> Embedder:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        self._opened(model)
 
     def embed(self, inputs) -> np.ndarray:
         """The pooled vector of each input (1 to n_ctx token ids), float32 (n, n_embd)."""
