@@ -680,6 +680,34 @@ def test_overlapped_ticks_run_a_steady_plan_again_without_asking_the_policy():
             assert len(asked) >= 40
 
 
+def test_overlapped_the_policy_hears_how_long_the_plan_it_remembers_took():
+    """Overlapped, a tick's report reaches the statistics during the next decode; the policy,
+    planning the tick after, must still get the time of the plan whose memory it gets back
+    (the background floor pays for its chunks from that pairing)."""
+    with make_engine(overlap="on") as e:
+        assert e.wait_ready(TIMEOUT)
+        ex = e._executor
+        seen = []  # (the memory handed back, the last tick's ms) of each plan asked for
+
+        class Recording:  # the policy is frozen: watch its snapshots through a proxy
+            def __getattr__(self, name, policy=ex.policy):
+                return getattr(policy, name)
+
+            def schedule_tick(self, state, policy=ex.policy, seen=seen):
+                seen.append((state.memory, state.last_tick_ms))
+                return policy.schedule_tick(state)
+
+        ex.policy = Recording()
+        ex.trace = []
+        handles = [e.submit(p, max_tokens=48, ignore_eos=True, priority="background")
+                   for p in PROMPTS[:2]]
+        assert all(len(h.result(TIMEOUT).token_ids) == 48 for h in handles)
+    took = {id(plan.memory): tick_s * 1e3 for *_, tick_s, _native, plan in ex.trace}
+    paired = [(took[id(memory)], ms) for memory, ms in seen if id(memory) in took]
+    assert len(paired) >= 40
+    assert all(ms == pytest.approx(tick_ms) for tick_ms, ms in paired)
+
+
 def test_an_untimed_snapshot_waits_for_an_idle_moment():
     """Where snapshots were never timed (a GPU's prefix cache has no prior), entries pushed out
     while another request decodes leave unsaved and are counted; the first one pushed out

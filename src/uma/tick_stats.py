@@ -183,8 +183,6 @@ class TickStats:
         self.load = LoadMeter()  # the compute thread's busy share (uma status)
         self.ticks = 0
         self.decode_ewma = 0.0  # smoothed llama_decode ms
-        self.last_tick_ms = 0.0
-        self.last_tick_tokens = 0
         # what a prompt token has cost in ticks of LARGE_CHUNK tokens or more (smoothed; 0
         # before one): the prefix cache's floor under the cost model when pricing a prefill
         self.prompt_ms_per_token = 0.0
@@ -233,8 +231,6 @@ class TickStats:
         m.queue_depth.set(t.queue_depth)
         m.running.set(t.running)
         m.cost_error.set(self.cost.error_ewma_ms)
-        self.last_tick_ms = tick_ms
-        self.last_tick_tokens = t.n_sampled
         notes = plan.notes
         if notes is not None:
             m.served.set(notes.served_decoders)
