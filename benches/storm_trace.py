@@ -27,6 +27,7 @@ import numpy as np
 
 import uma
 from uma import synth
+from uma.sched.cost import ROW_EDGES
 from uma.sched.slo import SloPolicy
 from uma.sched.state import Phase, PlanNotes, Priority
 
@@ -99,6 +100,8 @@ def run_phase(engine: uma.Engine, ns: argparse.Namespace, storm: bool) -> dict:
         out["bg_ttft_ms"] = max(r.timings.ttft_ms for r in results)
         stop.set()
     out["ticks"] = tick_kinds(trace[start:])
+    if ns.ticks:  # every tick of the phase, as rows of Tick's fields
+        out["tick_rows"] = [list(t) for t in trace[start:]]
     if len(trace) > start:
         out["guard"] = guard_summary(trace[start:])
     for t in threads:
@@ -122,6 +125,9 @@ class Tick(NamedTuple):
     overruns: int  # the policy's count so far
     line_ms: float
     target_ms: float
+    owed_ms: float  # the policy's memory after planning it: what the floor still owes,
+    credit_ms: float  # the saved time, and the ticks without background progress
+    starve: int
 
 
 class CompactTrace(list):
@@ -137,9 +143,12 @@ class CompactTrace(list):
         kind = ("both prompts" if len(prompts) == 2 else "background prompt"
                 if Priority.BACKGROUND in prompts else "interactive prompt" if prompts
                 else "decode only")
+        mem = plan.memory
         super().append(Tick(kind, n_prefill, n_decode, tick_s * 1e3, native_s * 1e3,
                             notes.predicted_ms, notes.budget_ms, notes.guard_active,
-                            notes.overruns, notes.line_ms, notes.target_ms))
+                            notes.overruns, notes.line_ms, notes.target_ms,
+                            getattr(mem, "owed_ms", 0.0), getattr(mem, "credit_ms", 0.0),
+                            getattr(mem, "starve", 0)))
 
 
 KINDS = ("decode only", "background prompt", "interactive prompt", "both prompts")
@@ -210,6 +219,8 @@ def main() -> int:
                     help="an EngineConfig setting for the engine (repeatable), e.g. "
                          "prefix_cache_ram_mb=0")
     ap.add_argument("--out", default="", help="also write the figures to this JSON file")
+    ap.add_argument("--ticks", action="store_true",
+                    help="with --out, every tick of both phases too (Tick's fields)")
     ns = ap.parse_args()
     settings = parse_settings(ns.engine)
     fields = {f.name: f for f in dataclasses.fields(SloPolicy)}
@@ -217,8 +228,8 @@ def main() -> int:
     path = Path(ns.model) if Path(ns.model).exists() else synth.cached_model(ns.model)
     n_seq = ns.streams + ns.background
     engine = uma.Engine(path, n_ctx=n_seq * (ns.storm_tokens + 256), n_seq_max=n_seq,
-                        n_threads=ns.threads, n_gpu_layers=ns.gpu_layers, kv_unified=True,
-                        policy="slo", **settings)
+                        n_threads=ns.threads, n_gpu_layers=ns.gpu_layers,
+                        **{"kv_unified": True, "policy": "slo", **settings})
     engine.generate("warm up", max_tokens=4)
     executor = engine._executor
     base = executor.policy
@@ -252,7 +263,8 @@ def report(name: str, knobs: dict, alone: dict, storm: dict, cost) -> None:
     print(f"  cost: fixed {cost.fixed_ms:.3f}  per prompt token {cost.per_prefill_ms:.4f}  "
           f"per decoder {cost.per_decode_ms:.4f}  per 1k kv {cost.per_kv_kpos_ms:.4f} (decode) "
           f"{cost.per_prompt_kv_kpos_ms:.4f} (prompt)  "
-          f"step {cost.prefill_step_ms:.3f}", flush=True)
+          "steps past " + " ".join(f"{edge}:{ms:.2f}" for edge, ms in
+                                   zip(ROW_EDGES, cost.row_steps_ms, strict=False)), flush=True)
 
 
 def print_phase(phase: dict) -> None:

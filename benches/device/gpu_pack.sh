@@ -29,11 +29,18 @@ SIDES=${SIDES:-uma slo,uma baseline,llama-server}
 GPU="--backend cuda --gpu-layers 99 --threads 8"
 
 for m in $MODELS; do
-  # 1. mixed load: 8 interactive streams, 2 background prompts of 6000 tokens
-  [[ $SCENARIOS == *mixed* ]] && timeout 240 python3 benches/mixed_load.py --model "$m" $GPU --streams 8 --background 2 \
-    --storm-tokens 6000 --sides "$SIDES" $MIXED_ARGS \
-    --out "$OUT/mixed_load_h100_$m" 2>&1 | grep -v "^ggml_cuda_init\|^  Device" \
-    | tee -a "$OUT/log.txt"
+  # 1. mixed load: 8 interactive streams, 2 background prompts of 6000 tokens; MIXED_RUNS
+  # runs, the sides' order reversed every other run (alternating)
+  sides=$SIDES
+  for run in $(seq "${MIXED_RUNS:-1}"); do
+    [[ $SCENARIOS == *mixed* ]] || break
+    suffix=$([ "${MIXED_RUNS:-1}" = 1 ] || echo "_$run")
+    timeout 240 python3 benches/mixed_load.py --model "$m" $GPU --streams 8 --background 2 \
+      --storm-tokens 6000 --sides "$sides" $MIXED_ARGS \
+      --out "$OUT/mixed_load_h100_$m$suffix" 2>&1 | grep -v "^ggml_cuda_init\|^  Device" \
+      | tee -a "$OUT/log.txt"
+    sides=$(echo "$sides" | tr ',' '\n' | tac | paste -sd, -)
+  done
   # the scenario matrix (docs/BENCHMARKS.md): 8 streams, 2 background prompts of 6000 tokens
   # (Poisson: 4 of 1,500-6,000), a burst of 8, an agent chain, a chat growing to 8k tokens
   [[ $SCENARIOS == *matrix* ]] && timeout "${MATRIX_TIMEOUT:-560}" python3 benches/mixed_load.py \

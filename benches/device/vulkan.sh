@@ -12,7 +12,9 @@
 # Results: $OUT (default ./out-vulkan).
 #
 #   PARTS="decode cuda mixed" bash benches/device/vulkan.sh   # the parts, in this order
-#   (MIXED_ARGS: more mixed_load.py flags, e.g. --kv-unified as the CUDA figures of record)
+#   (MIXED_ARGS: more mixed_load.py flags, e.g. --kv-unified as the CUDA figures of record;
+#   SIDES: mixed_load.py's --sides; MIXED_RUNS: that many runs, the sides' order reversed
+#   every other run)
 # and the diagnoses behind them: PARTS="profile trace snap chunk pp" (where a decode tick's time
 # goes, the storm's ticks by kind, what a prefix-cache snapshot costs, what a prompt chunk adds
 # to a tick, llama-bench's prompt speed by batch size).
@@ -84,10 +86,15 @@ if [[ $PARTS == *cuda* ]]; then
 fi
 
 if [[ $PARTS == *mixed* ]]; then
-  timeout 240 python3 benches/mixed_load.py --model "$MODEL" --backend vulkan $GPU \
-    --streams 8 --background 2 --storm-tokens 6000 ${MIXED_ARGS:-} --out "mixed_load_${MODEL}_vulkan" 2>&1 \
-    | quiet | tee -a "$OUT/log.txt"
-  cp benches/results/mixed_load_"${MODEL}"_vulkan.json "$OUT"/ 2>/dev/null
+  # MIXED_RUNS runs; SIDES in order, reversed every other run (alternating)
+  sides=${SIDES:-uma slo,uma baseline,llama-server}
+  for run in $(seq "${MIXED_RUNS:-1}"); do
+    timeout "${MIXED_S:-240}" python3 benches/mixed_load.py --model "$MODEL" --backend vulkan $GPU \
+      --streams 8 --background 2 --storm-tokens 6000 --sides "$sides" ${MIXED_ARGS:-} \
+      --out "mixed_load_${MODEL}_vulkan_$run" 2>&1 | quiet | tee -a "$OUT/log.txt"
+    cp benches/results/mixed_load_"${MODEL}"_vulkan_"$run".json "$OUT"/ 2>/dev/null
+    sides=$(echo "$sides" | tr ',' '\n' | tac | paste -sd, -)
+  done
 fi
 
 if [[ $PARTS == *profile* ]]; then
@@ -103,7 +110,8 @@ if [[ $PARTS == *trace* ]]; then
     [[ $eng != - && $eng != warmup ]] && for kv in ${eng//,/ }; do args+=(--engine "$kv"); done
     echo "== engine settings: $eng" | tee -a "$OUT/storm_trace.txt"
     timeout 200 python3 benches/storm_trace.py --model "$MODEL" $GPU --streams 8 --background 2 \
-      --storm-tokens 6000 "${args[@]}" --out "$OUT/storm_trace_${eng//[^a-z0-9_]/_}.json" 2>&1 \
+      --storm-tokens 6000 "${args[@]}" ${TRACE_ARGS:-} \
+      --out "$OUT/storm_trace_${eng//[^a-z0-9_]/_}.json" 2>&1 \
       | quiet | tee -a "$OUT/storm_trace.txt"
   done
 fi
