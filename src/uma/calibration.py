@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from uma.errors import UmaError
-from uma.sched.cost import attended
+from uma.sched.cost import ROW_EDGES, attended
 
 # (prompt tokens, decode rows, cache positions read, KV positions the prompt attends, ms)
 Timed = tuple[int, int, int, int, float]
@@ -34,27 +34,35 @@ class DeviceTiming:
     SLOW_ROW_MS = 30.0
 
     def run(self, passes: int = 2) -> list[Timed]:
-        """Times scratch batches of a few shapes (decode rows; one-token, short and long prompt
-        chunks; a decode row and one-token and short chunks deep into a sequence) before
-        serving and anchors the cost model there. From the generic prior alone, a GPU never
-        learns what a prompt token costs it (a fiftieth of that prior): when every tick of a
-        storm carries one or two prompt tokens, the fit cannot tell them from the decoders,
-        blames the decoders, inflates their budget and spends it on two prompt tokens a tick
-        (a background prompt took 59 s on an H100, every interactive tick ran at 1.5x).
-        Attention needs the deep shapes for the same reason: a storm's few deep prompt ticks
-        among its many decode ticks cannot pin what a prompt token's attention costs on their
-        own, and the one-token chunks tell the step from a chunk's read of the cache before
-        it. Returns the timed shapes; none if the context is too small to try or the engine
-        is closing (the generic prior stays)."""
+        """Times scratch batches of a few shapes before serving and anchors the cost model
+        there: decode rows; one-token, short and long prompt chunks; prompt chunks beside up
+        to eight decoders that take the batch into each row class where ggml changes kernels;
+        a decode row and one-token and short chunks deep into a sequence. From the generic
+        prior alone, a GPU never learns what a prompt token costs it (a fiftieth of that
+        prior): when every tick of a storm carries one or two prompt tokens, the fit cannot
+        tell them from the decoders, blames the decoders, inflates their budget and spends it
+        on two prompt tokens a tick (a background prompt took 59 s on an H100, every
+        interactive tick ran at 1.5x). Attention needs the deep shapes for the same reason: a
+        storm's few deep prompt ticks among its many decode ticks cannot pin what a prompt
+        token's attention costs on their own, and the one-token chunks tell a row step from a
+        chunk's read of the cache before it. The shapes beside decoders price each row step
+        (uma.sched.cost.ROW_EDGES): on an H100 under Vulkan one prompt token beside eight
+        decoders costs more than their whole tick. Returns the timed shapes; none if the
+        context is too small to try or the engine is closing (the generic prior stays)."""
         n_rows = min(4, self.ctx.n_seq_max)
         chunk = max(1, min(64, self.batch.capacity, self.ctx.n_ctx_seq - 1))
         small = min(8, chunk)
         depth = max(0, min(4 * chunk, self.batch.capacity, self.ctx.n_ctx_seq - chunk - 1))
-        tokens = (np.arange(max(chunk, depth), dtype=np.int32) * 7919 + 1) % self.ctx.model.n_vocab
         shallow = [(0, 1), (0, n_rows), (1, 0), (small, 0), (chunk, 0)]
         deep = [(1, 0), (small, 0), (0, 1)]
+        largest = max(1, min(self.batch.capacity, self.ctx.n_ctx_seq - 1))
+        mixed = self._mixed_shapes(largest)
+        tokens = (np.arange(max(chunk, depth, *(p for p, _ in mixed)), dtype=np.int32) * 7919
+                  + 1) % self.ctx.model.n_vocab
         runs = 3
-        self.progress = (0, 2 + passes * runs * (len(shallow) + len(deep)) + 1)
+        # The shapes beside decoders run once, twice in a row: they are the largest, and each
+        # prices one step (on the 134M CPU model the full schedule for them took 4 s).
+        self.progress = (0, 2 + passes * runs * (len(shallow) + len(deep)) + 2 * len(mixed) + 1)
         ticks = []
         try:
             # On a slow device (an 8B model on a laptop CPU: ~1 s a decode row) the full
@@ -67,8 +75,11 @@ class DeviceTiming:
                 chunk = min(chunk, 32)
                 depth = min(depth, 2 * chunk)
                 shallow[-1] = (chunk, 0)
-                self.progress = (2, 2 + passes * runs * (len(shallow) + len(deep)) + 1)
+                mixed = self._mixed_shapes(min(largest, 32))
+                self.progress = (2, 2 + passes * runs * (len(shallow) + len(deep))
+                                 + 2 * len(mixed) + 1)
             ticks += self._time_shapes(tokens, shallow, passes, runs)
+            ticks += self._time_shapes(tokens, mixed, 1, 2)
             if depth:  # sequence 0 holds `depth` positions while the deep shapes run
                 self._scratch(tokens[:depth], 0, 0, keep=True)
                 ticks += self._time_shapes(tokens, deep, passes, runs, depth)
@@ -78,6 +89,19 @@ class DeviceTiming:
             self.ctx.seq_rm(0)
             self.progress = (self.progress[1], self.progress[1])
         return ticks
+
+    def _mixed_shapes(self, largest: int) -> list[tuple[int, int]]:
+        """(prompt tokens, decode rows) of the shapes beside decoders: up to eight decode rows
+        (on sequences 1.., the prompt on 0), with and without one prompt token, and prompt
+        chunks that take the batch 8 rows into each row class past eight (16, 24, 40, 72, 136
+        and 264 rows), as far as `largest` prompt tokens and the batch allow."""
+        rows = max(0, min(8, self.ctx.n_seq_max - 1, self.batch.capacity - 1))
+        shapes = [(0, rows), (1, rows)] if rows else []
+        for edge in ROW_EDGES:
+            n = edge + 8 - rows
+            if edge >= 8 and n <= largest and n + rows <= self.batch.capacity:
+                shapes.append((n, rows))
+        return shapes
 
     def _time_shapes(self, tokens: np.ndarray, shapes: list[tuple[int, int]], passes: int,
                      runs: int, depth: int = 0) -> list[Timed]:
@@ -96,20 +120,24 @@ class DeviceTiming:
 
     def _scratch(self, prompt: np.ndarray, rows: int, depth: int, keep: bool = False) -> float:
         """One scratch decode: a prompt chunk on sequence 0 from position `depth`, and `rows`
-        decode rows (sequence 0's at `depth`, the others' at 0); returns its milliseconds.
-        What it adds to the cache is removed again unless `keep`."""
+        decode rows (without a prompt, sequence 0's at `depth` and the others' at 0; beside
+        one, on sequences 1.. at 0); returns its milliseconds, the device's work included (a
+        GPU's decode returns before it is done). What it adds to the cache is removed again
+        unless `keep`."""
         batch = self.batch
         batch.clear()
+        first = 1 if len(prompt) and rows else 0
         if len(prompt):
             batch.add_sequence(prompt, depth, 0, logits_last=True)
-        for seq in range(rows):
+        for seq in range(first, first + rows):
             batch.add(1, depth if seq == 0 else 0, seq, True)
         t0 = time.perf_counter()
         try:
             self.ctx.decode(batch)
+            self.ctx.synchronize()
             return (time.perf_counter() - t0) * 1e3
         finally:
             self.progress = (self.progress[0] + 1, self.progress[1])
             if not keep:
-                for seq in range(max(rows, 1)):
+                for seq in range(first + max(rows, 1)):
                     self.ctx.seq_rm(seq, depth if seq == 0 else -1)

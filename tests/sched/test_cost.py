@@ -7,10 +7,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from uma.sched.cost import CostEstimate, CostModel, attended
+from uma.sched.cost import ROW_EDGES, CostEstimate, CostModel, attended, row_steps
 
 TRUE = CostEstimate(fixed_ms=3.0, per_prefill_ms=0.6, per_decode_ms=1.2, per_kv_kpos_ms=0.08,
-                    per_prompt_kv_kpos_ms=0.05, prefill_step_ms=1.5)
+                    per_prompt_kv_kpos_ms=0.05, row_steps_ms=row_steps(r8=1.5))
+# Vulkan on an H100, roughly: one prompt token beside eight decoders costs more than their
+# tick, the next few cost little, and the batch pays again as it passes the kernels' size
+# classes (measured: benches/chunk_cost.py).
+VULKAN = CostEstimate(fixed_ms=4.0, per_prefill_ms=0.1, per_decode_ms=0.1,
+                      row_steps_ms=row_steps(r8=9.0, r32=5.0, r64=10.0))
+# What uma.calibration times beside eight decoders: none, one token, then the batch 8 rows into
+# each row class past eight.
+MIXED = (0, 1, 8, 16, 32, 64, 128, 256)
 
 
 def test_attended_counts_the_cache_and_the_causal_chunk():
@@ -25,7 +33,8 @@ def test_the_model_learns_a_known_cost_with_attention_from_varied_ticks():
     model = CostModel()
     for _ in range(400):
         decode, depth = rng.integers(0, 9), rng.integers(0, 4000)
-        prefill = rng.integers(1, 300) if rng.random() < 0.5 else 0  # half the ticks decode only
+        # half the ticks decode only; the prompt chunks' sizes spread over the row edges
+        prefill = int(np.exp(rng.uniform(0, np.log(300)))) if rng.random() < 0.5 else 0
         kv, pkv = decode * rng.integers(1, 3000), attended(int(depth), int(prefill))
         model.observe(int(prefill), int(decode), kv,
                       TRUE.predict(int(prefill), int(decode), kv, pkv) + rng.normal(0, 0.05), pkv)
@@ -34,16 +43,44 @@ def test_the_model_learns_a_known_cost_with_attention_from_varied_ticks():
     assert abs(est.per_decode_ms - TRUE.per_decode_ms) < 0.1
     assert abs(est.per_kv_kpos_ms - TRUE.per_kv_kpos_ms) < 0.005
     assert abs(est.per_prompt_kv_kpos_ms - TRUE.per_prompt_kv_kpos_ms) < 0.005
-    assert abs(est.prefill_step_ms - TRUE.prefill_step_ms) < 0.2
+    assert est.row_steps_ms == pytest.approx(TRUE.row_steps_ms, abs=0.3)
     assert model.error_ewma_ms < 0.2
     assert est.samples == 400
 
 
-def test_the_first_chunk_of_a_tick_pays_the_step():
-    assert TRUE.prefill_ms(10, 0) == TRUE.prefill_ms(10, 0, first=False) + 1.5
-    assert TRUE.chunk_tokens(1.0, 0) == 0  # saved-up time below the step buys nothing
-    assert TRUE.chunk_tokens(1.0, 0, first=False) == 1
-    assert TRUE.predict(1, 0) - TRUE.predict(0, 0) == pytest.approx(0.6 + 1.5)
+def test_the_chunk_that_takes_a_tick_past_eight_rows_pays_the_step():
+    assert TRUE.prefill_ms(10, 0) == pytest.approx(TRUE.prefill_ms(10, 0, rows=10) + 1.5)
+    assert TRUE.prefill_ms(8, 0) == pytest.approx(TRUE.prefill_ms(8, 0, rows=10))  # in 8 rows
+    assert TRUE.chunk_tokens(1.0, 0, rows=8) == 0  # saved-up time below the step buys nothing
+    assert TRUE.chunk_tokens(1.0, 0, rows=10) == 1
+    assert TRUE.chunk_tokens(1.0, 0, rows=0) == 1  # one token stays within eight rows
+    assert TRUE.predict(1, 8) - TRUE.predict(0, 8) == pytest.approx(0.6 + 1.5)
+    assert TRUE.predict(0, 10) - TRUE.predict(0, 8) == pytest.approx(2 * 1.2 + 1.5)  # decoders too
+
+
+def test_a_chunk_takes_the_largest_size_its_time_buys_past_the_kernels_size_classes():
+    # Beside eight decoders: 12 ms buys the step at eight rows and fills the small class (24
+    # tokens) but not the medium one's step; 20 ms buys that too and fills the medium class
+    # (56), where 60 tokens would pass the large one's; 40 ms buys 160.
+    assert VULKAN.chunk_tokens(8.0, 0, rows=8) == 0
+    assert VULKAN.chunk_tokens(12.0, 0, rows=8) == 24
+    assert VULKAN.chunk_tokens(20.0, 0, rows=8) == 56
+    assert VULKAN.chunk_tokens(40.0, 0, rows=8) == 160
+    assert VULKAN.prefill_ms(56, 0, rows=8) == pytest.approx(9.0 + 5.0 + 5.6)
+    # the step a chunk pays is its own: after a chunk that passed it, the next pays none
+    assert VULKAN.prefill_ms(4, 0, rows=12) == pytest.approx(0.4)
+    assert VULKAN.chunk_overhead_ms(0, rows=8, n_tokens=60) == pytest.approx(24.0)
+
+
+@given(spare=st.floats(0, 200), rows=st.integers(0, 300), depth=st.integers(0, 5000),
+       steps=st.lists(st.floats(0, 20), min_size=len(ROW_EDGES), max_size=len(ROW_EDGES)))
+def test_chunk_tokens_is_the_largest_chunk_its_time_buys(spare, rows, depth, steps):
+    est = CostEstimate(per_prefill_ms=0.2, per_kv_kpos_ms=0.5, per_prompt_kv_kpos_ms=0.01,
+                       row_steps_ms=tuple(steps))
+    n = est.chunk_tokens(spare, depth, rows)
+    assert est.prefill_ms(n, depth, rows) <= spare + 1e-6
+    # steps are non-negative, so the price only grows with the chunk
+    assert est.prefill_ms(n + 1, depth, rows) > spare - 1e-6
 
 
 def test_less_of_a_prompt_fits_a_tick_deep_into_it():
@@ -75,10 +112,10 @@ def test_a_calibrated_model_keeps_the_prompt_cost_ticks_alike_do_not_show():
     # A GPU-like device: a prompt token costs 0.04 ms, leaving the decode graph 1.4 ms. In a
     # storm every tick is 8 decoders and 1 prompt token, which cannot tell the two apart.
     gpu = CostEstimate(fixed_ms=2.5, per_prefill_ms=0.04, per_decode_ms=0.05,
-                       prefill_step_ms=1.4)
+                       row_steps_ms=row_steps(r8=1.4))
     calibrated, generic = CostModel(), CostModel()
-    calibrated.calibrate([(p, d, 0, 0, gpu.predict(p, d)) for p, d in [(0, 1), (0, 4), (8, 0),
-                                                                       (64, 0)]])
+    calibrated.calibrate([(p, d, 0, 0, gpu.predict(p, d))
+                          for p, d in [(0, 1), (0, 4), (8, 0), (64, 0), (0, 8), (1, 8), (16, 8)]])
     assert calibrated.estimate.prefill_ms(64, 0) == pytest.approx(gpu.prefill_ms(64, 0), rel=0.01)
     rng = np.random.default_rng(0)
     for _ in range(500):
@@ -102,21 +139,26 @@ def test_a_prompt_chunk_reads_the_cache_before_it_once():
     # deep into a prompt, a larger chunk is far cheaper per token: the read is shared
     assert cpu.prefill_ms(8, 1500) / 8 < cpu.prefill_ms(1, 1500) / 3
     # what a tick's spare buys: nothing where it does not cover the read
-    assert cpu.chunk_tokens(14.0, 1500, first=False) == 0
-    n = cpu.chunk_tokens(30.0, 1500, first=False)
-    assert cpu.prefill_ms(n, 1500, False) <= 30.0 < cpu.prefill_ms(n + 1, 1500, False)
+    assert cpu.chunk_tokens(14.0, 1500) == 0
+    n = cpu.chunk_tokens(30.0, 1500)
+    assert cpu.prefill_ms(n, 1500) <= 30.0 < cpu.prefill_ms(n + 1, 1500)
 
 
-def test_amortising_tokens_is_the_fewest_whose_work_covers_the_overhead():
+@pytest.mark.parametrize("rows", [0, 3, 8, 30])
+def test_amortising_tokens_is_the_fewest_whose_work_covers_the_overhead(rows):
     cpu = CostEstimate(fixed_ms=7.0, per_prefill_ms=2.0, per_decode_ms=3.0, per_kv_kpos_ms=10.0,
-                       per_prompt_kv_kpos_ms=1.0, prefill_step_ms=0.5)
+                       per_prompt_kv_kpos_ms=1.0, row_steps_ms=row_steps(r8=0.5, r32=20.0))
+
+    def amortised(n, depth):
+        overhead = cpu.chunk_overhead_ms(depth, rows, n)
+        return cpu.prefill_ms(n, depth, rows) - overhead >= overhead
+
     for depth in (0, 600, 3000):
-        n = cpu.amortising_tokens(depth)
-        overhead = cpu.chunk_overhead_ms(depth)
-        assert cpu.prefill_ms(n, depth) - overhead >= overhead
-        assert n == 1 or cpu.prefill_ms(n - 1, depth) - overhead < overhead
-    assert cpu.amortising_tokens(3000, factor=2.0) > cpu.amortising_tokens(3000)
-    assert CostEstimate(per_kv_kpos_ms=0.0).amortising_tokens(500, first=False) == 1
+        n = cpu.amortising_tokens(depth, rows)
+        assert amortised(n, depth)
+        assert not any(amortised(m, depth) for m in range(1, n))
+    assert cpu.amortising_tokens(3000, rows, factor=2.0) > cpu.amortising_tokens(3000, rows)
+    assert CostEstimate(per_kv_kpos_ms=0.0).amortising_tokens(500, rows) == 1
 
 
 def test_decode_rows_and_prompt_tokens_pay_for_attention_apart():
@@ -124,9 +166,10 @@ def test_decode_rows_and_prompt_tokens_pay_for_attention_apart():
     # one in twenty-five carries two tokens deep into a prompt, which read the cache before
     # them once and score it per token.
     cpu = CostEstimate(fixed_ms=7.0, per_prefill_ms=2.0, per_decode_ms=3.0, per_kv_kpos_ms=10.0,
-                       per_prompt_kv_kpos_ms=1.0, prefill_step_ms=0.5)
+                       per_prompt_kv_kpos_ms=1.0, row_steps_ms=row_steps(r8=0.5))
     shapes = [(0, 1, 1, 0, 0), (0, 4, 4, 0, 0), (1, 0, 0, 0, 0), (8, 0, 0, 0, 0),
-              (64, 0, 0, 0, 0), (1, 0, 0, 256, 0), (8, 0, 0, 256, 0), (0, 1, 257, 0, 0)]
+              (64, 0, 0, 0, 0), (1, 0, 0, 256, 0), (8, 0, 0, 256, 0), (0, 1, 257, 0, 0)] \
+        + [(p, 8, 8, 0, 0) for p in MIXED]
     model = CostModel()
     model.calibrate([(p, d, kv + depth, attended(depth, p), cpu.predict(
         p, d, kv + depth, attended(depth, p))) for p, d, kv, depth, _ in shapes])
@@ -141,4 +184,21 @@ def test_decode_rows_and_prompt_tokens_pay_for_attention_apart():
     assert est.prefill_ms(1, 100) == pytest.approx(cpu.prefill_ms(1, 100), rel=0.25)
     assert est.predict(0, 3, 480) == pytest.approx(cpu.predict(0, 3, 480), rel=0.1)
     # the read is not mistaken for a step: a shallow chunk is not charged a deep one's read
-    assert est.prefill_step_ms < 2.0
+    assert sum(est.row_steps_ms) < 2.0
+
+
+def test_row_steps_names_its_edges():
+    assert row_steps(r8=1.4)[ROW_EDGES.index(8)] == 1.4
+    assert sum(row_steps(r8=1.4)) == 1.4
+    with pytest.raises(ValueError, match="no row edge at 9"):
+        row_steps(r9=1.0)
+
+
+def test_calibration_shapes_across_the_size_classes_price_each_step():
+    shapes = [(0, 1), (0, 4), (1, 0), (8, 0), (64, 0)] + [(p, 8) for p in MIXED]
+    model = CostModel()
+    model.calibrate([(p, d, 0, 0, VULKAN.predict(p, d)) for p, d in shapes])
+    for rows in (0, 8, 12, 40):
+        for n in (1, 8, 24, 60, 200):
+            assert model.estimate.prefill_ms(n, 0, rows) == pytest.approx(
+                VULKAN.prefill_ms(n, 0, rows), abs=0.3), (rows, n)

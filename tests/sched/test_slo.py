@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from uma.sched.bmt import BmtModel
-from uma.sched.cost import CostEstimate
+from uma.sched.cost import CostEstimate, row_steps
 from uma.sched.slo import SloMemory, SloPolicy, ttft_chunk_ms
 from uma.sched.state import Phase, Plan, Priority, SchedulerState, SessionView
 
@@ -277,7 +277,8 @@ def test_nothing_starves_and_interactive_decoders_are_always_served(spec):
 
 # A GPU-like device: leaving the decode graph for any prompt token costs more than a tick's
 # spare time, so background prompts can only go in on saved time, in ticks past the budget.
-GPU = CostEstimate(fixed_ms=2.5, per_prefill_ms=0.04, per_decode_ms=0.05, prefill_step_ms=1.4)
+GPU = CostEstimate(fixed_ms=2.5, per_prefill_ms=0.04, per_decode_ms=0.05,
+                   row_steps_ms=row_steps(r8=1.4))
 # The pause mechanics on their own: the background floor (tested below) pays background work
 # in pauses of its own, longer than pause_factor allows the saved time.
 NO_FLOOR = SloPolicy(background_share=0.0)
@@ -323,7 +324,7 @@ def test_pauses_take_only_the_share_of_ticks_the_streams_own_tail_leaves():
 
 
 def test_only_ticks_past_the_line_the_p95_is_judged_at_use_the_pause_share():
-    cost = dataclasses.replace(GPU, prefill_step_ms=0.3)
+    cost = dataclasses.replace(GPU, row_steps_ms=row_steps(r8=0.3))
     sessions = [session(i, INT, Phase.DECODE) for i in range(8)]
     sessions.append(session(10, BG, Phase.PREFILL, prompt=100000))
     solo = cost.predict(0, 8)
@@ -349,10 +350,11 @@ def test_only_ticks_past_the_line_the_p95_is_judged_at_use_the_pause_share():
 
 def test_background_chunks_that_would_be_mostly_step_wait_for_saved_time():
     # The step fits the spare time, but the few tokens that fit with it would not amortise it.
-    cost = dataclasses.replace(GPU, prefill_step_ms=0.3)
+    cost = dataclasses.replace(GPU, row_steps_ms=row_steps(r8=0.3))
     chunks, _ = gpu_storm(NO_FLOOR, cost, 400)
     taken = sorted(n for n in chunks if n)
-    assert taken and cost.prefill_ms(taken[len(taken) // 2], 0, False) >= cost.prefill_step_ms
+    median = taken[len(taken) // 2] if taken else 0
+    assert taken and cost.prefill_ms(median, 0, 8) - cost.chunk_overhead_ms(0, 8, median) >= 0.3
     assert len(taken) < 0.1 * len(chunks)
     # without the rule, nearly every tick pays the step for a handful of tokens
     loose, _ = gpu_storm(dataclasses.replace(NO_FLOOR, step_amortise=0.0), cost, 400)
@@ -389,10 +391,10 @@ def test_background_rides_along_in_a_tick_a_new_interactive_prompt_stretches():
     assert tokens > 0 and not counted  # riding along costs the pause share nothing
 
 
-# A CPU-like device: one prompt token deep into a long prompt (with the step) costs more than
-# a tick's spare time, 4.6 ms against 3.8.
+# A CPU-like device: one prompt token deep into a long prompt costs more than a tick's spare
+# time beside three decoders (900 positions in, 8.7 ms against 3.8).
 CPU = CostEstimate(fixed_ms=7.5, per_prefill_ms=1.0, per_decode_ms=3.6, per_kv_kpos_ms=6.0,
-                   per_prompt_kv_kpos_ms=2.6, prefill_step_ms=1.3)
+                   per_prompt_kv_kpos_ms=2.6)
 
 
 def test_saved_time_is_spent_under_the_p95_line_when_pauses_are_used_up():
@@ -424,7 +426,7 @@ def test_a_starving_prompt_deep_in_its_cache_gets_a_chunk_that_amortises_the_rea
     # 2,000 positions in, reading the cache costs 20 ms: more than any pause leaves here, so
     # nothing but the rescue moves the prompt, and a one-token rescue would pay the read whole.
     cpu = dataclasses.replace(CPU, per_kv_kpos_ms=10.0, per_prompt_kv_kpos_ms=1.0,
-                              per_prefill_ms=2.0, prefill_step_ms=0.0)
+                              per_prefill_ms=2.0)
     sessions = [session(i, INT, Phase.DECODE, n_past=40) for i in range(3)]
     back = session(10, BG, Phase.PREFILL, prompt=100000, prefilled=2000)
     starving = SloMemory(s=8, starve=SloPolicy().max_starve_ticks, chunk_cap=512)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from uma.sched.bmt import BmtModel
-from uma.sched.cost import CostEstimate
+from uma.sched.cost import CostEstimate, row_steps
 from uma.sched.slo import SloMemory, SloPolicy
 from uma.sched.state import Phase, Plan, Priority, SchedulerState, SessionView
 
@@ -30,9 +30,10 @@ GOLDEN = Path(__file__).with_name("data") / "slo_golden.json"
 
 COSTS = {
     "cpu": CostEstimate(fixed_ms=5.8, per_prefill_ms=0.92, per_decode_ms=1.8, per_kv_kpos_ms=2.0,
-                        prefill_step_ms=1.2, per_prompt_kv_kpos_ms=2.0),
+                        row_steps_ms=row_steps(r1=0.3, r16=1.2), per_prompt_kv_kpos_ms=2.0),
     "gpu": CostEstimate(fixed_ms=6.0, per_prefill_ms=0.01, per_decode_ms=0.05,
-                        per_kv_kpos_ms=0.02, prefill_step_ms=0.45, per_prompt_kv_kpos_ms=0.01),
+                        per_kv_kpos_ms=0.02, row_steps_ms=row_steps(r8=0.45, r32=2.0, r64=1.0),
+                        per_prompt_kv_kpos_ms=0.01),
 }
 BMT = BmtModel(dense_bytes=2.5e8, expert_bytes=0.0, n_expert=0, n_expert_used=0,
                kv_bytes_per_pos=36864.0, act_bytes_per_token=1e5)

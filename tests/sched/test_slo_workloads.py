@@ -5,6 +5,7 @@ background floor holds, floor pauses never come in streaks, first tokens come fi
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 
@@ -44,8 +45,9 @@ def simulate(policy, sessions, ticks, arrivals=None, cost=CPU, stop=None) -> Run
         by_seq = {s.seq_id: s for s in sessions}
         decode = [i for i in plan.items if i.phase is Phase.DECODE]
         prefill = [i for i in plan.items if i.phase is Phase.PREFILL]
-        times = [cost.prefill_ms(i.n_tokens, by_seq[i.seq_id].n_past, k == 0)
-                 for k, i in enumerate(prefill)]
+        rows = itertools.accumulate((i.n_tokens for i in prefill), initial=len(decode))
+        times = [cost.prefill_ms(i.n_tokens, by_seq[i.seq_id].n_past, at)
+                 for i, at in zip(prefill, rows, strict=False)]
         last_ms = cost.predict(0, len(decode), sum(by_seq[i.seq_id].n_past for i in decode)) \
             + sum(times)
         last_tokens = sum(1 for i in plan.items if i.logits)
@@ -217,3 +219,12 @@ def test_background_decoders_and_prompts_split_the_floor():
     assert 9 in run.first_token
     decoded = sum(1 for p in run.plans[:run.first_token[9]] for i in p.items if i.seq_id == 8)
     assert decoded >= 0.1 * run.first_token[9]
+
+
+
+def test_floor_chunks_that_cost_by_their_tokens_do_not_grow():
+    # On a CPU-like device a chunk's price grows with its tokens: growing a floor chunk never
+    # moves 1.5x the tokens per ms (tests/sched/test_slo_steps.py: where it does).
+    run = simulate(SloPolicy(), [*streams(), background()], 600)
+    fixed = simulate(SloPolicy(floor_growth=1e9), [*streams(), background()], 600)
+    assert [p.items for p in run.plans] == [p.items for p in fixed.plans]

@@ -3,13 +3,20 @@
     tick_ms ≈ fixed + per_prefill · prefill_tokens + per_decode · decode_tokens
               + per_kv · (cache positions read) / 1000
               + per_prompt_kv · (KV positions the prompt tokens attend) / 1000
-              + prefill_step · (1 if the tick has prompt tokens)
+              + Σ row_steps[i] · (the tick's rows > ROW_EDGES[i])
 
-The step is what a GPU charges for leaving the matrix-vector kernels of a small decode batch:
-adding the first prompt tokens to eight decoders costs far more than adding the next hundred.
-With it in the model, a policy saving up spare time spends it on one worthwhile chunk instead
-of paying the step for a handful of tokens every tick. On a CPU it is small: one prompt
-token at position 0 costs about what one more decode row does.
+The row steps are what a GPU charges as a batch's rows (prompt tokens and decode rows alike)
+pass the sizes where ggml changes kernels: up to eight rows it multiplies by the weights with
+matrix-vector kernels, past that with matrix-matrix ones, whose tiles come in size classes (on
+Vulkan: small up to 32 rows, medium up to 64, large past that), and CUDA replays a captured
+graph only for one row. On an H100 under Vulkan one prompt token beside eight decoders cost
+6.5-9 ms on a 5 ms tick while the next 63 added about as much again; a model that charged the
+step for "the tick has prompt tokens" priced eight decoders and two background decoders (ten
+rows) at a fraction of what they cost, and the background decoders rode in every tick. With
+the steps in the model, a policy saving up spare time spends it on one worthwhile chunk
+instead of paying a step for a handful of tokens every tick, and it prices a chunk by the
+rows already in the tick (`rows`): the step is paid by whichever chunk crosses it. Steps are
+non-negative, so the price of a chunk never falls as it grows. On a CPU they are small.
 
 Attention is the term that grows, and it has two parts. Reading the cache is memory-bound and
 happens once per sequence a tick: a decode row reads its sequence's K/V, and a prompt chunk
@@ -42,6 +49,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# A tick's rows (prompt tokens and decode rows) where ggml may change kernels; the model charges
+# a step as a tick's rows pass each (CostEstimate.row_steps_ms).
+ROW_EDGES = (1, 8, 16, 32, 64, 128, 256)
+
+
+def row_steps(**at: float) -> tuple[float, ...]:
+    """row_steps_ms from steps by edge: `row_steps(r8=1.4)` charges 1.4 ms past eight rows."""
+    steps = dict.fromkeys(ROW_EDGES, 0.0)
+    for key, ms in at.items():
+        edge = int(key.removeprefix("r"))
+        if edge not in steps:
+            raise ValueError(f"no row edge at {edge}: the edges are {ROW_EDGES}")
+        steps[edge] = ms
+    return tuple(steps.values())
+
 
 @dataclass(frozen=True, slots=True)
 class CostEstimate:
@@ -52,7 +74,8 @@ class CostEstimate:
     per_decode_ms: float = 1.0
     per_kv_kpos_ms: float = 0.0  # per 1000 cache positions read: each decode
     # row's attended(n_past, 1), each prompt chunk's starting position
-    prefill_step_ms: float = 0.0  # once per tick that has any prompt tokens
+    row_steps_ms: tuple[float, ...] = ()  # charged as a tick's rows pass each of ROW_EDGES
+    # (missing ones: 0)
     per_prompt_kv_kpos_ms: float = 0.0  # per 1000 KV positions prompt tokens attend
     samples: int = 0  # ticks the estimate has learned from
 
@@ -66,42 +89,93 @@ class CostEstimate:
             + self.per_decode_ms * decode_tokens
             + self.per_kv_kpos_ms * kv_positions / 1000.0
             + self.per_prompt_kv_kpos_ms * prompt_kv_positions / 1000.0
-            + (self.prefill_step_ms if prefill_tokens > 0 else 0.0)
+            + self.rows_ms(prefill_tokens + decode_tokens)
         )
 
-    def prefill_ms(self, n_tokens: int, depth: int, first: bool = True) -> float:
-        """What a prompt chunk of n_tokens starting at KV position `depth` adds to a tick:
-        its tokens, its read of the cache before it, its attention, and the step when it is
-        the tick's first prompt chunk."""
+    def rows_ms(self, rows: int) -> float:
+        """The steps a tick of `rows` rows has passed."""
+        return sum(ms for edge, ms in zip(ROW_EDGES, self.row_steps_ms, strict=False)
+                   if rows > edge)
+
+    def step_ms(self, rows: int, n_tokens: int) -> float:
+        """The steps a chunk of n_tokens passes in a tick that already has `rows` rows."""
+        return self.rows_ms(rows + n_tokens) - self.rows_ms(rows) if n_tokens > 0 else 0.0
+
+    def prefill_ms(self, n_tokens: int, depth: int, rows: int = 0) -> float:
+        """What a prompt chunk of n_tokens starting at KV position `depth` adds to a tick that
+        already has `rows` rows: its tokens, its read of the cache before it, its attention,
+        and the row steps it passes."""
         if n_tokens <= 0:
             return 0.0
-        return (self.per_prefill_ms * n_tokens + self.per_kv_kpos_ms * depth / 1000.0
-                + self.per_prompt_kv_kpos_ms * attended(depth, n_tokens) / 1000.0
-                + (self.prefill_step_ms if first else 0.0))
+        return self._work_ms(n_tokens, depth) + self.per_kv_kpos_ms * depth / 1000.0 \
+            + self.step_ms(rows, n_tokens)
 
-    def chunk_overhead_ms(self, depth: int, first: bool = True) -> float:
-        """What a prompt chunk at KV position `depth` costs whatever its length: its read of
-        the cache before it, and the step when it is the tick's first prompt chunk."""
-        return self.per_kv_kpos_ms * depth / 1000.0 + (self.prefill_step_ms if first else 0.0)
+    def chunk_overhead_ms(self, depth: int, rows: int = 0, n_tokens: int = 1) -> float:
+        """What a prompt chunk of n_tokens at KV position `depth` costs beyond its own work
+        (its tokens and their scoring), in a tick that already has `rows` rows: its read of the
+        cache before it and the row steps it passes."""
+        return self.per_kv_kpos_ms * depth / 1000.0 + self.step_ms(rows, max(n_tokens, 1))
 
-    def chunk_tokens(self, spare_ms: float, depth: int = 0, first: bool = True) -> int:
+    def chunk_tokens(self, spare_ms: float, depth: int = 0, rows: int = 0) -> int:
         """The most prompt tokens, in a chunk starting at KV position `depth`, that add at most
-        spare_ms: the root of per_prefill·c + per_prompt_kv·attended(depth, c)/1000 = spare_ms,
-        after the chunk's read of the cache and the step if this is the tick's first prompt
-        chunk."""
-        if not math.isinf(spare_ms):
-            spare_ms -= self.chunk_overhead_ms(depth, first)
-        if spare_ms <= 0:
-            return 0
+        spare_ms to a tick that already has `rows` rows. Between two row edges the steps are
+        fixed and the rest grows with the chunk (the root of per_prefill·c +
+        per_prompt_kv·attended(depth, c)/1000 = what is left), so each span between edges
+        gives its own largest chunk, and the largest of those wins."""
         if math.isinf(spare_ms):
             return 1 << 30  # no limit
-        return int(self._tokens_of_work(spare_ms, depth))
+        best = 0
+        for lo, hi in self._spans(rows):
+            left = spare_ms - self.chunk_overhead_ms(depth, rows, lo)
+            if left <= 0:
+                continue
+            n = int(self._tokens_of_work(left, depth))
+            if n >= lo:
+                best = max(best, n if n <= hi else int(hi))
+        return best
 
-    def amortising_tokens(self, depth: int, first: bool = True, factor: float = 1.0) -> int:
-        """The fewest prompt tokens, in a chunk starting at KV position `depth`, whose own work
-        (tokens and their scoring) is at least factor × the chunk's overhead (at least 1)."""
-        work = factor * self.chunk_overhead_ms(depth, first)
-        return max(1, math.ceil(self._tokens_of_work(work, depth) - 1e-9)) if work > 0 else 1
+    def amortising_tokens(self, depth: int, rows: int = 0, factor: float = 1.0) -> int:
+        """The fewest prompt tokens, in a chunk starting at KV position `depth` in a tick that
+        already has `rows` rows, whose own work (tokens and their scoring) is at least factor
+        × the chunk's overhead (its read and the steps it passes; at least 1)."""
+        for lo, hi in self._spans(rows):
+            work = factor * self.chunk_overhead_ms(depth, rows, lo)
+            n = max(lo, math.ceil(self._tokens_of_work(work, depth) - 1e-9)) if work > 0 else lo
+            if n <= hi:
+                return n
+        raise AssertionError("the last span is unbounded")  # pragma: no cover
+
+    def efficient_chunk(self, depth: int, rows: int, limit: int, lo_ms: float,
+                        hi_ms: float) -> int:
+        """Of the prompt chunks of at most `limit` tokens, at KV position `depth` in a tick
+        that already has `rows` rows, whose price is within [lo_ms, hi_ms]: the one that moves
+        the most tokens per ms (0 if none). Within a span between row edges a chunk gets
+        cheaper per token as it grows, so the candidates are each span's last size and
+        `limit`."""
+        ends = [int(hi) for _, hi in self._spans(rows) if hi < limit] + [limit]
+        best, rate = 0, 0.0
+        for n in ends:
+            ms = self.prefill_ms(n, depth, rows)
+            if n > 0 and lo_ms <= ms <= hi_ms and n / ms > rate:
+                best, rate = n, n / ms
+        return best
+
+    def _spans(self, rows: int) -> list[tuple[int, float]]:
+        """The chunk sizes (from, to) between the row edges a tick with `rows` rows has left:
+        within each, a chunk passes the same steps. The last is unbounded."""
+        spans: list[tuple[int, float]] = []
+        lo = 1
+        for edge in ROW_EDGES:
+            if edge - rows >= lo:
+                spans.append((lo, edge - rows))
+                lo = edge - rows + 1
+        spans.append((lo, math.inf))
+        return spans
+
+    def _work_ms(self, n_tokens: int, depth: int) -> float:
+        """A chunk's own work: its tokens and their scoring."""
+        return self.per_prefill_ms * n_tokens \
+            + self.per_prompt_kv_kpos_ms * attended(depth, n_tokens) / 1000.0
 
     def _tokens_of_work(self, work_ms: float, depth: int) -> float:
         """c where per_prefill·c + per_prompt_kv·attended(depth, c)/1000 = work_ms."""
@@ -113,8 +187,9 @@ class CostEstimate:
     def max_prefill(self, budget_ms: float, decode_tokens: int, kv_positions: int = 0,
                     depth: int = 0) -> int:
         """The most prompt tokens, in a chunk starting at KV position `depth`, that keep the
-        predicted tick within budget_ms."""
-        return self.chunk_tokens(budget_ms - self.predict(0, decode_tokens, kv_positions), depth)
+        predicted tick (decode_tokens rows besides) within budget_ms."""
+        return self.chunk_tokens(budget_ms - self.predict(0, decode_tokens, kv_positions), depth,
+                                 decode_tokens)
 
 
 def attended(n_past: int, n_tokens: int) -> int:
@@ -125,19 +200,21 @@ def attended(n_past: int, n_tokens: int) -> int:
 
 class CostModel:
     """Ridge-anchored, exponentially weighted, non-negative least squares over
-    (1, prefill, decode, cache positions read/1000, has prefill, prompt's attended/1000)."""
+    (1, prefill, decode, cache positions read/1000, prompt's attended/1000, and whether the
+    tick's rows pass each of ROW_EDGES)."""
 
-    _N = 6
+    _N = 5 + len(ROW_EDGES)
     # Features are scaled to similar magnitudes before the ridge sees them: a tick has
     # ~1 fixed cost, tens of prompt tokens, a few decoders, a few thousand attended positions.
-    _SCALE = np.array([1.0, 1 / 32, 1.0, 1.0, 1.0, 1.0])
+    _SCALE = np.array([1.0, 1 / 32, 1.0, 1.0, 1.0] + [1.0] * len(ROW_EDGES))
     _RIDGE = 0.5  # prior weight, in ticks' worth of evidence per (scaled) coefficient
 
     def __init__(self, prior: CostEstimate | None = None, forgetting: float = 0.98) -> None:
         prior = prior or CostEstimate()
+        steps = (list(prior.row_steps_ms) + [0.0] * len(ROW_EDGES))[:len(ROW_EDGES)]
         self._prior = np.array([prior.fixed_ms, prior.per_prefill_ms, prior.per_decode_ms,
-                                prior.per_kv_kpos_ms, prior.prefill_step_ms,
-                                prior.per_prompt_kv_kpos_ms]) / self._SCALE
+                                prior.per_kv_kpos_ms, prior.per_prompt_kv_kpos_ms]
+                               + steps) / self._SCALE
         self._a = np.zeros((self._N, self._N))  # Σ w x xᵀ (scaled features)
         self._b = np.zeros(self._N)  # Σ w x y
         self._lambda = forgetting
@@ -149,7 +226,7 @@ class CostModel:
     def _solve(self, a_data: np.ndarray | None = None, b_data: np.ndarray | None = None,
                ridge: float = _RIDGE) -> np.ndarray:
         """argmin Σ w (y - xθ)² + ridge·|θ - prior|² subject to θ ≥ 0: a small active set
-        (six unknowns) that pins negative coefficients at zero and solves the rest again."""
+        (a dozen unknowns) that pins negative coefficients at zero and solves the rest again."""
         a_data = self._a if a_data is None else a_data
         b_data = self._b if b_data is None else b_data
         free = np.ones(self._N, bool)
@@ -173,8 +250,8 @@ class CostModel:
         t = self._theta * self._SCALE
         return CostEstimate(fixed_ms=float(t[0]), per_prefill_ms=max(float(t[1]), 1e-4),
                             per_decode_ms=float(t[2]), per_kv_kpos_ms=float(t[3]),
-                            prefill_step_ms=float(t[4]), per_prompt_kv_kpos_ms=float(t[5]),
-                            samples=self._samples)
+                            per_prompt_kv_kpos_ms=float(t[4]),
+                            row_steps_ms=tuple(float(v) for v in t[5:]), samples=self._samples)
 
     @property
     def estimate(self) -> CostEstimate:
@@ -220,7 +297,9 @@ class CostModel:
 
     def _features(self, prefill_tokens: int, decode_tokens: int, kv_positions: int,
                   prompt_kv_positions: int) -> np.ndarray:
+        rows = prefill_tokens + decode_tokens
         features: np.ndarray = np.array(
             [1.0, prefill_tokens, decode_tokens, kv_positions / 1000.0,
-             1.0 if prefill_tokens else 0.0, prompt_kv_positions / 1000.0]) * self._SCALE
+             prompt_kv_positions / 1000.0] + [float(rows > edge) for edge in ROW_EDGES]) \
+            * self._SCALE
         return features

@@ -9,7 +9,8 @@ One tick's plan is built in stages, each a pure function of the snapshot:
 2. LatencyGuard: the tick budget is latency_cap × what a tick of the interactive decoders
    alone is predicted to take (or an explicit tick_budget_ms). Background decoders that would
    break it are parked; prompt tokens get what the cost model predicts still fits, unless
-   a background chunk would be mostly the step into prompt work (a GPU's). Unused time is
+   a background chunk would be mostly the row steps it passes (a GPU's, as the batch leaves
+   its matrix-vector kernels) or its read of the cache. Unused time is
    saved and spent in larger chunks: first in a tick that stays under the p95 line
    (latency_cap × the streams' p95 alone, less how far background prompt ticks stray past
    their prediction); where nothing fits there, in one past it (up to pause_factor × that p95),
@@ -46,6 +47,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -133,11 +135,14 @@ class SloPolicy:
     max_starve_ticks: int = 50  # a rescue is the backstop, not the path
     rescue_slack: float = 1.5  # a starvation rescue may stretch a tick this far over budget
     min_prefill: int = 16  # interactive prompts' floor, and the slow start's first chunk
-    step_amortise: float = 1.0  # a background chunk that pays the step works this × the step
+    step_amortise: float = 1.0  # a background chunk works this × what it pays beyond its
+    # work (the row steps it passes, its read of the cache)
     climb_window: int = 16  # ticks per hill-climb step of S or k
     climb_deadband: float = 0.03  # a rate this much lower reverses a climb; less is noise
     background_share: float = 0.15  # least share of the time owed to background prompts
     # while interactive streams decode (0: no floor)
+    floor_growth: float = 1.5  # a floor chunk grows (up to twice its time) to the size that
+    # moves the most prompt tokens per ms, where that is this × as many as its own size
     ttft_burst_tokens: int = 128  # an interactive request with at most this many new
     # tokens goes in whole, in one tick, even while streams decode
     ttft_stretch: float = 1.25  # a longer one's first token comes within this × the time it
@@ -174,45 +179,45 @@ class SloPolicy:
 
     def _background(self, waiting: list[SessionView], cost: CostEstimate, spare_ms: float,
                     largest_ms: float, cap: int, room: int, rescue_ms: float | None,
-                    first: bool) -> list[BatchItem]:
+                    rows: int) -> list[BatchItem]:
         """Background prompt chunks that spend spare_ms, each priced at its own depth (the last
         chunks of a long prompt cost several times its first). A chunk goes in only when its
         own work (its tokens and their attention) is at least step_amortise × its overhead (the
-        step, if it is the tick's first prompt chunk, and its read of the cache before it), or
+        row steps it passes and its read of the cache before it), or
         it is as large as any tick could make it (largest_ms); otherwise the time is saved. On
         an H100 five prompt tokens a tick were 0.14 ms of work and 0.45 ms of step: every tick
         of the storm ran 18 % slower, and the prompt took twice as long as in rare large chunks
         on saved time. On a CPU one token 600 positions deep cost 9 ms, eight 27 ms. A
         starving background prompt (rescue_ms given) gets what fits rescue_ms, and at least one
         token (where one token outgrows every pause, a chunk that amortises its overhead),
-        when the guards left it none. `first`: no prompt chunk precedes these in the tick.
+        when the guards left it none. `rows`: the tick's rows before these chunks.
         Chunks take at most `cap` tokens (the slow start and the bandwidth guard) and `room`
         batch rows."""
         items: list[BatchItem] = []
         used = 0
         for s in waiting:
-            first = first and not items
-            n = min(s.prefill_left, cap - used, cost.chunk_tokens(spare_ms, s.n_past, first))
-            overhead = cost.chunk_overhead_ms(s.n_past, first)
+            at = rows + used
+            n = min(s.prefill_left, cap - used, cost.chunk_tokens(spare_ms, s.n_past, at))
+            overhead = cost.chunk_overhead_ms(s.n_past, at, n)
             if rescue_ms is None and 0 < n < min(
-                    s.prefill_left, cap - used, cost.chunk_tokens(largest_ms, s.n_past, first)) \
-                    and cost.prefill_ms(n, s.n_past, first) - overhead \
+                    s.prefill_left, cap - used, cost.chunk_tokens(largest_ms, s.n_past, at)) \
+                    and cost.prefill_ms(n, s.n_past, at) - overhead \
                     < self.step_amortise * overhead:
                 n = 0  # mostly overhead: the time is worth more saved for a chunk that amortises it
             if n <= 0 and not items and rescue_ms is not None:
-                n = max(1, cost.chunk_tokens(rescue_ms, s.n_past, first))
-                if cost.chunk_tokens(largest_ms, s.n_past, first) == 0:
+                n = max(1, cost.chunk_tokens(rescue_ms, s.n_past, at))
+                if cost.chunk_tokens(largest_ms, s.n_past, at) == 0:
                     # Deep into a long prompt one token outgrows every pause (on the 134M CPU
                     # model its read of the cache alone, past ~2,000 positions), so nothing
                     # but rescues move it; one token each, paying that read whole, put a
                     # 3,000-token prompt's first token at 1,525 s (1,500 tokens: 389 s).
-                    n = max(n, cost.amortising_tokens(s.n_past, first, self.step_amortise))
+                    n = max(n, cost.amortising_tokens(s.n_past, at, self.step_amortise))
                 n = min(s.prefill_left, room - used, n)
             if n <= 0:
                 break
             items.append(BatchItem(s.seq_id, Phase.PREFILL, n, logits=n == s.prefill_left))
             used += n
-            spare_ms -= cost.prefill_ms(n, s.n_past, first)
+            spare_ms -= cost.prefill_ms(n, s.n_past, at)
         return items
 
     def _bmt_room(self, state: SchedulerState, budget_ms: float, served: list[SessionView],
@@ -367,7 +372,8 @@ class Decoders(NamedTuple):
 class Allowance(NamedTuple):
     """prompt_allowance's: the time prompt tokens may take this tick, and its limits (ms)."""
 
-    room: int  # batch rows left after the decoders
+    rows: int  # the decoders' rows in the batch
+    room: int  # batch rows left after them
     decode_ms: float  # the served decoders' tick, predicted
     spare_ms: float  # the budget left for prompt tokens
     pause_ms: float  # the longest a tick with background work may run, past decode_ms
@@ -535,8 +541,8 @@ def prompt_allowance(policy: SloPolicy, state: SchedulerState, d: Lanes, b: Budg
         floor_ms = spare_ms if served else math.inf
     # The largest chunk any tick may take: a pause's, where pauses are allowed at all.
     largest_ms = pause_ms if pauses >= 1 else max(spare_ms, line_ms - decode_ms)
-    return Allowance(room, decode_ms, spare_ms, pause_ms, floor_ms, target_ms, line_ms, under_ms,
-                     pause_to_ms, rescue_ms, tuple(waiting), largest_ms)
+    return Allowance(len(served), room, decode_ms, spare_ms, pause_ms, floor_ms, target_ms,
+                     line_ms, under_ms, pause_to_ms, rescue_ms, tuple(waiting), largest_ms)
 
 
 def bmt_guard(policy: SloPolicy, state: SchedulerState, d: Lanes, b: Budget, dec: Decoders,
@@ -567,25 +573,26 @@ def first_tokens(policy: SloPolicy, state: SchedulerState, d: Lanes,
     for s in a.waiting:
         if s.seq_id in d.back_ids:
             continue
-        first = not items
+        at = a.rows + used
         new = s.n_prompt - s.n_cached
         if new <= policy.ttft_burst_tokens:
             n = s.prefill_left
         else:
             beside_ms = a.decode_ms + ms
-            overhead_ms = cost.chunk_overhead_ms(s.n_past, first)
-            work_ms = cost.prefill_ms(s.prefill_left, s.n_past, first) - overhead_ms
+            overhead_ms = cost.chunk_overhead_ms(s.n_past, at)
+            work_ms = cost.prefill_ms(s.prefill_left, s.n_past, at) \
+                - cost.chunk_overhead_ms(s.n_past, at, s.prefill_left)
             # its time in whole beside this tick's decoders, had it gone in at arrival
-            due_ms = policy.ttft_stretch * (cost.prefill_ms(new, s.n_cached) + beside_ms)
+            due_ms = policy.ttft_stretch * (cost.prefill_ms(new, s.n_cached, at) + beside_ms)
             left_ms = due_ms - (state.now_ns - s.arrival_ns) / 1e6
             chunk_ms = max(time_ms - ms, ttft_chunk_ms(work_ms, overhead_ms, beside_ms, left_ms))
-            n = max(cost.chunk_tokens(chunk_ms, s.n_past, first), 0 if items else 1)
+            n = max(cost.chunk_tokens(chunk_ms, s.n_past, at), 0 if items else 1)
         n = min(s.prefill_left, a.room - used, n)
         if n <= 0:
             break
         items.append(BatchItem(s.seq_id, Phase.PREFILL, n, logits=n == s.prefill_left))
         used += n
-        ms += cost.prefill_ms(n, s.n_past, first)
+        ms += cost.prefill_ms(n, s.n_past, at)
     return FirstTokens(tuple(items), ms)
 
 
@@ -622,12 +629,12 @@ def prompt_chunks(policy: SloPolicy, state: SchedulerState, d: Lanes, a: Allowan
         if inter_waiting:
             spare_ms = min(spare_ms, (1 - policy.interactive_reserve) * total_ms)
         return policy._background(back, state.cost, spare_ms, a.largest_ms, cap - used,
-                                  a.room - used, rescue_ms, not f.items)
+                                  a.room - used, rescue_ms, a.rows + used)
 
     items = spend(a.under_ms) if back else []
     if back and a.pause_to_ms > a.under_ms and not items:
         items = spend(a.pause_to_ms)
-    return _priced(state, f.items + tuple(items), d.back_ids, 0.0)
+    return _priced(state, a.rows, f.items + tuple(items), d.back_ids, 0.0)
 
 
 def background_floor(policy: SloPolicy, state: SchedulerState, d: Lanes, a: Allowance,
@@ -645,39 +652,56 @@ def background_floor(policy: SloPolicy, state: SchedulerState, d: Lanes, a: Allo
     if policy.background_share <= 0 or not d.inter_dec or not back:
         return c
     s, cost = back[0], state.cost
-    chunk_ms = floor_chunk_ms(policy, state, s, a)
+    used = sum(i.n_tokens for i in c.prefill)
+    chunk_ms = floor_chunk_ms(policy, state, s, a, used)
     if f.items or c.back_ms > 0 or d.mem.owed_ms < chunk_ms:
         return c._replace(floor_ms=chunk_ms)
     # Not capped by the slow start: a floor chunk is a planned pause, sized by its time, and
     # the GPU's decode jitter kept halving the cap (11-16 % of its ticks overran even with no
     # background work), so that capped floor chunks of 16-64 tokens gave an 8B model's
     # 6,000-token prompts a fraction of their share.
-    used = sum(i.n_tokens for i in c.prefill)
     n = min(s.prefill_left, a.room - used,
-            max(1, cost.chunk_tokens(chunk_ms, s.n_past, not c.prefill)))
+            max(1, cost.chunk_tokens(chunk_ms, s.n_past, a.rows + used)))
     if n <= 0:
         return c._replace(floor_ms=chunk_ms)
     item = BatchItem(s.seq_id, Phase.PREFILL, n, logits=n == s.prefill_left)
-    return _priced(state, c.prefill + (item,), d.back_ids, chunk_ms)
+    return _priced(state, a.rows, c.prefill + (item,), d.back_ids, chunk_ms)
 
 
-def floor_chunk_ms(policy: SloPolicy, state: SchedulerState, s: SessionView,
-                   a: Allowance) -> float:
+def floor_chunk_ms(policy: SloPolicy, state: SchedulerState, s: SessionView, a: Allowance,
+                   used: int = 0) -> float:
     """A floor chunk's time: at least a pause (pause_ms), a chunk whose work amortises its
     overhead, and what is owed over 1 / pause_share ticks, that pause included (F owed for
-    F + decode_ms / pause_share of time: F = share × decode / (pause_share × (1 - share)))."""
-    cost, share = state.cost, policy.background_share
-    amortised = (1 + policy.step_amortise) * cost.chunk_overhead_ms(s.n_past, True)
+    F + decode_ms / pause_share of time: F = share × decode / (pause_share × (1 - share))).
+    Where a chunk of up to twice that time moves floor_growth × the tokens per ms, the floor
+    takes that one: the same share of the time in fewer pauses, and more of the prompt. On
+    an H100 under Vulkan, beside eight decoders, 504 prompt tokens took 50 ms and 78 took
+    42 ms: the floor had given its 15 % of the time to 78-token chunks, and a 6,000-token
+    prompt came 19x later than alone. On a CPU, where a chunk's price grows with its
+    tokens, this changes nothing. `used`: prompt tokens already in the tick."""
+    cost, share, rows = state.cost, policy.background_share, a.rows + used
+    amortised = cost.prefill_ms(
+        cost.amortising_tokens(s.n_past, rows, policy.step_amortise), s.n_past, rows)
     spaced = share * a.decode_ms / (max(policy.pause_share, 1e-3) * (1 - min(share, 0.9)))
-    return max(a.pause_ms, amortised, spaced)
+    base = max(a.pause_ms, amortised, spaced)
+    limit = min(s.prefill_left, a.room - used)
+    n = min(limit, cost.chunk_tokens(base, s.n_past, rows))
+    grown = cost.efficient_chunk(s.n_past, rows, limit, base, 2 * base)
+    if n > 0 and grown > n:
+        ms = cost.prefill_ms(grown, s.n_past, rows)
+        if grown / ms >= policy.floor_growth * n / cost.prefill_ms(n, s.n_past, rows):
+            return ms * (1 + 1e-9)  # chunk_tokens of it is `grown`, not one short
+    return base
 
 
-def _priced(state: SchedulerState, prefill: tuple[BatchItem, ...], back_ids: frozenset[int],
-            floor_ms: float) -> Chunks:
-    """The prompt chunks with their predicted time, in all and of the background ones."""
+def _priced(state: SchedulerState, rows: int, prefill: tuple[BatchItem, ...],
+            back_ids: frozenset[int], floor_ms: float) -> Chunks:
+    """The prompt chunks, after `rows` decode rows, with their predicted time, in all and of
+    the background ones."""
     depth = {s.seq_id: s.n_past for s in state.sessions}
-    times = [state.cost.prefill_ms(i.n_tokens, depth[i.seq_id], k == 0)
-             for k, i in enumerate(prefill)]
+    before = itertools.accumulate((i.n_tokens for i in prefill), initial=rows)
+    times = [state.cost.prefill_ms(i.n_tokens, depth[i.seq_id], at)
+             for i, at in zip(prefill, before, strict=False)]
     back_ms = sum(t for t, i in zip(times, prefill, strict=True) if i.seq_id in back_ids)
     return Chunks(prefill, sum(times), back_ms, floor_ms)
 
