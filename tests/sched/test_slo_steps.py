@@ -6,11 +6,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import pytest
-
 from uma.sched import slo
 from uma.sched.bmt import BmtModel
-from uma.sched.cost import CostEstimate, row_steps
 from uma.sched.slo import SloMemory, SloPolicy
 from uma.sched.state import Phase
 
@@ -110,27 +107,3 @@ def test_a_new_interactive_prompt_gets_a_chunk_even_while_prompts_are_held():
                                    memory=SloMemory(s=8, k=2, chunk_cap=16, hold=3))
     first = slo.first_tokens(P, st, d, a)
     assert [(i.seq_id, i.n_tokens) for i in first.items] == [(1, 40)] and first.ms > 0
-
-
-def test_a_floor_chunk_grows_to_the_size_class_that_moves_the_most_tokens_per_ms():
-    # Vulkan-like: past 8, 32, 64 and 128 rows the batch costs 9, 5, 10 and 17 ms more. A
-    # 40 ms floor chunk beside eight decoders buys 120 tokens (30 ms: past 128 rows it would
-    # pay 17 ms more); 504 tokens, the batch's room, cost 66 ms: 1.9x the tokens per ms.
-    cost = CostEstimate(fixed_ms=4.2, per_prefill_ms=0.05, per_decode_ms=0.1,
-                        row_steps_ms=row_steps(r8=9.0, r32=5.0, r64=10.0, r128=17.0))
-    policy = SloPolicy(step_amortise=0.25)
-    sessions = [session(i, INT, Phase.DECODE) for i in range(8)]
-    back = session(10, BG, Phase.PREFILL, prompt=6000)
-    st = dataclasses.replace(state([*sessions, back]), cost=cost)
-    a = slo.Allowance(rows=8, room=504, decode_ms=5.0, spare_ms=0.0, pause_ms=40.0,
-                      floor_ms=0.0, target_ms=0.0, line_ms=0.0, under_ms=0.0, pause_to_ms=0.0,
-                      rescue_ms=None, waiting=(back,), largest_ms=40.0)
-    assert cost.chunk_tokens(40.0, 0, 8) == 120
-    grown = slo.floor_chunk_ms(policy, st, back, a)
-    assert grown == pytest.approx(cost.prefill_ms(504, 0, 8))
-    assert cost.chunk_tokens(grown, 0, 8) == 504
-    # only where it moves floor_growth x the tokens per ms (here 1.9x)
-    assert slo.floor_chunk_ms(dataclasses.replace(policy, floor_growth=2.0), st, back, a) \
-        == 40.0
-    # never past twice the floor chunk's own time
-    assert slo.floor_chunk_ms(policy, st, back, a._replace(pause_ms=30.0)) == 30.0

@@ -219,12 +219,3 @@ def test_background_decoders_and_prompts_split_the_floor():
     assert 9 in run.first_token
     decoded = sum(1 for p in run.plans[:run.first_token[9]] for i in p.items if i.seq_id == 8)
     assert decoded >= 0.1 * run.first_token[9]
-
-
-
-def test_floor_chunks_that_cost_by_their_tokens_do_not_grow():
-    # On a CPU-like device a chunk's price grows with its tokens: growing a floor chunk never
-    # moves 1.5x the tokens per ms (tests/sched/test_slo_steps.py: where it does).
-    run = simulate(SloPolicy(), [*streams(), background()], 600)
-    fixed = simulate(SloPolicy(floor_growth=1e9), [*streams(), background()], 600)
-    assert [p.items for p in run.plans] == [p.items for p in fixed.plans]

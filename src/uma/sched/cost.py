@@ -145,21 +145,6 @@ class CostEstimate:
                 return n
         raise AssertionError("the last span is unbounded")  # pragma: no cover
 
-    def efficient_chunk(self, depth: int, rows: int, limit: int, lo_ms: float,
-                        hi_ms: float) -> int:
-        """Of the prompt chunks of at most `limit` tokens, at KV position `depth` in a tick
-        that already has `rows` rows, whose price is within [lo_ms, hi_ms]: the one that moves
-        the most tokens per ms (0 if none). Within a span between row edges a chunk gets
-        cheaper per token as it grows, so the candidates are each span's last size and
-        `limit`."""
-        ends = [int(hi) for _, hi in self._spans(rows) if hi < limit] + [limit]
-        best, rate = 0, 0.0
-        for n in ends:
-            ms = self.prefill_ms(n, depth, rows)
-            if n > 0 and lo_ms <= ms <= hi_ms and n / ms > rate:
-                best, rate = n, n / ms
-        return best
-
     def _spans(self, rows: int) -> list[tuple[int, float]]:
         """The chunk sizes (from, to) between the row edges a tick with `rows` rows has left:
         within each, a chunk passes the same steps. The last is unbounded."""

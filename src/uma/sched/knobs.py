@@ -149,9 +149,6 @@ KNOBS: tuple[Knob, ...] = (
     Knob("background_share", Range(0, 0.9),
          "least share of time owed to background prompts while streams decode (0: none): "
          "higher is sooner, more pauses"),
-    Knob("floor_growth", FACTOR,
-         "a floor chunk grows (to 2x its time) where that moves this x the tokens per ms: "
-         "lower grows it more often"),
     Knob("idle_amortise", Range(0),
          "idle ticks stretch until a prompt chunk's work is this x its cache read: higher is "
          "faster prompts, later TTFT"),

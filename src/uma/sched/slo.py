@@ -141,8 +141,6 @@ class SloPolicy:
     climb_deadband: float = 0.03  # a rate this much lower reverses a climb; less is noise
     background_share: float = 0.15  # least share of the time owed to background prompts
     # while interactive streams decode (0: no floor)
-    floor_growth: float = 1.5  # a floor chunk grows (up to twice its time) to the size that
-    # moves the most prompt tokens per ms, where that is this × as many as its own size
     ttft_burst_tokens: int = 128  # an interactive request with at most this many new
     # tokens goes in whole, in one tick, even while streams decode
     ttft_stretch: float = 1.25  # a longer one's first token comes within this × the time it
@@ -673,25 +671,12 @@ def floor_chunk_ms(policy: SloPolicy, state: SchedulerState, s: SessionView, a: 
     """A floor chunk's time: at least a pause (pause_ms), a chunk whose work amortises its
     overhead, and what is owed over 1 / pause_share ticks, that pause included (F owed for
     F + decode_ms / pause_share of time: F = share × decode / (pause_share × (1 - share))).
-    Where a chunk of up to twice that time moves floor_growth × the tokens per ms, the floor
-    takes that one: the same share of the time in fewer pauses, and more of the prompt. On
-    an H100 under Vulkan, beside eight decoders, 504 prompt tokens took 50 ms and 78 took
-    42 ms: the floor had given its 15 % of the time to 78-token chunks, and a 6,000-token
-    prompt came 19x later than alone. On a CPU, where a chunk's price grows with its
-    tokens, this changes nothing. `used`: prompt tokens already in the tick."""
+    `used`: prompt tokens already in the tick."""
     cost, share, rows = state.cost, policy.background_share, a.rows + used
     amortised = cost.prefill_ms(
         cost.amortising_tokens(s.n_past, rows, policy.step_amortise), s.n_past, rows)
     spaced = share * a.decode_ms / (max(policy.pause_share, 1e-3) * (1 - min(share, 0.9)))
-    base = max(a.pause_ms, amortised, spaced)
-    limit = min(s.prefill_left, a.room - used)
-    n = min(limit, cost.chunk_tokens(base, s.n_past, rows))
-    grown = cost.efficient_chunk(s.n_past, rows, limit, base, 2 * base)
-    if n > 0 and grown > n:
-        ms = cost.prefill_ms(grown, s.n_past, rows)
-        if grown / ms >= policy.floor_growth * n / cost.prefill_ms(n, s.n_past, rows):
-            return ms * (1 + 1e-9)  # chunk_tokens of it is `grown`, not one short
-    return base
+    return max(a.pause_ms, amortised, spaced)
 
 
 def _priced(state: SchedulerState, rows: int, prefill: tuple[BatchItem, ...],
