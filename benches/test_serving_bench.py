@@ -8,7 +8,7 @@ import pytest
 
 import uma
 from uma import synth
-from uma.sched.cost import CostEstimate
+from uma.sched.cost import CostEstimate, row_steps
 from uma.sched.policies import create_policy
 from uma.sched.state import Phase, Priority, SchedulerState, SessionView
 from uma.server import framing, protocol
@@ -50,7 +50,9 @@ def _state(n: int) -> SchedulerState:
         for i in range(n))
     return SchedulerState(now_ns=0, sessions=sessions, n_waiting=0, n_batch=512,
                           n_seq_max=256, decode_ms_ewma=8.0,
-                          cost=CostEstimate(2.0, 0.5, 1.0, 0.3, 1.0), tick=7,
+                          cost=CostEstimate(fixed_ms=2.0, per_prefill_ms=0.5, per_decode_ms=1.0,
+                                            per_kv_kpos_ms=0.3, row_steps_ms=row_steps(r8=1.0)),
+                          tick=7,
                           last_tick_ms=8.0, last_tick_tokens=n, memory=None)
 
 

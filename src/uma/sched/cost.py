@@ -65,9 +65,10 @@ def row_steps(**at: float) -> tuple[float, ...]:
     return tuple(steps.values())
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CostEstimate:
-    """Coefficients of the cost model at one moment (milliseconds)."""
+    """Coefficients of the cost model at one moment (milliseconds), named when made: their
+    order changed once (the row steps replaced a single step)."""
 
     fixed_ms: float = 2.0
     per_prefill_ms: float = 0.5
