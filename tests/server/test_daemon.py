@@ -39,6 +39,12 @@ def daemon(tiny_path):
     with testing.run_daemon(tiny_path, *ENDLESS_ARGS, "--parallel", "8",
                             "--idle-timeout", "60") as d:
         yield d
+        # A daemon that stopped serving fails every later test here with "no daemon"; its
+        # own log says why. (Once, on lavapipe, one closed its socket and lived on, and that
+        # log was lost: docs/BENCHMARKS.md.)
+        if d.proc.poll() is not None or not os.path.exists(d.socket):
+            raise AssertionError("the module's daemon stopped serving; its log:\n"
+                                 + "".join(d.stderr)[-4000:])
 
 
 def wait_for(predicate, timeout=30.0, interval=0.01):
