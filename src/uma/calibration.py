@@ -60,9 +60,13 @@ class DeviceTiming:
         tokens = (np.arange(max(chunk, depth, *(p for p, _ in mixed)), dtype=np.int32) * 7919
                   + 1) % self.ctx.model.n_vocab
         runs = 3
-        # The shapes beside decoders run once, twice in a row: they are the largest, and each
-        # prices one step (on the 134M CPU model the full schedule for them took 4 s).
-        self.progress = (0, 2 + passes * runs * (len(shallow) + len(deep)) + 2 * len(mixed) + 1)
+
+        def planned() -> int:  # the probe's 2, each shape's runs, the deep prefill
+            # The shapes beside decoders run once, twice in a row: they are the largest, and
+            # each prices one step (on the 134M CPU model the full schedule for them took 4 s).
+            return 2 + passes * runs * (len(shallow) + len(deep)) + 2 * len(mixed) + 1
+
+        self.progress = (0, planned())
         ticks = []
         try:
             # On a slow device (an 8B model on a laptop CPU: ~1 s a decode row) the full
@@ -76,8 +80,7 @@ class DeviceTiming:
                 depth = min(depth, 2 * chunk)
                 shallow[-1] = (chunk, 0)
                 mixed = self._mixed_shapes(min(largest, 32))
-                self.progress = (2, 2 + passes * runs * (len(shallow) + len(deep))
-                                 + 2 * len(mixed) + 1)
+                self.progress = (2, planned())
             ticks += self._time_shapes(tokens, shallow, passes, runs)
             ticks += self._time_shapes(tokens, mixed, 1, 2)
             if depth:  # sequence 0 holds `depth` positions while the deep shapes run

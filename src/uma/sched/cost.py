@@ -108,7 +108,7 @@ class CostEstimate:
         and the row steps it passes."""
         if n_tokens <= 0:
             return 0.0
-        return self._work_ms(n_tokens, depth) + self.per_kv_kpos_ms * depth / 1000.0 \
+        return self.work_ms(n_tokens, depth) + self.per_kv_kpos_ms * depth / 1000.0 \
             + self.step_ms(rows, n_tokens)
 
     def chunk_overhead_ms(self, depth: int, rows: int = 0, n_tokens: int = 1) -> float:
@@ -158,8 +158,9 @@ class CostEstimate:
         spans.append((lo, math.inf))
         return spans
 
-    def _work_ms(self, n_tokens: int, depth: int) -> float:
-        """A chunk's own work: its tokens and their scoring."""
+    def work_ms(self, n_tokens: int, depth: int) -> float:
+        """A prompt chunk's own work, whatever the tick: its tokens and their scoring (what
+        prefill_ms adds to it is its overhead, chunk_overhead_ms)."""
         return self.per_prefill_ms * n_tokens \
             + self.per_prompt_kv_kpos_ms * attended(depth, n_tokens) / 1000.0
 

@@ -196,11 +196,10 @@ class SloPolicy:
         for s in waiting:
             at = rows + used
             n = min(s.prefill_left, cap - used, cost.chunk_tokens(spare_ms, s.n_past, at))
-            overhead = cost.chunk_overhead_ms(s.n_past, at, n)
             if rescue_ms is None and 0 < n < min(
                     s.prefill_left, cap - used, cost.chunk_tokens(largest_ms, s.n_past, at)) \
-                    and cost.prefill_ms(n, s.n_past, at) - overhead \
-                    < self.step_amortise * overhead:
+                    and cost.work_ms(n, s.n_past) \
+                    < self.step_amortise * cost.chunk_overhead_ms(s.n_past, at, n):
                 n = 0  # mostly overhead: the time is worth more saved for a chunk that amortises it
             if n <= 0 and not items and rescue_ms is not None:
                 n = max(1, cost.chunk_tokens(rescue_ms, s.n_past, at))
@@ -578,8 +577,7 @@ def first_tokens(policy: SloPolicy, state: SchedulerState, d: Lanes,
         else:
             beside_ms = a.decode_ms + ms
             overhead_ms = cost.chunk_overhead_ms(s.n_past, at)
-            work_ms = cost.prefill_ms(s.prefill_left, s.n_past, at) \
-                - cost.chunk_overhead_ms(s.n_past, at, s.prefill_left)
+            work_ms = cost.work_ms(s.prefill_left, s.n_past)
             # its time in whole beside this tick's decoders, had it gone in at arrival
             due_ms = policy.ttft_stretch * (cost.prefill_ms(new, s.n_cached, at) + beside_ms)
             left_ms = due_ms - (state.now_ns - s.arrival_ns) / 1e6
@@ -667,7 +665,7 @@ def background_floor(policy: SloPolicy, state: SchedulerState, d: Lanes, a: Allo
 
 
 def floor_chunk_ms(policy: SloPolicy, state: SchedulerState, s: SessionView, a: Allowance,
-                   used: int = 0) -> float:
+                   used: int) -> float:
     """A floor chunk's time: at least a pause (pause_ms), a chunk whose work amortises its
     overhead, and what is owed over 1 / pause_share ticks, that pause included (F owed for
     F + decode_ms / pause_share of time: F = share × decode / (pause_share × (1 - share))).
