@@ -25,9 +25,10 @@ from uma import _core, synth
 
 
 def core_loop(model: _core.Model, streams: int, pp: int, tg: int, threads: int,
-              sample: str, kv_unified: bool) -> float:
-    """Tokens/s of decode steps over `streams` sequences; sample: "none" (only wait for the
-    logits, as llama-batched-bench does), "host" or "device"."""
+              sample: str, kv_unified: bool) -> tuple[float, float]:
+    """Tokens/s of decode steps over `streams` sequences, and the share of them that reused
+    the graph before; sample: "none" (only wait for the logits, as llama-batched-bench does),
+    "host" or "device"."""
     ctx = _core.Context(model, n_ctx=streams * (pp + tg) + 64, n_batch=2048, n_ubatch=512,
                         n_seq_max=streams, n_threads=threads, kv_unified=kv_unified)
     batch = _core.Batch(2048)
@@ -43,6 +44,7 @@ def core_loop(model: _core.Model, streams: int, pp: int, tg: int, threads: int,
     if sample == "device":
         for s in range(streams):
             ctx.set_sampler(s)
+    reused = ctx.graphs_reused
     t0 = time.perf_counter()
     for i in range(tg):
         batch.clear()
@@ -56,9 +58,10 @@ def core_loop(model: _core.Model, streams: int, pp: int, tg: int, threads: int,
         else:
             ctx.logits()  # waits for the GPU and the logits copy, like the peer's sync
     dt = time.perf_counter() - t0
+    reused = (ctx.graphs_reused - reused) / tg
     sampler.close()
     ctx.close()
-    return streams * tg / dt
+    return streams * tg / dt, reused
 
 
 class TickClock:
@@ -119,6 +122,7 @@ def engine_ticks(path: Path, streams: int, pp: int, tg: int, threads: int, gpu_l
                         n_ubatch=512, n_threads=threads, n_gpu_layers=gpu_layers,
                         kv_unified=kv_unified, device_sampling=device_sampling)
     engine.generate("warm up", max_tokens=4)
+    reused = engine._executor.ctx.graphs_reused
     clock = TickClock(engine._executor)
     engine._executor.trace = trace = []
     rng = np.random.default_rng(1)
@@ -126,10 +130,11 @@ def engine_ticks(path: Path, streams: int, pp: int, tg: int, threads: int, gpu_l
                              ignore_eos=True) for _ in range(streams)]
     for h in handles:
         h.result()
+    reused = engine._executor.ctx.graphs_reused - reused
     engine.close()
     full = [i for i, t in enumerate(trace) if t[0] == 0 and t[1] == streams]
     med = clock.summary([clock.ticks[i] for i in full[1:]])
-    return {"ticks": len(trace), "decode_only_full": len(full), **med,
+    return {"ticks": len(trace), "graphs_reused": reused, "decode_only_full": len(full), **med,
             "tok_s": streams / (med["tick"] / 1e3)}
 
 
@@ -150,8 +155,9 @@ def main() -> int:
         model = _core.Model(path, n_gpu_layers=ns.gpu_layers)
         args = (model, streams, ns.pp, ns.tg, ns.threads)
         for sample in ("none", "host", "device"):
-            print(f"streams {streams:3d}  core loop, sampling {sample:6s}: "
-                  f"{core_loop(*args, sample, ns.kv_unified):9.1f} tok/s", flush=True)
+            tok_s, reused = core_loop(*args, sample, ns.kv_unified)
+            print(f"streams {streams:3d}  core loop, sampling {sample:6s}: {tok_s:9.1f} tok/s, "
+                  f"graphs reused {reused:.0%}", flush=True)
         model.close()
         for where in ns.sampling.split(","):
             ticks = engine_ticks(path, streams, ns.pp, ns.tg, ns.threads, ns.gpu_layers,

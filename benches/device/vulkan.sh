@@ -12,9 +12,10 @@
 # Results: $OUT (default ./out-vulkan).
 #
 #   PARTS="decode cuda mixed" bash benches/device/vulkan.sh   # the parts, in this order
-#   (MIXED_ARGS: more mixed_load.py flags, e.g. --kv-unified as the CUDA figures of record;
-#   SIDES: mixed_load.py's --sides; MIXED_RUNS: that many runs, the sides' order reversed
-#   every other run)
+#   (DECODE_REPEAT: runs a side for decode, 3; PROFILE_ARGS: more profile_tick.py flags, e.g.
+#   --sampling host; MIXED_ARGS: more mixed_load.py flags, e.g. --kv-unified as the CUDA
+#   figures of record; SIDES: mixed_load.py's --sides; MIXED_RUNS: that many runs, the sides'
+#   order reversed every other run)
 # and the diagnoses behind them: PARTS="profile trace snap chunk pp" (where a decode tick's time
 # goes, the storm's ticks by kind, what a prefix-cache snapshot costs, what a prompt chunk adds
 # to a tick, llama-bench's prompt speed by batch size).
@@ -60,8 +61,8 @@ print('$2', round(r['avg_ts'], 1), round(r['stddev_ts'], 1), r['backends'])" | t
 
 if [[ $PARTS == *decode* ]]; then
   # the engine against llama-batched-bench (Vulkan), alternating, 3 runs a side
-  timeout 300 python3 benches/decode_throughput.py --model "$MODEL" --backend vulkan $GPU \
-    --streams "$STREAMS" --pp 128 --tg "$TG" --repeat 3 --device-sampling "${DEVICE_SAMPLING:-auto}" \
+  timeout "${DECODE_S:-300}" python3 benches/decode_throughput.py --model "$MODEL" --backend vulkan $GPU \
+    --streams "$STREAMS" --pp 128 --tg "$TG" --repeat "${DECODE_REPEAT:-3}" --device-sampling "${DEVICE_SAMPLING:-auto}" \
     --out "$OUT/decode_${MODEL}_vulkan.json" 2>&1 | quiet | tee -a "$OUT/log.txt"
   # one stream: llama-bench (Vulkan) three times, to set beside the engine's 1-stream runs
   for i in 1 2 3; do bench "$VK/llama-bench" vulkan; done
@@ -99,7 +100,7 @@ fi
 
 if [[ $PARTS == *profile* ]]; then
   timeout 240 python3 benches/profile_tick.py --model "$MODEL" --streams "${PROFILE_STREAMS:-1,8}" \
-    --tg "$TG" $GPU 2>&1 | quiet | tee -a "$OUT/profile.txt"
+    --tg "$TG" $GPU ${PROFILE_ARGS:-} 2>&1 | quiet | tee -a "$OUT/profile.txt"
 fi
 
 if [[ $PARTS == *trace* ]]; then

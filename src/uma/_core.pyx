@@ -922,6 +922,14 @@ cdef class Context:
         self._check_open()
         return (L.llama_n_threads(self._ctx), L.llama_n_threads_batch(self._ctx))
 
+    @property
+    def graphs_reused(self):
+        """Micro-batches since the context opened that ran the compute graph of the one before
+        (llama.cpp builds and allocates none when the shape is unchanged). A steady decode should
+        reuse nearly every graph; one that does not pays the graph's construction each tick."""
+        self._check_open()
+        return L.llama_perf_context(self._ctx).n_reused
+
     def set_threads(self, int n_threads, int n_threads_batch):
         self._check_open()
         if n_threads <= 0 or n_threads_batch <= 0:

@@ -219,6 +219,10 @@ cdef extern from "llama.h" nogil:
     int llama_context_pooling "llama_pooling_type"(const llama_context * ctx)
     float * llama_get_embeddings_seq(llama_context * ctx, llama_seq_id seq_id)
     void llama_synchronize(llama_context * ctx)
+
+    struct llama_perf_context_data:
+        int32_t n_reused
+    llama_perf_context_data llama_perf_context(const llama_context * ctx)
     llama_token llama_get_sampled_token_ith(llama_context * ctx, int32_t i)
     float * llama_get_logits(llama_context * ctx)
     float * llama_get_logits_ith(llama_context * ctx, int32_t i)

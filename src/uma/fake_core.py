@@ -627,6 +627,8 @@ class Context(_ModelContext):
         # (the engine's compute thread), e.g. to keep it in step with another thread
         self.before_decode: Callable[[Batch], None] | None = None
         self.n_decodes = 0  # decode calls that ran (not refused by validation)
+        self._reused = 0
+        self._last_shape: tuple[int, int] | None = None  # (tokens, logits rows) of the last
         self._opened(model)
 
     @property
@@ -654,6 +656,9 @@ class Context(_ModelContext):
     n_ubatch = property(lambda self: self._open(self._n_ubatch))
     n_seq_max = property(lambda self: self._open(self._n_seq_max))
     n_threads = property(lambda self: self._open(self._threads))
+    graphs_reused = property(lambda self: self._open(self._reused),
+                             doc="Micro-batches shaped as the one before (the real core: "
+                                 "llama.cpp reused its compute graph).")
 
     def set_threads(self, n_threads: int, n_threads_batch: int) -> None:
         self._check_open()
@@ -770,6 +775,9 @@ class Context(_ModelContext):
             self._gate()
             if self.failing_tokens and not self.failing_tokens.isdisjoint(toks[start:end]):
                 raise errors.decode_error(-3, "a token of the batch is in failing_tokens")
+            shape = (end - start, int(logits[start:end].sum()))
+            self._reused += shape == self._last_shape
+            self._last_shape = shape
             for i in range(start, end):
                 cell = self._put(seq_ids[i], poss[i], toks[i])
                 if logits[i]:
