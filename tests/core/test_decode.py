@@ -125,6 +125,28 @@ def test_decode_refuses_while_sampling_is_in_flight(model):
         sampler.close()
 
 
+@pytest.mark.parametrize("kv_unified", [True, False])
+def test_a_steady_decode_reuses_its_graph_and_a_new_shape_builds_one(model, kv_unified):
+    with _core.Context(model, n_ctx=512, n_batch=64, n_seq_max=2, kv_unified=kv_unified) as ctx:
+        batch = _core.Batch(64)
+        prompt = model.tokenize("one two three")
+        for seq in (0, 1):
+            batch.add_sequence(prompt, 0, seq)
+        ctx.decode(batch)
+        before = ctx.graphs_reused
+        n = len(prompt)
+        for pos in range(n, n + 8):  # two rows a step: one shape eight times
+            batch.clear()
+            batch.add_rows(np.array([100, 200], np.int32), np.array([pos, pos], np.int32),
+                           np.array([0, 1], np.int32))
+            ctx.decode(batch)
+        assert ctx.graphs_reused - before == 7
+        batch.clear()
+        batch.add(300, n + 8, 0, True)  # one row: a new shape
+        ctx.decode(batch)
+        assert ctx.graphs_reused - before == 7
+
+
 def test_sequence_memory_operations(model):
     tokens = model.tokenize("one two three four five")
     with _core.Context(model, n_ctx=256, n_batch=64, n_seq_max=3) as ctx:
