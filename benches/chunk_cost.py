@@ -6,7 +6,11 @@ a chunk of C prompt tokens of another sequence in the same batch, timed to the d
 This is the price the latency guard's cost model learns (uma.sched.cost); a backend whose
 price is not close to linear in C (a fixed cost for any mixed batch, or a cliff at some size)
 shows here as a row that a line through the others misses. --history puts that many cells of
-an earlier prompt in the KV cache first, as a storm's background prompt does.
+an earlier prompt in the KV cache first, as a storm's background prompt does. --prompt-seq puts
+the chunk on a sequence among the decoders' (a stream starting its next prompt: decoders on
+0..K but that one) and --layout how the batch lists them: in sequence order, as uma.executor
+does, or decode rows first. With a KV buffer per sequence llama.cpp makes a micro-batch of
+consecutive sequence ids only, in batch order, so the layout decides how many there are.
 """
 
 from __future__ import annotations
@@ -33,11 +37,16 @@ def main() -> int:
     ap.add_argument("--history", type=int, default=0, help="cells of a prompt decoded first")
     ap.add_argument("--repeat", type=int, default=9, help="ticks timed a chunk size")
     ap.add_argument("--kv-unified", action="store_true")
+    ap.add_argument("--prompt-seq", type=int, default=None,
+                    help="the chunk's sequence, in [0, K] (default K: after the decoders)")
+    ap.add_argument("--layout", choices=("seq", "decode-first"), default="seq")
     ns = ap.parse_args()
     path = Path(ns.model) if Path(ns.model).exists() else synth.cached_model(ns.model)
     chunks = [int(c) for c in ns.chunks.split(",")]
     k = ns.streams
-    prompt_seq, history_seq = k, k + 1
+    prompt_seq, history_seq = (k if ns.prompt_seq is None else ns.prompt_seq), k + 1
+    if not 0 <= prompt_seq <= k:
+        ap.error(f"--prompt-seq must be in [0, {k}]")
     room = ns.repeat * (max(chunks) + 1) * len(chunks) * 2 + 64
     per_seq = max(room, ns.history + 64)
     model = _core.Model(path, n_gpu_layers=ns.gpu_layers)
@@ -51,18 +60,22 @@ def main() -> int:
             batch.clear()
             batch.add_sequence(rng.integers(100, 30000, n).astype(np.int32), start, history_seq)
             ctx.decode(batch)
-    rows = np.arange(k, dtype=np.int32)
+    rows = np.array([s for s in range(k + 1) if s != prompt_seq], dtype=np.int32)
     pos = 0  # every stream's next position
     prompt_pos = 0
 
     def tick(c: int) -> float:
         nonlocal pos, prompt_pos
         batch.clear()
-        batch.add_rows(rng.integers(100, 30000, k).astype(np.int32),
-                       np.full(k, pos, np.int32), rows)
+        tokens = rng.integers(100, 30000, k).astype(np.int32)
+        before = rows < prompt_seq if ns.layout == "seq" else np.ones(k, dtype=bool)
+        batch.add_rows(tokens[before], np.full(int(before.sum()), pos, np.int32), rows[before])
         if c:
             batch.add_sequence(rng.integers(100, 30000, c).astype(np.int32), prompt_pos,
                                prompt_seq)
+        if not before.all():
+            batch.add_rows(tokens[~before], np.full(int((~before).sum()), pos, np.int32),
+                           rows[~before])
         t0 = time.perf_counter()
         ctx.decode(batch)
         ctx.synchronize()
@@ -79,7 +92,8 @@ def main() -> int:
         for c in chunks:
             times[c].append(tick(c))
     base = statistics.median(times[chunks[0]])
-    print(f"K={k} streams, history {ns.history} cells, kv_unified={ns.kv_unified}")
+    print(f"K={k} streams, history {ns.history} cells, kv_unified={ns.kv_unified}, "
+          f"prompt on sequence {prompt_seq}, layout {ns.layout}")
     for c in chunks:
         med = statistics.median(times[c])
         extra = (med - base) / c if c else 0.0

@@ -535,6 +535,25 @@ def test_a_stop_string_reports_stop_even_when_the_compute_thread_ran_ahead(alone
         assert result.finish_reason == "stop"  # fails: 'length'
 
 
+def test_a_batch_lists_its_rows_in_sequence_order_with_prompts_among_the_decoders():
+    # With a KV buffer per sequence llama.cpp makes a micro-batch of consecutive sequence ids
+    # only, in batch order: a prompt on sequence 0 listed after decoders 1 and 2 would cost a
+    # micro-batch more. D takes sequence 0 (A's, the lowest free) while B and C decode.
+    batches = []
+    with make_engine(kv_unified=False) as e:
+        e.ctx.before_decode = lambda batch: batches.append(batch.tokens()[2].tolist())
+        first = e.submit(PROMPTS[0], max_tokens=2, ignore_eos=True)
+        streams = [e.submit(p, max_tokens=200, ignore_eos=True) for p in PROMPTS[1:3]]
+        first.result(TIMEOUT)
+        late = e.submit(PROMPTS[4], max_tokens=2, ignore_eos=True).result(TIMEOUT)
+        for h in streams:
+            h.cancel()
+    assert late.finish_reason == "length"
+    mixed = [seqs for seqs in batches if seqs.count(0) > 1 and {1, 2} <= set(seqs)]
+    assert mixed, "no tick put D's prompt beside B's and C's decode rows"
+    assert all(seqs == sorted(seqs) for seqs in batches)
+
+
 def test_a_full_kv_cache_preempts_and_every_request_still_matches_alone():
     # 4 requests of 61 prompt and 100 generated tokens in 256 cells: two fit while short,
     # never both whole, so the newer is preempted and later prefills its tokens again.

@@ -124,9 +124,9 @@ class Executor:
         self.n_ctx_seq = ctx.n_ctx_seq
         self.eog = frozenset(int(t) for t in self.model.eog_tokens())
         # Free sequence ids, lowest handed out first, so the sequences decoding together stay a
-        # contiguous range. With per-sequence KV (kv_unified=False) llama.cpp computes attention
-        # over every stream from the lowest to the highest id in a batch: three decoders on
-        # streams 0, 1, 3 took 14.9 ms a step against 9.0 ms on 0, 1, 2 (134M, 2 CPU threads).
+        # contiguous range. With per-sequence KV (kv_unified=False) llama.cpp puts only
+        # consecutive ids in one micro-batch (build): three decoders on streams 0, 1, 3 took
+        # 14.9 ms a step against 9.0 ms on 0, 1, 2 (134M, 2 CPU threads).
         self.n_running = ctx.n_seq_max if n_running is None else n_running
         self.free_seqs = list(range(self.n_running))  # a heap
         self.prefix = prefix
@@ -463,11 +463,13 @@ class Executor:
     def build(self, plan: Plan) -> Plan:
         """Fills the batch with the plan's items; returns the plan as built (without the items
         of requests that failed on the way, or were released since the plan was made)."""
-        # Layout, not policy: decode rows go first and in ascending sequence order. With
-        # per-sequence KV (kv_unified=False) llama.cpp gathers out-of-order sequences, which
-        # made a decode step a third slower (134M model, 8 streams, 2 CPU threads).
-        items = self._fill(sorted(plan.items, key=lambda i: (i.phase is not Phase.DECODE,
-                                                             i.seq_id)))
+        # Layout, not policy: every row in ascending sequence order, prompt chunks among the
+        # decode rows. With per-sequence KV (kv_unified=False) llama.cpp splits a batch into
+        # micro-batches of consecutive sequence ids taken in batch order, one token each per
+        # round, and each micro-batch reads all the weights again: decoders 0-2 and 4-7 with
+        # a prompt on 3 listed decode rows first ran as three (0-3, 4-7, the prompt's rest), in
+        # sequence order as two. With one KV buffer the order changes nothing.
+        items = self._fill(sorted(plan.items, key=lambda i: i.seq_id))
         # the cost model's attention features for this batch: cache positions read (decode
         # rows' whole caches, prompt chunks' caches before them), prompt tokens' attention
         self._cache_read = self._prompt_attended = 0
