@@ -727,6 +727,53 @@ def test_overlapped_the_policy_hears_how_long_the_plan_it_remembers_took():
     assert all(ms == pytest.approx(tick_ms) for tick_ms, ms in paired)
 
 
+def test_a_request_that_ends_has_its_result_out_before_a_snapshot_holds_the_compute_thread():
+    # Its KV pushes the older entry out of the prefix cache with nothing else running, so that
+    # entry is snapshotted there and then. On an H100 such a copy took 367 ms (a storm's
+    # background prompt), and the request's last token and result waited behind it.
+    seen = []
+    with make_engine(n_ctx=16384, n_seq_max=1, prefix_cache=1, prefix_cache_ram_mb=64) as e:
+        rng = np.random.default_rng(5)
+        e.generate(rng.integers(100, 500, 40).astype(np.int32), max_tokens=4, ignore_eos=True)
+        seq_state = e.ctx.seq_state
+
+        def snapshot(seq):
+            seen.append(ending.result(TIMEOUT).finish_reason)  # times out unless out already
+            return seq_state(seq)
+
+        e.ctx.seq_state = snapshot
+        e.ctx.stall()
+        ending = e.submit(rng.integers(100, 500, 40).astype(np.int32), max_tokens=4,
+                          ignore_eos=True)
+        e.ctx.resume()
+        assert ending.result(TIMEOUT).finish_reason == "length"
+        e.generate("flush", max_tokens=1)  # the compute thread is past the snapshot
+    assert seen == ["length"]
+    assert e.snapshot()["prefix_cache_ram_bytes"] > 0
+
+
+def test_a_snapshot_in_a_tick_is_not_counted_as_the_ticks_time(monkeypatch):
+    # A clock that a snapshot moves on by 100 s: the tick holding it must not report them
+    # (the cost model and the policy would learn them as the batch's).
+    import time as time_module
+    real, skipped = time_module.perf_counter, [0.0]
+    monkeypatch.setattr(time_module, "perf_counter", lambda: real() + skipped[0])
+    with make_engine(n_ctx=16384, n_seq_max=1, prefix_cache=1, prefix_cache_ram_mb=64) as e:
+        seq_state = e.ctx.seq_state
+
+        def slow_snapshot(seq):
+            skipped[0] += 100.0
+            return seq_state(seq)
+
+        e.ctx.seq_state = slow_snapshot
+        rng = np.random.default_rng(6)
+        for _ in range(2):  # the second's KV pushes the first's out, snapshotted
+            e.generate(rng.integers(100, 500, 40).astype(np.int32), max_tokens=4,
+                       ignore_eos=True)
+    assert e._executor.prefix.snapshot_seconds >= 100.0
+    assert e.snapshot()["tick_seconds_total"] < 100.0
+
+
 def test_an_untimed_snapshot_waits_for_an_idle_moment():
     """Where snapshots were never timed (a GPU's prefix cache has no prior), entries pushed out
     while another request decodes leave unsaved and are counted; the first one pushed out

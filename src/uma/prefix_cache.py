@@ -70,6 +70,7 @@ class KvPrefixCache:
         self.may_snapshot: Callable[[float | None], bool] = lambda predicted_ms: True
         self.snapshot_ms_per_token = snapshot_ms_per_token  # timed snapshots, weighted to
         # the recent ones (a run of cells or a scattered sequence: 100x apart on a GPU)
+        self.snapshot_seconds = 0.0  # the time snapshots took, in all (not the ticks' work)
 
     def __len__(self) -> int:
         return len(self._seq_of)
@@ -197,6 +198,8 @@ class KvPrefixCache:
             return None
         start = time.perf_counter()
         data = self.ctx.seq_state(seq)
-        per_token = 1e3 * (time.perf_counter() - start) / max(1, n_tokens)
+        took = time.perf_counter() - start
+        self.snapshot_seconds += took
+        per_token = 1e3 * took / max(1, n_tokens)
         self.snapshot_ms_per_token = per_token if rate is None else 0.5 * (rate + per_token)
         return data
