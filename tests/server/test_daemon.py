@@ -19,6 +19,7 @@ import msgpack
 import numpy as np
 import pytest
 
+import uma
 from uma import testing
 from uma.client import AsyncClient, Client, ConnectionLost, ServerError
 from uma.server.framing import FrameDecoder, encode
@@ -494,3 +495,68 @@ def test_every_connection_sending_its_largest_frame_stays_within_the_memory_boun
         bound = budget + n * (64 << 10) + 3 * frame_bytes  # the frame decoded: bytes + str
         assert grew < bound + (8 << 20), f"peak RSS grew {grew >> 20} MiB"
         assert watcher.metrics()["input_bytes_reserved"] == 0
+
+
+def test_a_slow_reader_dropped_as_its_request_ends_leaves_the_daemon_serving(tmp_path):
+    # One publishing round queued a request's last tokens, which dropped its reader (past
+    # max_outbuf_bytes: the connection closes and forgets its requests), then the result that
+    # came with them found no entry: the KeyError ended the poll loop for every client.
+    # In process, on the fake core, one round driven by hand.
+    from uma.config import ServerConfig
+    from uma.server import daemon as daemon_module
+
+    with uma.Engine("fake.gguf", core=testing.fake_core, n_ctx=1024, n_seq_max=2) as engine:
+        d = daemon_module.Daemon(engine, ServerConfig(socket=str(tmp_path / "s"),
+                                                      max_outbuf_bytes=64))
+        ours, theirs = socket.socketpair()
+        try:
+            conn = daemon_module._Connection(ours, 1 << 20, app="slow")
+            d._conns[ours.fileno()] = conn
+            handle = engine.submit("hello", max_tokens=8, ignore_eos=True)
+            assert handle.result(30).finish_reason == "length"  # its events still queued
+            conn.requests["r"] = daemon_module._Entry(stream=True)
+            d._ready.append((conn, "r", handle))
+            d._publish_ready()
+            assert ours.fileno() == -1 and not d._conns
+            events = FrameDecoder(1 << 20).feed(theirs.recv(1 << 16))
+            assert [e["code"] for e in events] == ["E_IO_001"]
+        finally:
+            theirs.close()
+            d._shutdown()
+
+
+def test_a_fault_in_serving_one_connection_closes_it_alone(tmp_path):
+    # Defence in depth: whatever a bug raises while one connection's output is queued
+    # closes that connection (its requests cancelled), and the others are served.
+    from uma.config import ServerConfig
+    from uma.server import daemon as daemon_module
+
+    class Broken:
+        done = False
+
+        def cancel(self):
+            pass
+
+        def drain(self):
+            raise RuntimeError("a bug")
+
+    with uma.Engine("fake.gguf", core=testing.fake_core, n_ctx=1024, n_seq_max=2) as engine:
+        d = daemon_module.Daemon(engine, ServerConfig(socket=str(tmp_path / "s")))
+        pairs = [socket.socketpair() for _ in range(2)]
+        try:
+            conns = [daemon_module._Connection(ours, 1 << 20, app=f"app{i}")
+                     for i, (ours, _) in enumerate(pairs)]
+            for conn in conns:
+                d._conns[conn.sock.fileno()] = conn
+                conn.requests["r"] = daemon_module._Entry(stream=False)
+            handle = engine.submit("hello", max_tokens=4, ignore_eos=True)
+            assert handle.result(30).finish_reason == "length"
+            d._ready.extend([(conns[0], "r", Broken()), (conns[1], "r", handle)])
+            d._publish_ready()
+            assert conns[0].sock.fileno() == -1 and list(d._conns.values()) == [conns[1]]
+            events = FrameDecoder(1 << 20).feed(pairs[1][1].recv(1 << 16))
+            assert [(e["event"], e["reason"]) for e in events] == [("eos", "length")]
+        finally:
+            for _, theirs in pairs:
+                theirs.close()
+            d._shutdown()

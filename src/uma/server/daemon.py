@@ -194,10 +194,13 @@ class Daemon:
             self._wake_pending = False
         else:
             conn = key.data
-            if mask & selectors.EVENT_READ:
-                self._read(conn)
-            if mask & selectors.EVENT_WRITE and conn.sock.fileno() >= 0:
-                self._flush(conn)
+            try:
+                if mask & selectors.EVENT_READ:
+                    self._read(conn)
+                if mask & selectors.EVENT_WRITE and conn.sock.fileno() >= 0:
+                    self._flush(conn)
+            except Exception:  # noqa: BLE001 - a fault of this connection's alone
+                self._contain(conn)
 
     def _accept(self) -> None:
         while True:
@@ -421,37 +424,55 @@ class Daemon:
         touched = set()
         while self._ready:
             conn, request_id, item = self._ready.popleft()
-            entry = conn.requests.get(request_id)
-            if entry is None or conn.sock.fileno() < 0:
-                if isinstance(item, RequestHandle) and not item.done:
-                    item.cancel()  # its client is gone
-                continue
-            if isinstance(item, Exception):
-                del conn.requests[request_id]
-                code = P.error_code_for(item)
-                if code == P.E_RUNTIME_001 and not isinstance(item, UmaError):
-                    log.exception("submit failed", exc_info=item)
-                self._queue(conn, P.error_event(request_id, code, str(item)))
-                touched.add(conn)
-                continue
-            if entry.handle is None:
-                entry.handle = item
-                if entry.cancelled:
-                    item.cancel()
-                elif entry.priority is not None:
-                    self.engine.set_priority(item, entry.priority)
-            events, result = item.drain()
-            if entry.stream:
-                for ev in events:
-                    self._queue(conn, P.token_event(request_id, ev.text, ev.token_ids,
-                                                    ev.logprobs, ev.top_logprobs))
-            if result is not None:
-                del conn.requests[request_id]
-                conn.last_active = time.monotonic()
-                self._queue(conn, self._eos(request_id, result, entry.stream))
-            touched.add(conn)
+            try:
+                if self._publish(conn, request_id, item):
+                    touched.add(conn)
+            except Exception:  # noqa: BLE001 - a fault of this connection's alone
+                self._contain(conn)
         for conn in touched:
             self._flush(conn)
+
+    def _publish(self, conn: _Connection, request_id: str,
+                 item: RequestHandle | Exception) -> bool:
+        """Queues what a request has to say: its submission's failure, or its new events and
+        its result. True if anything was queued."""
+        entry = conn.requests.get(request_id)
+        if entry is None or conn.sock.fileno() < 0:
+            if isinstance(item, RequestHandle) and not item.done:
+                item.cancel()  # its client is gone
+            return False
+        if isinstance(item, Exception):
+            del conn.requests[request_id]
+            code = P.error_code_for(item)
+            if code == P.E_RUNTIME_001 and not isinstance(item, UmaError):
+                log.exception("submit failed", exc_info=item)
+            self._queue(conn, P.error_event(request_id, code, str(item)))
+            return True
+        if entry.handle is None:
+            entry.handle = item
+            if entry.cancelled:
+                item.cancel()
+            elif entry.priority is not None:
+                self.engine.set_priority(item, entry.priority)
+        events, result = item.drain()
+        if entry.stream:
+            for ev in events:
+                self._queue(conn, P.token_event(request_id, ev.text, ev.token_ids,
+                                                ev.logprobs, ev.top_logprobs))
+        # Queueing can drop a slow reader, which closes the connection and forgets its
+        # requests: this one's result then has nobody to go to. (It did once, and the
+        # KeyError ended the poll loop for every client.)
+        if result is not None and conn.requests.pop(request_id, None) is not None:
+            conn.last_active = time.monotonic()
+            self._queue(conn, self._eos(request_id, result, entry.stream))
+        return True
+
+    def _contain(self, conn: _Connection) -> None:
+        """A fault in serving one connection (a bug) closes that connection, its requests
+        cancelled, and the daemon serves the others."""
+        log.exception("serving connection %s failed; closing it", conn.app)
+        with contextlib.suppress(Exception):
+            self._close(conn)
 
     @staticmethod
     def _eos(request_id: str, r: Result, stream: bool) -> dict:
@@ -610,9 +631,8 @@ class Daemon:
 
     def _shutdown(self) -> None:
         for conn in list(self._conns.values()):
-            conn.sock.setblocking(True)
-            conn.sock.settimeout(1.0)
             with contextlib.suppress(OSError):
+                conn.sock.settimeout(1.0)  # blocking, for at most a second
                 conn.sock.sendall(conn.out)
             self._close(conn)
         if self._listener is not None:
