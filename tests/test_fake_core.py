@@ -774,6 +774,24 @@ def test_a_snapshot_in_a_tick_is_not_counted_as_the_ticks_time(monkeypatch):
     assert e.snapshot()["tick_seconds_total"] < 100.0
 
 
+def test_a_snapshot_does_not_hold_up_a_queued_request():
+    # One sequence: B waits while A runs. A's end pushes the older entry out with nothing
+    # running, but B waiting: an untimed snapshot (a GPU's first) would delay B's admission by
+    # its whole copy, so that entry leaves unsaved; B's end, with nobody waiting, snapshots.
+    with make_engine(n_ctx=16384, n_seq_max=1, prefix_cache=1, prefix_cache_ram_mb=64) as e:
+        e._executor.prefix.snapshot_ms_per_token = None
+        rng = np.random.default_rng(7)
+        prompts = [rng.integers(100, 500, 40).astype(np.int32) for _ in range(3)]
+        e.generate(prompts[0], max_tokens=4, ignore_eos=True)  # kept; nothing pushed out
+        e.ctx.stall()
+        a, b = (e.submit(p, max_tokens=4, ignore_eos=True) for p in prompts[1:])
+        e.ctx.resume()
+        assert a.result(TIMEOUT).finish_reason == b.result(TIMEOUT).finish_reason == "length"
+        e.generate("flush", max_tokens=1)  # the compute thread is past B's release
+        snap = e.snapshot()
+    assert snap["prefix_cache_unsaved_total"] == 1 and snap["prefix_cache_ram_bytes"] > 0
+
+
 def test_an_untimed_snapshot_waits_for_an_idle_moment():
     """Where snapshots were never timed (a GPU's prefix cache has no prior), entries pushed out
     while another request decodes leave unsaved and are counted; the first one pushed out

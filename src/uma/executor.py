@@ -384,15 +384,16 @@ class Executor:
 
     def _may_snapshot(self, predicted_ms: float | None) -> bool:
         """Whether the prefix cache may snapshot an entry leaving the KV cache now: the copy
-        stalls every running stream for its time, so it is taken when none runs, or when it
-        is predicted to take at most one of their decode ticks (a pause of two ticks at most,
-        within the latency guard's worst-pause bound). A device whose snapshots were never
-        timed (a GPU: no prior) times its first while idle. Refused, the entry leaves unsaved.
-        Allowed, what the ticks so far produced is handed on first: the copy holds this
-        thread, and a request that had just ended waited behind it for its last token and its
-        result (367 ms on an H100, a storm's worst gap: the snapshot of the entry that the
-        storm's last stream pushed out as it ended)."""
-        allowed = not self.running
+        stalls every running stream for its time, and delays every queued request's
+        admission, so it is taken when nothing runs or waits, or when it is predicted to take
+        at most one decode tick of what runs (a pause of two ticks at most, within the
+        latency guard's worst-pause bound). A device whose snapshots were never timed (a GPU:
+        no prior) times its first while idle. Refused, the entry leaves unsaved. Allowed,
+        what the ticks so far produced is handed on first: the copy holds this thread, and a
+        request that had just ended waited behind it for its last token and its result (367
+        ms on an H100, a storm's worst gap: the snapshot of the entry that the storm's last
+        stream pushed out as it ended)."""
+        allowed = not self.running and not any(self.waiting.values())
         if not allowed and predicted_ms is not None:
             kv = sum(r.n_past for r in self.running.values())
             allowed = predicted_ms <= self.cost.estimate.predict(0, len(self.running), kv)
