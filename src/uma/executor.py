@@ -222,7 +222,8 @@ class Executor:
         return not self.running and not any(self.waiting.values())
 
     def release(self, req: Request, reason: str, error: UmaError | None = None) -> None:
-        """Ends a request: its KV is cleared first, then its result is published."""
+        """Ends a request: its result is queued, then its KV goes to the prefix cache and
+        its sequence is cleared (a snapshot that makes room hands the result on first)."""
         self._changes += 1
         seq, req.seq_id = req.seq_id, -1
         if seq >= 0:
