@@ -45,6 +45,7 @@ feeds back what each tick really took.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -86,12 +87,9 @@ class CostEstimate:
     _passed: tuple[float, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        steps = tuple(self.row_steps_ms[:len(ROW_EDGES)])
-        steps += (0.0,) * (len(ROW_EDGES) - len(steps))
-        passed = [0.0]
-        for ms in steps:
-            passed.append(passed[-1] + ms)
-        object.__setattr__(self, "_passed", tuple(passed))
+        steps = self.row_steps_ms[:len(ROW_EDGES)]
+        steps += (0.0,) * (len(ROW_EDGES) - len(steps))  # missing ones: 0
+        object.__setattr__(self, "_passed", tuple(itertools.accumulate(steps, initial=0.0)))
 
     def predict(self, prefill_tokens: int, decode_tokens: int, kv_positions: int = 0,
                 prompt_kv_positions: int = 0) -> float:
@@ -112,11 +110,7 @@ class CostEstimate:
 
     def step_ms(self, rows: int, n_tokens: int) -> float:
         """The steps a chunk of n_tokens passes in a tick that already has `rows` rows."""
-        if n_tokens <= 0:
-            return 0.0
-        passed = self._passed
-        return passed[bisect.bisect_left(ROW_EDGES, rows + n_tokens)] \
-            - passed[bisect.bisect_left(ROW_EDGES, rows)]
+        return self.rows_ms(rows + n_tokens) - self.rows_ms(rows) if n_tokens > 0 else 0.0
 
     def prefill_ms(self, n_tokens: int, depth: int, rows: int = 0) -> float:
         """What a prompt chunk of n_tokens starting at KV position `depth` adds to a tick that
@@ -144,9 +138,8 @@ class CostEstimate:
         # The steps never fall, so what a span leaves for work only shrinks from one span to
         # the next: past the first span whose largest chunk ends inside it, none fits.
         best = 0
-        read = self.per_kv_kpos_ms * depth / 1000.0
         for lo, hi in self._spans(rows):
-            left = spare_ms - (read + self.step_ms(rows, lo))
+            left = spare_ms - self.chunk_overhead_ms(depth, rows, lo)
             if left <= 0:
                 break
             n = int(self._tokens_of_work(left, depth))
