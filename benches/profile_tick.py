@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -25,10 +26,13 @@ from uma import _core, synth
 
 
 def core_loop(model: _core.Model, streams: int, pp: int, tg: int, threads: int,
-              sample: str, kv_unified: bool) -> tuple[float, float]:
-    """Tokens/s of decode steps over `streams` sequences, and the share of them that reused
-    the graph before; sample: "none" (only wait for the logits, as llama-batched-bench does),
-    "host" or "device"."""
+              sample: str, kv_unified: bool, sampler_threads: int = 0
+              ) -> tuple[float, float, np.ndarray]:
+    """Tokens/s of decode steps over `streams` sequences, the share of them that reused the
+    graph before, and a step's median ms in building the batch, the decode call, the wait for
+    the device and sampling; sample: "none" (only wait for the logits, as llama-batched-bench
+    does), "read" (read every logit once, on this thread), "host" (the host Sampler, on
+    sampler_threads threads; 0: its default) or "device"."""
     ctx = _core.Context(model, n_ctx=streams * (pp + tg) + 64, n_batch=2048, n_ubatch=512,
                         n_seq_max=streams, n_threads=threads, kv_unified=kv_unified)
     batch = _core.Batch(2048)
@@ -39,29 +43,36 @@ def core_loop(model: _core.Model, streams: int, pp: int, tg: int, threads: int,
             batch.clear()
         batch.add_sequence(rng.integers(100, 30000, pp).astype(np.int32), 0, s)
     ctx.decode(batch)
-    sampler = _core.Sampler(streams, model.n_vocab)
+    sampler = _core.Sampler(streams, model.n_vocab, sampler_threads)
     rows = np.arange(streams, dtype=np.int32)
     if sample == "device":
         for s in range(streams):
             ctx.set_sampler(s)
     reused = ctx.graphs_reused
+    steps = np.empty((tg, 4))  # per step: batch, decode call, wait for the device, sample
     t0 = time.perf_counter()
     for i in range(tg):
+        t = time.perf_counter()
         batch.clear()
         batch.add_rows(rng.integers(100, 30000, streams).astype(np.int32),
                        np.full(streams, pp + i, np.int32), rows)
+        t1 = time.perf_counter()
         ctx.decode(batch)
+        t2 = time.perf_counter()
+        ctx.synchronize()  # the GPU and the logits copy, like the peer's llama_synchronize
+        t3 = time.perf_counter()
         if sample == "host":
             sampler.sample(ctx, rows, ctx.output_seqs)
         elif sample == "device":
             ctx.sampled_tokens()
-        else:
-            ctx.logits()  # waits for the GPU and the logits copy, like the peer's sync
+        elif sample == "read":
+            ctx.logits().max(axis=1)
+        steps[i] = (t1 - t, t2 - t1, t3 - t2, time.perf_counter() - t3)
     dt = time.perf_counter() - t0
     reused = (ctx.graphs_reused - reused) / tg
     sampler.close()
     ctx.close()
-    return streams * tg / dt, reused
+    return streams * tg / dt, reused, 1e3 * np.median(steps, axis=0)
 
 
 class TickClock:
@@ -138,6 +149,19 @@ def engine_ticks(path: Path, streams: int, pp: int, tg: int, threads: int, gpu_l
             "tok_s": streams / (med["tick"] / 1e3)}
 
 
+def on_own_thread(fn, *args):
+    """fn(*args) on a thread that ends with it. ggml's CPU backend runs its graphs in OpenMP
+    teams, one per calling thread, and a team outlives its graph; once more threads are in
+    teams than there are CPUs, libgomp's workers stop spinning between barriers, and a
+    2-core CPU then decoded 45 % slower on the engine's compute thread after a core loop on
+    the main thread. A thread of its own takes its team with it."""
+    out: list = []
+    worker = threading.Thread(target=lambda: out.append(fn(*args)))
+    worker.start()
+    worker.join()
+    return out[0]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="134m")
@@ -147,6 +171,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--gpu-layers", type=int, default=0)
     ap.add_argument("--kv-unified", action="store_true")
+    ap.add_argument("--core", default="none,host,device",
+                    help="the core loop's sampling, comma-separated: none, read, host, device; "
+                         "host:N samples on N threads")
     ap.add_argument("--sampling", default="host,device",
                     help="where the engine samples, comma-separated: host, device")
     ns = ap.parse_args()
@@ -154,10 +181,13 @@ def main() -> int:
     for streams in (int(x) for x in ns.streams.split(",")):
         model = _core.Model(path, n_gpu_layers=ns.gpu_layers)
         args = (model, streams, ns.pp, ns.tg, ns.threads)
-        for sample in ("none", "host", "device"):
-            tok_s, reused = core_loop(*args, sample, ns.kv_unified)
-            print(f"streams {streams:3d}  core loop, sampling {sample:6s}: {tok_s:9.1f} tok/s, "
-                  f"graphs reused {reused:.0%}", flush=True)
+        for sample in ns.core.split(","):
+            where, _, n = sample.partition(":")
+            tok_s, reused, ms = on_own_thread(core_loop, *args, where, ns.kv_unified,
+                                              int(n or 0))
+            print(f"streams {streams:3d}  core loop, sampling {sample:8s}: {tok_s:9.1f} tok/s, "
+                  f"graphs reused {reused:.0%}, ms batch {ms[0]:.3f} decode call {ms[1]:.3f} "
+                  f"wait {ms[2]:.3f} sample {ms[3]:.3f}", flush=True)
         model.close()
         for where in ns.sampling.split(","):
             ticks = engine_ticks(path, streams, ns.pp, ns.tg, ns.threads, ns.gpu_layers,

@@ -7,7 +7,8 @@
 #   build/vulkan-carry/   vulkan-bin.tar.xz: uma._core, llama-bench, llama-batched-bench and
 #                         llama-server built for Vulkan (benches/device/vulkan_pack.sh: the GPU
 #                         machine has no glslc)
-#   .gl/*.deb             the Vulkan loader (libvulkan1), unpacked where the machine has none
+#   .gl/*.deb             the Vulkan loader and libglvnd (libvulkan1 libegl1 libglvnd0 libopengl0
+#                         libgl1 libglx0 libgles2), unpacked where the machine lacks them
 #   .device/llama-src.tar.xz, .device/vocab.tar, .whl/*.whl   as for gpu_speed.sh (CUDA side)
 # Results: $OUT (default ./out-vulkan).
 #
@@ -28,8 +29,10 @@ PARTS=${PARTS:-decode cuda mixed}
 TG=${TG:-256}
 GPU="--gpu-layers 99 --threads 8"
 
-# the Vulkan loader, and the NVIDIA driver's manifest where the loader does not look
-if ! ldconfig -p | grep -q libvulkan.so.1; then
+# the Vulkan loader and libglvnd (the NVIDIA driver's Vulkan entry point is in
+# libGLX_nvidia, which needs libglvnd's dispatch libraries; some machines have the loader but
+# not those), and the driver's manifest where the loader does not look
+if ! ldconfig -p | grep -q libvulkan.so.1 || ! ldconfig -p | grep -q libGLdispatch.so.0; then
   for f in .gl/*.deb; do dpkg -x "$f" /; done
   ldconfig
 fi
