@@ -107,3 +107,47 @@ def test_a_new_interactive_prompt_gets_a_chunk_even_while_prompts_are_held():
                                    memory=SloMemory(s=8, k=2, chunk_cap=16, hold=3))
     first = slo.first_tokens(P, st, d, a)
     assert [(i.seq_id, i.n_tokens) for i in first.items] == [(1, 40)] and first.ms > 0
+
+
+def test_background_rides_in_a_first_token_tick_only_where_asked_and_owed():
+    sessions = [session(0, INT, Phase.DECODE), session(1, INT, Phase.PREFILL, prompt=40),
+                session(2, BG, Phase.PREFILL, prompt=3000)]
+    rides = dataclasses.replace(P, ride_share=0.5)
+
+    def steps(policy, owed_ms):
+        st, d, b, dec, a, cap = run_to("all", sessions,
+                                       memory=SloMemory(s=8, k=2, chunk_cap=16, owed_ms=owed_ms))
+        first = slo.first_tokens(policy, st, d, a)
+        chunks = slo.prompt_chunks(policy, st, d, a, cap, first)
+        return a, chunks, slo.ride_along(policy, st, d, a, first, chunks)
+
+    a, before, rode = steps(rides, owed_ms=100.0)
+    assert before.back_ms == 0  # the prompt steps gave the background prompt nothing
+    # after the first tokens, adding at most ride_share of the tick
+    assert [(i.seq_id, i.n_tokens) for i in rode.prefill] == [(1, 40), (2, 31)]
+    assert 0 < rode.back_ms == rode.prefill_ms - before.prefill_ms \
+        <= 0.5 * (a.decode_ms + before.prefill_ms)
+    # no more than what the floor is owed
+    assert steps(rides, owed_ms=5.0)[2].back_ms <= 5.0
+    # off by default, and nothing rides where nothing is owed
+    assert steps(P, owed_ms=100.0)[2] == before
+    assert steps(rides, owed_ms=0.0)[2] == before
+
+
+def test_with_rides_a_floor_chunk_of_its_own_waits_for_two_chunks_owed():
+    streams = [session(i, INT, Phase.DECODE) for i in range(3)]
+    back = session(9, BG, Phase.PREFILL, prompt=3000)
+    rides = dataclasses.replace(P, ride_share=0.5)
+
+    def floor(policy, owed_ms):  # held after an overrun: only the floor moves prompts
+        st, d, b, dec, a, cap = run_to("all", [*streams, back], memory=SloMemory(
+            s=8, k=2, chunk_cap=16, hold=3, owed_ms=owed_ms))
+        first = slo.first_tokens(policy, st, d, a)
+        c = slo.background_floor(policy, st, d, a, first,
+                                 slo.prompt_chunks(policy, st, d, a, cap, first))
+        return c.floor_ms, [i.seq_id for i in c.prefill]
+
+    chunk_ms, _ = floor(P, 0.0)
+    assert floor(P, 1.01 * chunk_ms)[1] == [9]
+    assert floor(rides, 1.01 * chunk_ms)[1] == []  # waits for a new prompt's tick to ride
+    assert floor(rides, 2 * chunk_ms)[1] == [9]  # until the debt reaches its cap

@@ -149,6 +149,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("background_share", Range(0, 0.9),
          "least share of time owed to background prompts while streams decode (0: none): "
          "higher is sooner, more pauses"),
+    Knob("ride_share", Range(0, 10),
+         "background chunks ride in new prompts' ticks, adding at most this x the tick (0: "
+         "off)"),
     Knob("idle_amortise", Range(0),
          "idle ticks stretch until a prompt chunk's work is this x its cache read: higher is "
          "faster prompts, later TTFT"),
