@@ -37,6 +37,7 @@ def main() -> int:
     ap.add_argument("--history", type=int, default=0, help="cells of a prompt decoded first")
     ap.add_argument("--repeat", type=int, default=9, help="ticks timed a chunk size")
     ap.add_argument("--kv-unified", action="store_true")
+    ap.add_argument("--flash-attn", choices=("auto", "on", "off"), default="auto")
     ap.add_argument("--prompt-seq", type=int, default=None,
                     help="the chunk's sequence, in [0, K] (default K: after the decoders)")
     ap.add_argument("--layout", choices=("seq", "decode-first"), default="seq")
@@ -51,7 +52,8 @@ def main() -> int:
     per_seq = max(room, ns.history + 64)
     model = _core.Model(path, n_gpu_layers=ns.gpu_layers)
     ctx = _core.Context(model, n_ctx=(k + 2) * per_seq, n_seq_max=k + 2, n_batch=2048,
-                        n_ubatch=512, n_threads=ns.threads, kv_unified=ns.kv_unified)
+                        n_ubatch=512, n_threads=ns.threads, kv_unified=ns.kv_unified,
+                        flash_attn=ns.flash_attn)
     rng = np.random.default_rng(0)
     batch = _core.Batch(max(2048, k + max(chunks)))
     if ns.history:
@@ -93,7 +95,7 @@ def main() -> int:
             times[c].append(tick(c))
     base = statistics.median(times[chunks[0]])
     print(f"K={k} streams, history {ns.history} cells, kv_unified={ns.kv_unified}, "
-          f"prompt on sequence {prompt_seq}, layout {ns.layout}")
+          f"flash_attn={ns.flash_attn}, prompt on sequence {prompt_seq}, layout {ns.layout}")
     for c in chunks:
         med = statistics.median(times[c])
         extra = (med - base) / c if c else 0.0
