@@ -262,7 +262,8 @@ def report(name: str, knobs: dict, alone: dict, storm: dict, cost) -> None:
         print_phase(phase)
     print(f"  cost: fixed {cost.fixed_ms:.3f}  per prompt token {cost.per_prefill_ms:.4f}  "
           f"per decoder {cost.per_decode_ms:.4f}  per 1k kv {cost.per_kv_kpos_ms:.4f} (decode) "
-          f"{cost.per_prompt_kv_kpos_ms:.4f} (prompt)  "
+          f"{cost.per_prompt_kv_kpos_ms:.4f} (prompt) "
+          f"{cost.prompt_kv_ms(1 << 20):.4f} (prompt, wide)  "
           "steps past " + " ".join(f"{edge}:{ms:.2f}" for edge, ms in
                                    zip(ROW_EDGES, cost.row_steps_ms, strict=False)), flush=True)
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from uma.errors import UmaError
-from uma.sched.cost import ROW_EDGES, attended
+from uma.sched.cost import ROW_EDGES, WIDE_ROWS, attended
 
 # (prompt tokens, decode rows, cache positions read, KV positions the prompt attends, ms)
 Timed = tuple[int, int, int, int, float]
@@ -37,7 +37,8 @@ class DeviceTiming:
         """Times scratch batches of a few shapes before serving and anchors the cost model
         there: decode rows; one-token, short and long prompt chunks; prompt chunks beside up
         to eight decoders that take the batch into each row class where ggml changes kernels;
-        a decode row and one-token and short chunks deep into a sequence. From the generic
+        a decode row, one-token and short chunks and a chunk past WIDE_ROWS rows deep into a
+        sequence (the CPU's flash attention scores those two ways). From the generic
         prior alone, a GPU never learns what a prompt token costs it (a fiftieth of that
         prior): when every tick of a storm carries one or two prompt tokens, the fit cannot
         tell them from the decoders, blames the decoders, inflates their budget and spends it
@@ -55,10 +56,13 @@ class DeviceTiming:
         depth = max(0, min(4 * chunk, self.batch.capacity, self.ctx.n_ctx_seq - chunk - 1))
         shallow = [(0, 1), (0, n_rows), (1, 0), (small, 0), (chunk, 0)]
         deep = [(1, 0), (small, 0), (0, 1)]
+        wide = WIDE_ROWS + 8
+        if wide <= self.batch.capacity and depth + wide < self.ctx.n_ctx_seq:
+            deep.append((wide, 0))
         largest = max(1, min(self.batch.capacity, self.ctx.n_ctx_seq - 1))
         mixed = self._mixed_shapes(largest)
-        tokens = (np.arange(max(chunk, depth, *(p for p, _ in mixed)), dtype=np.int32) * 7919
-                  + 1) % self.ctx.model.n_vocab
+        tokens = (np.arange(max(chunk, depth, *(p for p, _ in mixed + deep)), dtype=np.int32)
+                  * 7919 + 1) % self.ctx.model.n_vocab
         runs = 3
 
         def planned() -> int:  # the probe's 2, each shape's runs, the deep prefill
@@ -79,6 +83,7 @@ class DeviceTiming:
                 chunk = min(chunk, 32)
                 depth = min(depth, 2 * chunk)
                 shallow[-1] = (chunk, 0)
+                deep = [shape for shape in deep if shape[0] <= WIDE_ROWS]
                 mixed = self._mixed_shapes(min(largest, 32))
                 self.progress = (2, planned())
             ticks += self._time_shapes(tokens, shallow, passes, runs)

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from uma.sched.cost import ROW_EDGES, CostEstimate, CostModel, attended, row_steps
+from uma.sched.cost import (
+    ROW_EDGES,
+    WIDE_ROWS,
+    CostEstimate,
+    CostModel,
+    attended,
+    row_steps,
+)
 
 TRUE = CostEstimate(fixed_ms=3.0, per_prefill_ms=0.6, per_decode_ms=1.2, per_kv_kpos_ms=0.08,
                     per_prompt_kv_kpos_ms=0.05, row_steps_ms=row_steps(r8=1.5))
@@ -81,6 +90,61 @@ def test_chunk_tokens_is_the_largest_chunk_its_time_buys(spare, rows, depth, ste
     assert est.prefill_ms(n, depth, rows) <= spare + 1e-6
     # steps are non-negative, so the price only grows with the chunk
     assert est.prefill_ms(n + 1, depth, rows) > spare - 1e-6
+
+
+# ggml's CPU flash attention, roughly (134M, 2 threads): a tick of up to 64 rows scores prompt
+# tokens one query row at a time, ten times what the tiled path past them costs.
+CPU_FA = CostEstimate(fixed_ms=14.0, per_prefill_ms=0.5, per_decode_ms=1.6, per_kv_kpos_ms=2.0,
+                      per_prompt_kv_kpos_ms=6.0, per_prompt_kv_wide_kpos_ms=0.6)
+
+
+def test_a_chunk_that_takes_the_tick_past_wide_rows_scores_at_the_wide_price():
+    deep = 2000
+    narrow, wide = WIDE_ROWS - 3, WIDE_ROWS + 1 - 3  # beside three decoders: 64 and 65 rows
+    assert CPU_FA.prefill_ms(wide, deep, rows=3) < CPU_FA.prefill_ms(32, deep, rows=3) \
+        < CPU_FA.prefill_ms(narrow, deep, rows=3)
+    # the time of a 9-token chunk buys one past the edge, where one price made it 9 tokens
+    nine_ms = CPU_FA.prefill_ms(9, deep, rows=3)
+    assert CPU_FA.chunk_tokens(nine_ms, deep, rows=3) >= wide
+    one_price = dataclasses.replace(CPU_FA, per_prompt_kv_wide_kpos_ms=None)
+    assert one_price.chunk_tokens(nine_ms + 1e-6, deep, rows=3) == 9
+    # a tick's prediction prices its prompt tokens the same way
+    assert CPU_FA.predict(wide, 3, deep, attended(deep, wide)) - CPU_FA.predict(0, 3) \
+        == pytest.approx(CPU_FA.prefill_ms(wide, deep, rows=3))
+
+
+@given(spare=st.floats(0, 400), rows=st.integers(0, 100), depth=st.integers(0, 5000),
+       narrow=st.floats(0, 10), wide=st.floats(0, 10),
+       steps=st.lists(st.floats(0, 20), min_size=len(ROW_EDGES), max_size=len(ROW_EDGES)))
+def test_with_a_wide_price_chunk_tokens_is_still_the_largest_chunk_its_time_buys(
+        spare, rows, depth, narrow, wide, steps):
+    est = CostEstimate(per_prefill_ms=0.2, per_kv_kpos_ms=0.5, per_prompt_kv_kpos_ms=narrow,
+                       per_prompt_kv_wide_kpos_ms=wide, row_steps_ms=tuple(steps))
+    n = est.chunk_tokens(spare, depth, rows)
+    assert n == 0 or est.prefill_ms(n, depth, rows) <= spare + 1e-6
+    # past the edge the price only grows again, so no size up to one past it fits either
+    for m in range(n + 1, max(n + 2, WIDE_ROWS + 2 - rows)):
+        assert est.prefill_ms(m, depth, rows) > spare - 1e-6
+
+
+def test_the_model_learns_the_wide_price_apart_and_calibration_ties_it_where_unseen():
+    rng = np.random.default_rng(1)
+    model = CostModel()
+    for _ in range(400):
+        decode, depth = int(rng.integers(0, 9)), int(rng.integers(0, 3000))
+        prefill = int(np.exp(rng.uniform(0, np.log(200)))) if rng.random() < 0.5 else 0
+        kv, pkv = decode * int(rng.integers(1, 3000)) + (depth if prefill else 0), \
+            attended(depth, prefill)
+        model.observe(prefill, decode, kv, CPU_FA.predict(prefill, decode, kv, pkv), pkv)
+    est = model.estimate
+    assert est.per_prompt_kv_kpos_ms == pytest.approx(6.0, abs=0.3)
+    assert est.per_prompt_kv_wide_kpos_ms == pytest.approx(0.6, abs=0.3)
+    # A short calibration without a wide tick scoring prompt tokens knows nothing of their
+    # price: it takes the narrow one rather than the generic prior's (free).
+    short = CostModel()
+    short.calibrate([(p, d, 0, attended(100, p), CPU_FA.predict(p, d, 0, attended(100, p)))
+                     for p, d in [(0, 1), (0, 4), (1, 0), (8, 0), (32, 0), (1, 8), (16, 8)]])
+    assert short.estimate.per_prompt_kv_wide_kpos_ms == short.estimate.per_prompt_kv_kpos_ms > 1
 
 
 def test_less_of_a_prompt_fits_a_tick_deep_into_it():

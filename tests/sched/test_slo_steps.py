@@ -8,6 +8,7 @@ import math
 
 from uma.sched import slo
 from uma.sched.bmt import BmtModel
+from uma.sched.cost import WIDE_ROWS, CostEstimate
 from uma.sched.slo import SloMemory, SloPolicy
 from uma.sched.state import Phase
 
@@ -151,3 +152,34 @@ def test_with_rides_a_floor_chunk_of_its_own_waits_for_two_chunks_owed():
     assert floor(P, 1.01 * chunk_ms)[1] == [9]
     assert floor(rides, 1.01 * chunk_ms)[1] == []  # waits for a new prompt's tick to ride
     assert floor(rides, 2 * chunk_ms)[1] == [9]  # until the debt reaches its cap
+
+
+def test_a_floor_chunk_grows_past_the_wide_edge_where_wide_ticks_score_cheaper():
+    # ggml's CPU flash attention, roughly: fewer than 64 rows score prompt tokens one query row
+    # at a time, ten times the tiled path's price past them.
+    narrow = CostEstimate(fixed_ms=14.0, per_prefill_ms=0.5, per_decode_ms=1.6,
+                          per_kv_kpos_ms=2.0, per_prompt_kv_kpos_ms=6.0)
+    wide = dataclasses.replace(narrow, per_prompt_kv_wide_kpos_ms=0.6)
+    streams = [session(i, INT, Phase.DECODE) for i in range(3)]
+    back = session(9, BG, Phase.PREFILL, prompt=3000, prefilled=1500)
+
+    def floor(cost, owed_ms):  # held after an overrun: only the floor moves prompts
+        st = dataclasses.replace(state([*streams, back], memory=SloMemory(
+            s=8, k=2, chunk_cap=16, hold=3, owed_ms=owed_ms)), cost=cost)
+        d = slo.lanes(P, st)
+        b = slo.latency_budget(P, st, d)
+        dec = slo.qos_decoders(P, st, d, b)
+        a = slo.prompt_allowance(P, st, d, b, dec)
+        first = slo.first_tokens(P, st, d, a)
+        c = slo.background_floor(P, st, d, a, first, slo.prompt_chunks(
+            P, st, d, a, slo.bmt_guard(P, st, d, b, dec, a), first))
+        return c.floor_ms, [i.n_tokens for i in c.prefill if i.seq_id == 9], c.prefill_ms
+
+    chunk_ms, _, _ = floor(narrow, 0.0)
+    _, small, _ = floor(narrow, 2 * chunk_ms)
+    assert 0 < small[0] < WIDE_ROWS - 3  # one price: what the chunk's time buys, narrow
+    # the wide price: the chunk grows past the edge, and waits until its own time is owed
+    assert floor(wide, 1.01 * chunk_ms)[1] == []
+    _, grown, grown_ms = floor(wide, 2 * chunk_ms)
+    assert grown[0] > WIDE_ROWS - 3 and grown[0] >= 2 * small[0]
+    assert chunk_ms < grown_ms <= 2 * chunk_ms + 1e-9

@@ -5,6 +5,8 @@
               + per_prompt_kv · (KV positions the prompt tokens attend) / 1000
               + Σ row_steps[i] · (the tick's rows > ROW_EDGES[i])
 
+with per_prompt_kv one price for ticks of up to WIDE_ROWS rows and another past them.
+
 The row steps are what a GPU charges as a batch's rows (prompt tokens and decode rows alike)
 pass the sizes where ggml changes kernels: up to eight rows it multiplies by the weights with
 matrix-vector kernels, past that with matrix-matrix ones, whose tiles come in size classes (on
@@ -15,8 +17,16 @@ step for "the tick has prompt tokens" priced eight decoders and two background d
 rows, past the same kernels' limit) as ten decoders. With the steps in the model, a policy
 saving up spare time spends it on one worthwhile chunk instead of paying a step for a
 handful of tokens every tick, and it prices a chunk by the rows already in the tick (`rows`):
-the step is paid by whichever chunk crosses it. Steps are non-negative, so the price of a
-chunk never falls as it grows. On a CPU they are small.
+the step is paid by whichever chunk crosses it. Steps are non-negative; a chunk's price
+falls as it grows only where it takes the tick past WIDE_ROWS and the wide tick's attention
+is cheaper (below). On a CPU the steps are small.
+
+Scoring prompt tokens has two prices because ggml has two ways to do it: the CPU's flash
+attention runs its tiled, matrix-multiply path only for a batch of at least 64 query rows and
+scores one row at a time below that. Three decoders and a chunk deep in a long prompt (134M,
+2 CPU threads): 60 prompt tokens (63 rows) took 1,024 ms, 61 (64 rows) 162 ms. One price for
+both made a 61-token chunk dearer than a 9-token one, so a floor chunk on the CPU was 9 tokens
+in 105 ms, where 61 tokens would have taken about as long.
 
 Attention is the term that grows, and it has two parts. Reading the cache is memory-bound and
 happens once per sequence a tick: a decode row reads its sequence's K/V, and a prompt chunk
@@ -54,6 +64,10 @@ import numpy as np
 # A tick's rows (prompt tokens and decode rows) where ggml may change kernels; the model charges
 # a step as a tick's rows pass each (CostEstimate.row_steps_ms).
 ROW_EDGES = (1, 8, 16, 32, 64, 128, 256)
+# Past this many rows a tick's prompt attention has a price of its own (per_prompt_kv_wide_
+# kpos_ms): the CPU's flash attention tiles 64 query rows. It is a row edge, so that a chunk
+# size between two edges has one price throughout (a 64-row tick is priced as a narrow one).
+WIDE_ROWS = 64
 
 
 def row_steps(**at: float) -> tuple[float, ...]:
@@ -80,6 +94,8 @@ class CostEstimate:
     row_steps_ms: tuple[float, ...] = ()  # charged as a tick's rows pass each of ROW_EDGES
     # (missing ones: 0)
     per_prompt_kv_kpos_ms: float = 0.0  # per 1000 KV positions prompt tokens attend
+    per_prompt_kv_wide_kpos_ms: float | None = None  # the same in a tick of more than
+    # WIDE_ROWS rows (None: the same price)
     samples: int = 0  # ticks the estimate has learned from
     # the steps' running sums: _passed[i] is what a tick whose rows pass the first i edges
     # pays. Policies price chunks dozens of times a tick; summing the steps each time made
@@ -100,7 +116,7 @@ class CostEstimate:
             + self.per_prefill_ms * prefill_tokens
             + self.per_decode_ms * decode_tokens
             + self.per_kv_kpos_ms * kv_positions / 1000.0
-            + self.per_prompt_kv_kpos_ms * prompt_kv_positions / 1000.0
+            + self.prompt_kv_ms(prefill_tokens + decode_tokens) * prompt_kv_positions / 1000.0
             + self.rows_ms(prefill_tokens + decode_tokens)
         )
 
@@ -118,7 +134,7 @@ class CostEstimate:
         and the row steps it passes."""
         if n_tokens <= 0:
             return 0.0
-        return self.work_ms(n_tokens, depth) + self.per_kv_kpos_ms * depth / 1000.0 \
+        return self.work_ms(n_tokens, depth, rows) + self.per_kv_kpos_ms * depth / 1000.0 \
             + self.step_ms(rows, n_tokens)
 
     def chunk_overhead_ms(self, depth: int, rows: int = 0, n_tokens: int = 1) -> float:
@@ -136,19 +152,22 @@ class CostEstimate:
         if math.isinf(spare_ms):
             return 1 << 30  # no limit
         # The steps never fall, so what a span leaves for work only shrinks from one span to
-        # the next: past the first span whose largest chunk ends inside it, none fits.
+        # the next: past the first span whose largest chunk ends inside it, none fits, unless
+        # a later span's attention is cheaper (a wide tick's).
         best = 0
+        cheaper_later = self.prompt_kv_ms(WIDE_ROWS + 1) < self.prompt_kv_ms(rows + 1)
         for lo, hi in self._spans(rows):
             left = spare_ms - self.chunk_overhead_ms(depth, rows, lo)
             if left <= 0:
                 break
-            n = int(self._tokens_of_work(left, depth))
+            n = int(self._tokens_of_work(left, depth, rows + lo))
             if n > hi:
                 best = int(hi)
                 continue
             if n >= lo:
                 best = n
-            break
+            if not cheaper_later or rows + lo > WIDE_ROWS:
+                break
         return best
 
     def amortising_tokens(self, depth: int, rows: int = 0, factor: float = 1.0) -> int:
@@ -157,7 +176,8 @@ class CostEstimate:
         × the chunk's overhead (its read and the steps it passes; at least 1)."""
         for lo, hi in self._spans(rows):
             work = factor * self.chunk_overhead_ms(depth, rows, lo)
-            n = max(lo, math.ceil(self._tokens_of_work(work, depth) - 1e-9)) if work > 0 else lo
+            n = max(lo, math.ceil(self._tokens_of_work(work, depth, rows + lo) - 1e-9)) \
+                if work > 0 else lo
             if n <= hi:
                 return n
         raise AssertionError("the last span is unbounded")  # pragma: no cover
@@ -174,16 +194,25 @@ class CostEstimate:
         spans.append((lo, math.inf))
         return spans
 
-    def work_ms(self, n_tokens: int, depth: int) -> float:
-        """A prompt chunk's own work, whatever the tick: its tokens and their scoring (what
-        prefill_ms adds to it is its overhead, chunk_overhead_ms)."""
+    def work_ms(self, n_tokens: int, depth: int, rows: int = 0) -> float:
+        """A prompt chunk's own work in a tick that already has `rows` rows: its tokens and
+        their scoring (what prefill_ms adds to it is its overhead, chunk_overhead_ms)."""
         return self.per_prefill_ms * n_tokens \
-            + self.per_prompt_kv_kpos_ms * attended(depth, n_tokens) / 1000.0
+            + self.prompt_kv_ms(rows + n_tokens) * attended(depth, n_tokens) / 1000.0
 
-    def _tokens_of_work(self, work_ms: float, depth: int) -> float:
-        """c where per_prefill·c + per_prompt_kv·attended(depth, c)/1000 = work_ms."""
-        a = self.per_prompt_kv_kpos_ms / 2000.0
-        b = max(self.per_prefill_ms, 1e-4) + self.per_prompt_kv_kpos_ms * (depth + 0.5) / 1000.0
+    def prompt_kv_ms(self, rows: int) -> float:
+        """What prompt tokens pay per 1000 KV positions they attend, in a tick of `rows`
+        rows."""
+        if rows > WIDE_ROWS and self.per_prompt_kv_wide_kpos_ms is not None:
+            return self.per_prompt_kv_wide_kpos_ms
+        return self.per_prompt_kv_kpos_ms
+
+    def _tokens_of_work(self, work_ms: float, depth: int, rows: int = 0) -> float:
+        """c where per_prefill·c + per_prompt_kv·attended(depth, c)/1000 = work_ms, at the
+        attention price of a tick of `rows` rows."""
+        kv_ms = self.prompt_kv_ms(rows)
+        a = kv_ms / 2000.0
+        b = max(self.per_prefill_ms, 1e-4) + kv_ms * (depth + 0.5) / 1000.0
         # The positive root of a·c² + b·c = work, in the form that stays exact as a → 0.
         return 2 * work_ms / (b + math.sqrt(b * b + 4 * a * work_ms))
 
@@ -203,20 +232,22 @@ def attended(n_past: int, n_tokens: int) -> int:
 
 class CostModel:
     """Ridge-anchored, exponentially weighted, non-negative least squares over
-    (1, prefill, decode, cache positions read/1000, prompt's attended/1000, and whether the
-    tick's rows pass each of ROW_EDGES)."""
+    (1, prefill, decode, cache positions read/1000, prompt's attended/1000 in a tick of up to
+    WIDE_ROWS rows and in a wider one, and whether the tick's rows pass each of ROW_EDGES)."""
 
-    _N = 5 + len(ROW_EDGES)
+    _N = 6 + len(ROW_EDGES)
     # Features are scaled to similar magnitudes before the ridge sees them: a tick has
     # ~1 fixed cost, tens of prompt tokens, a few decoders, a few thousand attended positions.
-    _SCALE = np.array([1.0, 1 / 32, 1.0, 1.0, 1.0] + [1.0] * len(ROW_EDGES))
+    _SCALE = np.array([1.0, 1 / 32, 1.0, 1.0, 1.0, 1.0] + [1.0] * len(ROW_EDGES))
     _RIDGE = 0.5  # prior weight, in ticks' worth of evidence per (scaled) coefficient
 
     def __init__(self, prior: CostEstimate | None = None, forgetting: float = 0.98) -> None:
         prior = prior or CostEstimate()
         steps = (list(prior.row_steps_ms) + [0.0] * len(ROW_EDGES))[:len(ROW_EDGES)]
+        wide = prior.per_prompt_kv_kpos_ms if prior.per_prompt_kv_wide_kpos_ms is None \
+            else prior.per_prompt_kv_wide_kpos_ms
         self._prior = np.array([prior.fixed_ms, prior.per_prefill_ms, prior.per_decode_ms,
-                                prior.per_kv_kpos_ms, prior.per_prompt_kv_kpos_ms]
+                                prior.per_kv_kpos_ms, prior.per_prompt_kv_kpos_ms, wide]
                                + steps) / self._SCALE
         self._a = np.zeros((self._N, self._N))  # Σ w x xᵀ (scaled features)
         self._b = np.zeros(self._N)  # Σ w x y
@@ -254,7 +285,8 @@ class CostModel:
         return CostEstimate(fixed_ms=float(t[0]), per_prefill_ms=max(float(t[1]), 1e-4),
                             per_decode_ms=float(t[2]), per_kv_kpos_ms=float(t[3]),
                             per_prompt_kv_kpos_ms=float(t[4]),
-                            row_steps_ms=tuple(float(v) for v in t[5:]), samples=self._samples)
+                            per_prompt_kv_wide_kpos_ms=float(t[5]),
+                            row_steps_ms=tuple(float(v) for v in t[6:]), samples=self._samples)
 
     @property
     def estimate(self) -> CostEstimate:
@@ -270,6 +302,10 @@ class CostModel:
         x = np.array([self._features(p, d, kv, pkv) for p, d, kv, pkv, _ in ticks])
         y = np.array([ms for *_, ms in ticks])
         self._prior = self._solve(x.T @ x, x.T @ y, ridge=1e-3)
+        if not any(pkv and p + d > WIDE_ROWS for p, d, _, pkv, _ in ticks):
+            # no wide tick scored prompt tokens (a slow device's short schedule): the fit
+            # knows nothing of its price, and the generic prior's would be free
+            self._prior[5] = self._prior[4]
         self._theta = self._prior.copy()
         self._estimate = self._freeze()
 
@@ -301,8 +337,10 @@ class CostModel:
     def _features(self, prefill_tokens: int, decode_tokens: int, kv_positions: int,
                   prompt_kv_positions: int) -> np.ndarray:
         rows = prefill_tokens + decode_tokens
+        wide = rows > WIDE_ROWS
         features: np.ndarray = np.array(
             [1.0, prefill_tokens, decode_tokens, kv_positions / 1000.0,
-             prompt_kv_positions / 1000.0] + [float(rows > edge) for edge in ROW_EDGES]) \
-            * self._SCALE
+             0.0 if wide else prompt_kv_positions / 1000.0,
+             prompt_kv_positions / 1000.0 if wide else 0.0]
+            + [float(rows > edge) for edge in ROW_EDGES]) * self._SCALE
         return features

@@ -59,7 +59,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from uma.config import EngineConfig
-from uma.sched.cost import CostEstimate
+from uma.sched.cost import WIDE_ROWS, CostEstimate
 from uma.sched.policy import (
     admit_by_class,
     decode_kv,
@@ -206,7 +206,7 @@ class SloPolicy:
             n = min(s.prefill_left, cap - used, cost.chunk_tokens(spare_ms, s.n_past, at))
             if rescue_ms is None and 0 < n < min(
                     s.prefill_left, cap - used, cost.chunk_tokens(largest_ms, s.n_past, at)) \
-                    and cost.work_ms(n, s.n_past) \
+                    and cost.work_ms(n, s.n_past, at) \
                     < self.step_amortise * cost.chunk_overhead_ms(s.n_past, at, n):
                 n = 0  # mostly overhead: the time is worth more saved for a chunk that amortises it
             if n <= 0 and not items and rescue_ms is not None:
@@ -585,7 +585,7 @@ def first_tokens(policy: SloPolicy, state: SchedulerState, d: Lanes,
         else:
             beside_ms = a.decode_ms + ms
             overhead_ms = cost.chunk_overhead_ms(s.n_past, at)
-            work_ms = cost.work_ms(s.prefill_left, s.n_past)
+            work_ms = cost.work_ms(s.prefill_left, s.n_past, at)
             # its time in whole beside this tick's decoders, had it gone in at arrival
             due_ms = policy.ttft_stretch * (cost.prefill_ms(new, s.n_cached, at) + beside_ms)
             left_ms = due_ms - (state.now_ns - s.arrival_ns) / 1e6
@@ -682,10 +682,10 @@ def background_floor(policy: SloPolicy, state: SchedulerState, d: Lanes, a: Allo
     back = [s for s in a.waiting if s.seq_id in d.back_ids]
     if policy.background_share <= 0 or not d.inter_dec or not back:
         return c
-    s, cost = back[0], state.cost
+    s = back[0]
     used = sum(i.n_tokens for i in c.prefill)
     chunk_ms = floor_chunk_ms(policy, state, s, a, used)
-    due_ms = chunk_ms
+    n, due_ms = wide_floor_chunk(state, s, a.rows + used, chunk_ms)
     if policy.ride_share > 0:
         # Background prompts ride in the streams' own prompt ticks (ride_along), so a floor
         # chunk of its own waits until what is owed reaches its cap (two chunks), for a ride
@@ -693,6 +693,7 @@ def background_floor(policy: SloPolicy, state: SchedulerState, d: Lanes, a: Allo
         # every tick: priced past a prompt's row steps, it fell short of the debt, and rides
         # were never owed enough to take a chunk.
         chunk_ms = floor_chunk_ms(policy, state, s, a, 0)
+        n = wide_floor_chunk(state, s, a.rows, chunk_ms)[0]
         due_ms = 2 * chunk_ms - 1e-9
     if f.items or c.back_ms > 0 or d.mem.owed_ms < due_ms:
         return c._replace(floor_ms=chunk_ms)
@@ -700,12 +701,30 @@ def background_floor(policy: SloPolicy, state: SchedulerState, d: Lanes, a: Allo
     # the GPU's decode jitter kept halving the cap (11-16 % of its ticks overran even with no
     # background work), so that capped floor chunks of 16-64 tokens gave an 8B model's
     # 6,000-token prompts a fraction of their share.
-    n = min(s.prefill_left, a.room - used,
-            max(1, cost.chunk_tokens(chunk_ms, s.n_past, a.rows + used)))
+    n = min(s.prefill_left, a.room - used, n)
     if n <= 0:
         return c._replace(floor_ms=chunk_ms)
     item = BatchItem(s.seq_id, Phase.PREFILL, n, logits=n == s.prefill_left)
     return _priced(state, a.rows, c.prefill + (item,), d.back_ids, chunk_ms)
+
+
+def wide_floor_chunk(state: SchedulerState, s: SessionView, rows: int,
+                     chunk_ms: float) -> tuple[int, float]:
+    """A floor chunk's tokens, and what must be owed before it runs: what chunk_ms buys in a
+    tick of `rows` rows, or, where that leaves the tick narrow and a wide tick scores prompt
+    tokens cheaper (uma.sched.cost.WIDE_ROWS), what twice chunk_ms buys, if that moves at
+    least twice the tokens per ms; it then waits for its own time to be owed (at most the
+    cap, two chunks). On the 2-core CPU a floor chunk of 9 tokens took 105 ms where 61 took
+    about as long: ggml's CPU flash attention scores fewer than 64 query rows one at a time."""
+    cost = state.cost
+    n = max(1, cost.chunk_tokens(chunk_ms, s.n_past, rows))
+    if cost.prompt_kv_ms(WIDE_ROWS + 1) >= cost.prompt_kv_ms(rows + n):
+        return n, chunk_ms
+    grown = min(s.prefill_left, cost.chunk_tokens(2 * chunk_ms, s.n_past, rows))
+    grown_ms = cost.prefill_ms(grown, s.n_past, rows)
+    if grown > n and grown * cost.prefill_ms(n, s.n_past, rows) >= 2 * n * grown_ms:
+        return grown, max(chunk_ms, grown_ms)
+    return n, chunk_ms
 
 
 def floor_chunk_ms(policy: SloPolicy, state: SchedulerState, s: SessionView, a: Allowance,
