@@ -34,9 +34,7 @@ One tick's plan is built in stages, each a pure function of the snapshot:
    (idle_amortise): background runs at full speed.
    Before a floor chunk of its own, background prompts ride in ticks that a new interactive
    prompt stretches anyway (ride_along): such ticks are the streams' own tail, alone as in a
-   storm, and a chunk adding at most ride_share to one adds no gap past the p95. Where the
-   device's row steps make the chunk cheap there (the tick already left its matrix-vector
-   kernels), it pays the floor what it would have cost on its own.
+   storm, and a chunk adding at most ride_share to one adds no gap past the p95.
 6. No starvation, the backstop: background work that made no progress for max_starve_ticks
    ticks gets one decoder served, or the prompt chunk that fits rescue_slack × budget (at
    least one token; where one token outgrows every pause, a chunk that amortises its read of
@@ -650,9 +648,7 @@ def ride_along(policy: SloPolicy, state: SchedulerState, d: Lanes, a: Allowance,
     new gap past their p95; a floor chunk of its own is one. Under Vulkan on an H100, where a
     stream's new 32-token prompt beside eight decoders took 20 ms against 4 ms for a decode
     tick, floor chunks made 2.9 % of the storm's ticks and put its p95 at 1.4-2.4x alone.
-    The chunk pays the floor what it would have cost in a tick of its own (priced right after
-    the decoders): the row steps it rides past (a GPU's, once the tick left its matrix-vector
-    kernels) are paid by the prompt already."""
+    The chunk pays the floor what it adds to the tick."""
     back = [s for s in a.waiting if s.seq_id in d.back_ids]
     if policy.ride_share <= 0 or not f.items or not d.inter_dec or not back \
             or c.back_ms > 0 or d.mem.owed_ms <= 0:
@@ -684,18 +680,17 @@ def background_floor(policy: SloPolicy, state: SchedulerState, d: Lanes, a: Allo
         return c
     s = back[0]
     used = sum(i.n_tokens for i in c.prefill)
-    chunk_ms = floor_chunk_ms(policy, state, s, a, used)
+    rides = policy.ride_share > 0
+    # Where background prompts ride in the streams' own prompt ticks (ride_along), a floor
+    # chunk of its own waits until what is owed reaches its cap (two chunks), for a ride to
+    # pay it first. The cap then counts chunks of its own (right after the decoders) in every
+    # tick: priced past a prompt's row steps, it fell short of the debt, and rides were never
+    # owed enough to take a chunk.
+    chunk_ms = floor_chunk_ms(policy, state, s, a, 0 if rides else used)
+    if f.items or c.back_ms > 0 or d.mem.owed_ms < (2 * chunk_ms - 1e-9 if rides else chunk_ms):
+        return c._replace(floor_ms=chunk_ms)
     n, due_ms = wide_floor_chunk(state, s, a.rows + used, chunk_ms)
-    if policy.ride_share > 0:
-        # Background prompts ride in the streams' own prompt ticks (ride_along), so a floor
-        # chunk of its own waits until what is owed reaches its cap (two chunks), for a ride
-        # to pay it first. The cap counts chunks of its own (right after the decoders) in
-        # every tick: priced past a prompt's row steps, it fell short of the debt, and rides
-        # were never owed enough to take a chunk.
-        chunk_ms = floor_chunk_ms(policy, state, s, a, 0)
-        n = wide_floor_chunk(state, s, a.rows, chunk_ms)[0]
-        due_ms = 2 * chunk_ms - 1e-9
-    if f.items or c.back_ms > 0 or d.mem.owed_ms < due_ms:
+    if d.mem.owed_ms < due_ms:  # a grown chunk waits for its own time to be owed
         return c._replace(floor_ms=chunk_ms)
     # Not capped by the slow start: a floor chunk is a planned pause, sized by its time, and
     # the GPU's decode jitter kept halving the cap (11-16 % of its ticks overran even with no
