@@ -27,7 +27,7 @@ import numpy as np
 
 import uma
 from uma import synth
-from uma.sched.cost import ROW_EDGES
+from uma.sched.cost import RAGGED_EDGES, ROW_EDGES
 from uma.sched.slo import SloPolicy
 from uma.sched.state import Phase, PlanNotes, Priority
 
@@ -119,6 +119,8 @@ class Tick(NamedTuple):
     decoders: int
     ms: float  # the whole tick
     decode_ms: float  # llama_decode's own time (GIL released)
+    call_ms: float  # the decode call as the executor times it (on a GPU: once queued)
+    sample_ms: float  # sampling, with the wait for the device's logits
     predicted_ms: float
     budget_ms: float
     held: bool  # the guard held prompts back
@@ -136,7 +138,7 @@ class CompactTrace(list):
     as the longest ticks of the very run that measured them."""
 
     def append(self, tick: tuple) -> None:
-        n_prefill, n_decode, _decode_s, _sample_s, tick_s, native_s, plan = tick
+        n_prefill, n_decode, call_s, sample_s, tick_s, native_s, plan = tick
         notes = plan.notes or PlanNotes()
         prompts = {Priority.BACKGROUND if i.seq_id in notes.background else Priority.INTERACTIVE
                    for i in plan.items if i.phase is Phase.PREFILL}
@@ -145,6 +147,7 @@ class CompactTrace(list):
                 else "decode only")
         mem = plan.memory
         super().append(Tick(kind, n_prefill, n_decode, tick_s * 1e3, native_s * 1e3,
+                            call_s * 1e3, sample_s * 1e3,
                             notes.predicted_ms, notes.budget_ms, notes.guard_active,
                             notes.overruns, notes.line_ms, notes.target_ms,
                             getattr(mem, "owed_ms", 0.0), getattr(mem, "credit_ms", 0.0),
@@ -265,7 +268,10 @@ def report(name: str, knobs: dict, alone: dict, storm: dict, cost) -> None:
           f"{cost.per_prompt_kv_kpos_ms:.4f} (prompt) "
           f"{cost.prompt_kv_ms(1 << 20):.4f} (prompt, wide)  "
           "steps past " + " ".join(f"{edge}:{ms:.2f}" for edge, ms in
-                                   zip(ROW_EDGES, cost.row_steps_ms, strict=False)), flush=True)
+                                   zip(ROW_EDGES, cost.row_steps_ms, strict=False))
+          + "  ragged past " + " ".join(f"{edge}:{ms:.2f}" for edge, ms in
+                                      zip(RAGGED_EDGES, cost.ragged_ms, strict=False)),
+          flush=True)
 
 
 def print_phase(phase: dict) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from uma.errors import UmaError
-from uma.sched.cost import ROW_EDGES, WIDE_ROWS, attended
+from uma.sched.cost import RAGGED_EDGES, ROW_EDGES, WIDE_ROWS, attended
 
 # (prompt tokens, decode rows, cache positions read, KV positions the prompt attends, ms)
 Timed = tuple[int, int, int, int, float]
@@ -100,15 +100,19 @@ class DeviceTiming:
 
     def _mixed_shapes(self, largest: int) -> list[tuple[int, int]]:
         """(prompt tokens, decode rows) of the shapes beside decoders: up to eight decode rows
-        (on sequences 1.., the prompt on 0), with and without one prompt token, and prompt
-        chunks that take the batch 8 rows into each row class past eight (16, 24, 40, 72, 136
-        and 264 rows), as far as `largest` prompt tokens and the batch allow."""
+        (on sequences 1.., the prompt on 0), with and without one prompt token, prompt chunks
+        that take the batch 8 rows into each row class past eight (16, 24, 40, 72, 136 and 264
+        rows: ragged past 16, uma.sched.cost.ragged_span) and to the top of each from 32 on
+        (32, 64, 128 and 256 rows: powers of two), as far as `largest` prompt tokens and the
+        batch allow. The pairs tell a row step from a ragged price: under Vulkan on an H100
+        a 64-row tick cost less than a 40-row one."""
         rows = max(0, min(8, self.ctx.n_seq_max - 1, self.batch.capacity - 1))
         shapes = [(0, rows), (1, rows)] if rows else []
         for edge in ROW_EDGES:
-            n = edge + 8 - rows
-            if edge >= 8 and n <= largest and n + rows <= self.batch.capacity:
-                shapes.append((n, rows))
+            for total in (edge + 8, edge if edge >= 2 * RAGGED_EDGES[0] else 0):
+                n = total - rows
+                if edge >= 8 and 0 < n <= largest and total <= self.batch.capacity:
+                    shapes.append((n, rows))
         return shapes
 
     def _time_shapes(self, tokens: np.ndarray, shapes: list[tuple[int, int]], passes: int,

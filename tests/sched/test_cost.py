@@ -10,11 +10,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from uma.sched.cost import (
+    RAGGED_EDGES,
     ROW_EDGES,
     WIDE_ROWS,
     CostEstimate,
     CostModel,
     attended,
+    next_even_rows,
+    ragged_span,
     row_steps,
 )
 
@@ -266,3 +269,60 @@ def test_calibration_shapes_across_the_size_classes_price_each_step():
         for n in (1, 8, 24, 60, 200):
             assert model.estimate.prefill_ms(n, 0, rows) == pytest.approx(
                 VULKAN.prefill_ms(n, 0, rows), abs=0.3), (rows, n)
+
+
+# Vulkan on an H100, roughly (benches/chunk_cost.py): a tick of 32, 64, 128 or 256 rows runs
+# its matrix tiles whole; between them it pays a ragged price besides the row steps.
+RAGGED = dataclasses.replace(VULKAN, ragged_ms=(4.0, 6.0, 20.0, 8.0))
+
+
+def test_a_tick_is_ragged_past_16_rows_where_its_rows_are_not_a_power_of_two():
+    assert [ragged_span(r) for r in (8, 16, 17, 31, 32, 33, 64, 65, 128, 129, 256, 300, 512)] \
+        == [-1, -1, 0, 0, -1, 1, -1, 2, -1, 3, -1, 3, -1]
+    assert [next_even_rows(r) for r in (5, 16, 17, 39, 64, 70, 129)] \
+        == [5, 16, 32, 64, 64, 128, 256]
+    # from 32 rows to 33 the tick passes a step and turns ragged; from 63 to 64 it evens out
+    assert RAGGED.predict(25, 8) - RAGGED.predict(24, 8) == pytest.approx(0.1 + 5.0 + 6.0)
+    assert RAGGED.predict(56, 8) - RAGGED.predict(55, 8) == pytest.approx(0.1 - 6.0)
+
+
+def test_a_chunk_that_evens_out_a_ragged_tick_costs_less_than_nothing_and_chunks_prefer_it():
+    # a new 32-token prompt beside seven decoders is 39 rows; 25 more tokens make it 64
+    assert RAGGED.prefill_ms(25, 0, rows=39) == pytest.approx(25 * 0.1 - 6.0)
+    assert RAGGED.prefill_ms(24, 0, rows=39) == pytest.approx(24 * 0.1)
+    # beside eight decoders, 20 ms buys the 56 tokens that end at 64 rows, where none of the
+    # ragged sizes above 32 rows fits (they pay 6 ms more)
+    assert RAGGED.prefill_ms(25, 0, rows=8) > 20.0 >= RAGGED.prefill_ms(56, 0, rows=8)
+    assert RAGGED.chunk_tokens(20.0, 0, rows=8) == 56
+    assert RAGGED.chunk_tokens(19.0, 0, rows=8) == 24  # 32 rows
+
+
+@given(spare=st.floats(0, 200), rows=st.integers(0, 300), depth=st.integers(0, 5000),
+       steps=st.lists(st.floats(0, 20), min_size=len(ROW_EDGES), max_size=len(ROW_EDGES)),
+       ragged=st.lists(st.floats(0, 30), min_size=len(RAGGED_EDGES),
+                       max_size=len(RAGGED_EDGES)))
+def test_with_ragged_prices_chunk_tokens_is_still_the_largest_chunk_its_time_buys(
+        spare, rows, depth, steps, ragged):
+    est = CostEstimate(per_prefill_ms=0.2, per_kv_kpos_ms=0.5, per_prompt_kv_kpos_ms=0.01,
+                       row_steps_ms=tuple(steps), ragged_ms=tuple(ragged))
+    n = est.chunk_tokens(spare, depth, rows)
+    assert n == 0 or est.prefill_ms(n, depth, rows) <= spare + 1e-6
+    # no larger chunk fits, the even sizes past it included
+    for m in [*range(n + 1, n + 80), *(next_even_rows(rows + n + k) - rows for k in (1, 100))]:
+        assert est.prefill_ms(m, depth, rows) > spare - 1e-6
+
+
+def test_calibration_tells_the_ragged_prices_from_the_steps():
+    # uma.calibration's shapes beside eight decoders: ragged ones 8 rows into each row class,
+    # even ones at the top of each from 32 rows (decode rows alone and a chunk alone besides)
+    shapes = [(0, 1), (0, 4), (1, 0), (8, 0), (64, 0), (0, 8), (1, 8)]
+    shapes += [(total - 8, 8) for total in (16, 24, 32, 40, 64, 72, 128, 136, 256, 264)]
+    model = CostModel()
+    model.calibrate([(p, d, 0, 0, RAGGED.predict(p, d)) for p, d in shapes])
+    est = model.estimate
+    # the pairs pin the ragged prices near the truth (the shapes leave a little slack between
+    # them and the steps), and the shapes between the pairs are priced as they cost
+    assert est.ragged_ms == pytest.approx(RAGGED.ragged_ms, rel=0.2)
+    for total in (20, 48, 100, 200):
+        assert est.predict(total - 8, 8) == pytest.approx(RAGGED.predict(total - 8, 8), abs=1.0)
+    assert est.predict(56, 8) < est.predict(32, 8) and est.predict(120, 8) < est.predict(64, 8)

@@ -8,7 +8,7 @@ import math
 
 from uma.sched import slo
 from uma.sched.bmt import BmtModel
-from uma.sched.cost import WIDE_ROWS, CostEstimate
+from uma.sched.cost import WIDE_ROWS, CostEstimate, row_steps
 from uma.sched.slo import SloMemory, SloPolicy
 from uma.sched.state import Phase
 
@@ -27,6 +27,17 @@ def run_to(step: str, sessions, **kw):
     cap = slo.bmt_guard(P, st, d, b, dec, a)
     return {"state": st, "lanes": d, "budget": b, "decoders": dec, "allowance": a,
             "cap": cap}[step] if step != "all" else (st, d, b, dec, a, cap)
+
+
+def floored(policy, st):
+    """The lanes, the allowance and the prompt chunks up to the background floor's."""
+    d = slo.lanes(policy, st)
+    b = slo.latency_budget(policy, st, d)
+    dec = slo.qos_decoders(policy, st, d, b)
+    a = slo.prompt_allowance(policy, st, d, b, dec)
+    first = slo.first_tokens(policy, st, d, a)
+    return d, a, slo.background_floor(policy, st, d, a, first, slo.prompt_chunks(
+        policy, st, d, a, slo.bmt_guard(policy, st, d, b, dec, a), first))
 
 
 def test_lanes_sort_sessions_by_class_and_phase_and_start_the_memory():
@@ -166,13 +177,7 @@ def test_a_floor_chunk_grows_past_the_wide_edge_where_wide_ticks_score_cheaper()
     def floor(cost, owed_ms):  # held after an overrun: only the floor moves prompts
         st = dataclasses.replace(state([*streams, back], memory=SloMemory(
             s=8, k=2, chunk_cap=16, hold=3, owed_ms=owed_ms)), cost=cost)
-        d = slo.lanes(P, st)
-        b = slo.latency_budget(P, st, d)
-        dec = slo.qos_decoders(P, st, d, b)
-        a = slo.prompt_allowance(P, st, d, b, dec)
-        first = slo.first_tokens(P, st, d, a)
-        c = slo.background_floor(P, st, d, a, first, slo.prompt_chunks(
-            P, st, d, a, slo.bmt_guard(P, st, d, b, dec, a), first))
+        c = floored(P, st)[2]
         return c.floor_ms, [i.n_tokens for i in c.prefill if i.seq_id == 9], c.prefill_ms
 
     chunk_ms, _, _ = floor(narrow, 0.0)
@@ -183,3 +188,35 @@ def test_a_floor_chunk_grows_past_the_wide_edge_where_wide_ticks_score_cheaper()
     _, grown, grown_ms = floor(wide, 2 * chunk_ms)
     assert grown[0] > WIDE_ROWS - 3 and grown[0] >= 2 * small[0]
     assert chunk_ms < grown_ms <= 2 * chunk_ms + 1e-9
+
+
+# Vulkan on an H100, roughly (uma.sched.cost): past eight rows the matrix kernels cost a step,
+# and a tick whose rows are not a power of two pays a ragged price on top.
+EVEN = CostEstimate(fixed_ms=4.0, per_prefill_ms=0.05, per_decode_ms=0.1,
+                    row_steps_ms=row_steps(r8=9.0, r32=5.0, r64=15.0),
+                    ragged_ms=(4.0, 6.0, 20.0, 8.0))
+
+
+def test_a_ragged_tick_takes_the_background_tokens_that_even_it_out_where_that_costs_nothing():
+    streams = [session(i, INT, Phase.DECODE) for i in range(7)]
+    new = session(7, INT, Phase.PREFILL, prompt=32)  # 7 decoders + 32 prompt tokens: 39 rows
+
+    def planned(cost, back_prompt=3000, policy=P):
+        sessions = [*streams, new, session(9, BG, Phase.PREFILL, prompt=back_prompt)]
+        st = dataclasses.replace(state(sessions, memory=SloMemory(s=8, k=2, chunk_cap=16)),
+                                 cost=cost)
+        d, a, c = floored(policy, st)
+        return c, slo.even_out(policy, st, d, a, c)
+
+    before, even = planned(EVEN)
+    assert [(i.seq_id, i.n_tokens) for i in before.prefill] == [(7, 32)]
+    # 25 background tokens take the tick to 64 rows: predicted shorter than the 39 alone
+    assert [(i.seq_id, i.n_tokens) for i in even.prefill] == [(7, 32), (9, 25)]
+    assert even.prefill_ms < before.prefill_ms
+    assert even.back_ms == 0.0  # the floor counts it as free, not as less than nothing
+    # where a ragged tick costs nothing more (a CPU), or with the knob off, nothing changes
+    flat = planned(dataclasses.replace(EVEN, ragged_ms=()))
+    assert flat[1] == flat[0] and [i.seq_id for i in flat[0].prefill] == [7]
+    assert planned(EVEN, policy=dataclasses.replace(P, even_rows=False))[1] == before
+    # a background prompt too short to fill the rows is passed over
+    assert planned(EVEN, back_prompt=20)[1] == planned(EVEN, back_prompt=20)[0]

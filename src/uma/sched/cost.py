@@ -4,6 +4,7 @@
               + per_kv · (cache positions read) / 1000
               + per_prompt_kv · (KV positions the prompt tokens attend) / 1000
               + Σ row_steps[i] · (the tick's rows > ROW_EDGES[i])
+              + ragged[j] · (the tick's rows are ragged, in the j-th span of RAGGED_EDGES)
 
 with per_prompt_kv one price for ticks of up to WIDE_ROWS rows and another past them.
 
@@ -20,6 +21,16 @@ handful of tokens every tick, and it prices a chunk by the rows already in the t
 the step is paid by whichever chunk crosses it. Steps are non-negative; a chunk's price
 falls as it grows only where it takes the tick past WIDE_ROWS and the wide tick's attention
 is cheaper (below). On a CPU the steps are small.
+
+A tick whose rows are past 16 and not a power of two is *ragged*, and pays its span's ragged
+price besides the steps. Under Vulkan on an H100 (1B f16, eight decoders and a chunk,
+benches/chunk_cost.py) 32, 64, 128, 256 and 512 rows took 17, 22, 34, 57 and 110 ms, and the
+rows between them 21 (24 rows), 27-29 (40-56), 50-55 (72-104) and 42-48 (136-144): the
+matrix kernels run their tiles whole only for some batch sizes, so a 64-row tick costs less
+than a 40-row one, and a new 32-token prompt beside seven decoders (39 rows) cost the streams
+more than 56 background tokens beside eight (64 rows). Priced, a chunk that takes a ragged
+tick to the next power of two can cost nothing or less (step_ms is then negative), and
+chunk_tokens counts such sizes. On a CPU the prices are about nothing.
 
 Scoring prompt tokens has two prices because ggml has two ways to do it: the CPU's flash
 attention runs its tiled, matrix-multiply path only for a batch of at least 64 query rows and
@@ -68,6 +79,22 @@ ROW_EDGES = (1, 8, 16, 32, 64, 128, 256)
 # kpos_ms): the CPU's flash attention tiles 64 query rows. It is a row edge, so that a chunk
 # size between two edges has one price throughout (a 64-row tick is priced as a narrow one).
 WIDE_ROWS = 64
+# A tick of more than RAGGED_EDGES[0] rows that is not a power of two is ragged, and pays the
+# ragged price of the span of these edges its rows fall in (the last span is unbounded).
+RAGGED_EDGES = (16, 32, 64, 128)
+
+
+def ragged_span(rows: int) -> int:
+    """The span of RAGGED_EDGES a ragged tick of `rows` rows falls in; -1 if it is not ragged
+    (at most RAGGED_EDGES[0] rows, or a power of two)."""
+    if rows <= RAGGED_EDGES[0] or rows & (rows - 1) == 0:
+        return -1
+    return bisect.bisect_left(RAGGED_EDGES, rows) - 1
+
+
+def next_even_rows(rows: int) -> int:
+    """The fewest rows, at least `rows`, of a tick that is not ragged."""
+    return rows if ragged_span(rows) < 0 else 1 << (rows - 1).bit_length()
 
 
 def row_steps(**at: float) -> tuple[float, ...]:
@@ -96,6 +123,8 @@ class CostEstimate:
     per_prompt_kv_kpos_ms: float = 0.0  # per 1000 KV positions prompt tokens attend
     per_prompt_kv_wide_kpos_ms: float | None = None  # the same in a tick of more than
     # WIDE_ROWS rows (None: the same price)
+    ragged_ms: tuple[float, ...] = ()  # what a ragged tick pays, by span of RAGGED_EDGES
+    # (missing ones: 0)
     samples: int = 0  # ticks the estimate has learned from
     # the steps' running sums: _passed[i] is what a tick whose rows pass the first i edges
     # pays. Policies price chunks dozens of times a tick; summing the steps each time made
@@ -117,16 +146,28 @@ class CostEstimate:
             + self.per_decode_ms * decode_tokens
             + self.per_kv_kpos_ms * kv_positions / 1000.0
             + self.prompt_kv_ms(prefill_tokens + decode_tokens) * prompt_kv_positions / 1000.0
-            + self.rows_ms(prefill_tokens + decode_tokens)
+            + self.shape_ms(prefill_tokens + decode_tokens)
         )
 
     def rows_ms(self, rows: int) -> float:
         """The steps a tick of `rows` rows has passed (the edges below `rows`)."""
         return self._passed[bisect.bisect_left(ROW_EDGES, rows)]
 
+    def ragged_of(self, rows: int) -> float:
+        """What a tick of `rows` rows pays for being ragged (0 if it is not)."""
+        span = ragged_span(rows)
+        return self.ragged_ms[span] if 0 <= span < len(self.ragged_ms) else 0.0
+
+    def shape_ms(self, rows: int) -> float:
+        """What a tick of `rows` rows pays for its size: the steps it passed, and its ragged
+        price."""
+        return self.rows_ms(rows) + self.ragged_of(rows)
+
     def step_ms(self, rows: int, n_tokens: int) -> float:
-        """The steps a chunk of n_tokens passes in a tick that already has `rows` rows."""
-        return self.rows_ms(rows + n_tokens) - self.rows_ms(rows) if n_tokens > 0 else 0.0
+        """What a chunk of n_tokens changes in what a tick that already has `rows` rows pays
+        for its size: the steps it passes, and the ragged price it adds or takes away (a chunk
+        that takes a ragged tick to a power of two takes it away: negative)."""
+        return self.shape_ms(rows + n_tokens) - self.shape_ms(rows) if n_tokens > 0 else 0.0
 
     def prefill_ms(self, n_tokens: int, depth: int, rows: int = 0) -> float:
         """What a prompt chunk of n_tokens starting at KV position `depth` adds to a tick that
@@ -148,38 +189,60 @@ class CostEstimate:
         spare_ms to a tick that already has `rows` rows. Between two row edges the steps are
         fixed and the rest grows with the chunk (the root of per_prefill·c +
         per_prompt_kv·attended(depth, c)/1000 = what is left), so each span between edges
-        gives its own largest chunk, and the largest of those wins."""
+        gives its own largest chunk, and the largest of those wins. Within a span, a chunk that
+        leaves the tick at a power of two pays no ragged price and may fit where the sizes
+        below it do not."""
         if math.isinf(spare_ms):
             return 1 << 30  # no limit
         # The steps never fall, so what a span leaves for work only shrinks from one span to
-        # the next: past the first span whose largest chunk ends inside it, none fits, unless
-        # a later span's attention is cheaper (a wide tick's).
+        # the next, and so does its even end (a power of two, no ragged price): past the first
+        # span that does not fit whole, none fits, unless a later span's attention is cheaper
+        # (a wide tick's).
         best = 0
         cheaper_later = self.prompt_kv_ms(WIDE_ROWS + 1) < self.prompt_kv_ms(rows + 1)
         for lo, hi in self._spans(rows):
-            left = spare_ms - self.chunk_overhead_ms(depth, rows, lo)
-            if left <= 0:
-                break
-            n = int(self._tokens_of_work(left, depth, rows + lo))
-            if n > hi:
+            fit = self._span_fit(spare_ms, depth, rows, lo, hi)
+            if fit >= hi:
                 best = int(hi)
                 continue
-            if n >= lo:
-                best = n
+            best = max(best, fit)
             if not cheaper_later or rows + lo > WIDE_ROWS:
                 break
+        return best
+
+    def _span_fit(self, spare_ms: float, depth: int, rows: int, lo: int, hi: float) -> int:
+        """The largest chunk in [lo, hi] (chunk sizes that pass the same row steps) that adds
+        at most spare_ms; 0 if none. Its ragged sizes share one price (each pays the span's
+        ragged price, or none at 16 rows or fewer) and grow dearer with the chunk; the sizes
+        that leave the tick at a power of two are priced on their own."""
+        best = 0
+        first = lo + 1 if hi > lo and ragged_span(rows + lo) < 0 <= ragged_span(rows + lo + 1) \
+            else lo
+        left = spare_ms - self.chunk_overhead_ms(depth, rows, first)
+        if left > 0:
+            n = min(hi, int(self._tokens_of_work(left, depth, rows + first)))
+            best = int(n) if n >= first else 0
+        even = next_even_rows(rows + max(best, lo - 1) + 1)
+        while even - rows <= hi and self.prefill_ms(even - rows, depth, rows) <= spare_ms + 1e-9:
+            best = even - rows
+            even = next_even_rows(even + 1)
         return best
 
     def amortising_tokens(self, depth: int, rows: int = 0, factor: float = 1.0) -> int:
         """The fewest prompt tokens, in a chunk starting at KV position `depth` in a tick that
         already has `rows` rows, whose own work (tokens and their scoring) is at least factor
-        × the chunk's overhead (its read and the steps it passes; at least 1)."""
+        × the chunk's overhead (its read, the steps it passes, its ragged price; at least 1).
+        Where a span's sizes do not, the one that leaves the tick at a power of two may."""
         for lo, hi in self._spans(rows):
             work = factor * self.chunk_overhead_ms(depth, rows, lo)
             n = max(lo, math.ceil(self._tokens_of_work(work, depth, rows + lo) - 1e-9)) \
                 if work > 0 else lo
             if n <= hi:
                 return n
+            even = next_even_rows(rows + lo) - rows
+            if even <= hi and self.work_ms(even, depth, rows) \
+                    >= factor * self.chunk_overhead_ms(depth, rows, even) - 1e-9:
+                return even
         raise AssertionError("the last span is unbounded")  # pragma: no cover
 
     def _spans(self, rows: int) -> list[tuple[int, float]]:
@@ -233,22 +296,26 @@ def attended(n_past: int, n_tokens: int) -> int:
 class CostModel:
     """Ridge-anchored, exponentially weighted, non-negative least squares over
     (1, prefill, decode, cache positions read/1000, prompt's attended/1000 in a tick of up to
-    WIDE_ROWS rows and in a wider one, and whether the tick's rows pass each of ROW_EDGES)."""
+    WIDE_ROWS rows and in a wider one, whether the tick's rows pass each of ROW_EDGES, and
+    whether they are ragged in each span of RAGGED_EDGES)."""
 
-    _N = 6 + len(ROW_EDGES)
+    _STEPS = 6  # the first row step's place among the coefficients
+    _RAGGED = _STEPS + len(ROW_EDGES)  # the first ragged price's
+    _N = _RAGGED + len(RAGGED_EDGES)
     # Features are scaled to similar magnitudes before the ridge sees them: a tick has
     # ~1 fixed cost, tens of prompt tokens, a few decoders, a few thousand attended positions.
-    _SCALE = np.array([1.0, 1 / 32, 1.0, 1.0, 1.0, 1.0] + [1.0] * len(ROW_EDGES))
+    _SCALE = np.array([1.0, 1 / 32, 1.0, 1.0, 1.0, 1.0] + [1.0] * (_N - _STEPS))
     _RIDGE = 0.5  # prior weight, in ticks' worth of evidence per (scaled) coefficient
 
     def __init__(self, prior: CostEstimate | None = None, forgetting: float = 0.98) -> None:
         prior = prior or CostEstimate()
         steps = (list(prior.row_steps_ms) + [0.0] * len(ROW_EDGES))[:len(ROW_EDGES)]
+        ragged = (list(prior.ragged_ms) + [0.0] * len(RAGGED_EDGES))[:len(RAGGED_EDGES)]
         wide = prior.per_prompt_kv_kpos_ms if prior.per_prompt_kv_wide_kpos_ms is None \
             else prior.per_prompt_kv_wide_kpos_ms
         self._prior = np.array([prior.fixed_ms, prior.per_prefill_ms, prior.per_decode_ms,
                                 prior.per_kv_kpos_ms, prior.per_prompt_kv_kpos_ms, wide]
-                               + steps) / self._SCALE
+                               + steps + ragged) / self._SCALE
         self._a = np.zeros((self._N, self._N))  # Σ w x xᵀ (scaled features)
         self._b = np.zeros(self._N)  # Σ w x y
         self._lambda = forgetting
@@ -286,7 +353,9 @@ class CostModel:
                             per_decode_ms=float(t[2]), per_kv_kpos_ms=float(t[3]),
                             per_prompt_kv_kpos_ms=float(t[4]),
                             per_prompt_kv_wide_kpos_ms=float(t[5]),
-                            row_steps_ms=tuple(float(v) for v in t[6:]), samples=self._samples)
+                            row_steps_ms=tuple(float(v) for v in t[self._STEPS:self._RAGGED]),
+                            ragged_ms=tuple(float(v) for v in t[self._RAGGED:]),
+                            samples=self._samples)
 
     @property
     def estimate(self) -> CostEstimate:
@@ -342,5 +411,7 @@ class CostModel:
             [1.0, prefill_tokens, decode_tokens, kv_positions / 1000.0,
              0.0 if wide else prompt_kv_positions / 1000.0,
              prompt_kv_positions / 1000.0 if wide else 0.0]
-            + [float(rows > edge) for edge in ROW_EDGES]) * self._SCALE
+            + [float(rows > edge) for edge in ROW_EDGES]
+            + [float(span == ragged_span(rows)) for span in range(len(RAGGED_EDGES))]) \
+            * self._SCALE
         return features

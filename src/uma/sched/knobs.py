@@ -152,6 +152,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("ride_share", Range(0, 10),
          "background chunks ride in new prompts' ticks, adding at most this x the tick (0: "
          "off)"),
+    Knob("even_rows", None,
+         "background tokens that round a tick's rows up to a power of two where that costs "
+         "no more (Vulkan: free work)"),
     Knob("idle_amortise", Range(0),
          "idle ticks stretch until a prompt chunk's work is this x its cache read: higher is "
          "faster prompts, later TTFT"),
