@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import pytest
+
 from uma.sched import slo
 from uma.sched.bmt import BmtModel
 from uma.sched.cost import WIDE_ROWS, CostEstimate, row_steps
@@ -220,3 +222,16 @@ def test_a_ragged_tick_takes_the_background_tokens_that_even_it_out_where_that_c
     assert planned(EVEN, policy=dataclasses.replace(P, even_rows=False))[1] == before
     # a background prompt too short to fill the rows is passed over
     assert planned(EVEN, back_prompt=20)[1] == planned(EVEN, back_prompt=20)[0]
+
+
+def test_a_floor_chunk_grows_where_twice_its_time_moves_floor_growth_times_the_tokens_per_ms():
+    back = session(9, BG, Phase.PREFILL, prompt=6000, prefilled=0)
+    st = dataclasses.replace(state([back]), cost=EVEN)
+    # beside eight decoders 21 ms buys 56 tokens (64 rows, 16.8 ms); twice that buys 248 (256
+    # rows, 41.4 ms: the steps past 8, 32 and 64 rows paid once), 1.8x the tokens per ms
+    assert slo.grown_floor_chunk(P, st, back, 8, 21.0) == (248, pytest.approx(41.4))
+    assert slo.grown_floor_chunk(dataclasses.replace(P, floor_growth=2.0), st, back, 8, 21.0) \
+        == (56, 21.0)
+    # a prompt with fewer tokens left than the grown chunk grows only as far as it goes
+    short = dataclasses.replace(back, n_prompt=100)
+    assert slo.grown_floor_chunk(P, st, short, 8, 21.0) == (56, 21.0)

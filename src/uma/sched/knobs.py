@@ -155,6 +155,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("even_rows", None,
          "background tokens that round a tick's rows up to a power of two where that costs "
          "no more (Vulkan: free work)"),
+    Knob("floor_growth", FACTOR,
+         "a floor chunk grows up to 2x its time where that moves this x the tokens per ms: "
+         "lower, fewer longer pauses"),
     Knob("idle_amortise", Range(0),
          "idle ticks stretch until a prompt chunk's work is this x its cache read: higher is "
          "faster prompts, later TTFT"),

@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from uma.config import EngineConfig
-from uma.sched.cost import WIDE_ROWS, CostEstimate, next_even_rows
+from uma.sched.cost import CostEstimate, next_even_rows
 from uma.sched.policy import (
     admit_by_class,
     decode_kv,
@@ -151,6 +151,8 @@ class SloPolicy:
     # prompt stretches anyway adds at most this × the tick to it (0: never rides)
     even_rows: bool = True  # a ragged tick takes the background tokens that make its rows a
     # power of two where the cost model prices that at no more (cost.ragged_span)
+    floor_growth: float = 1.5  # a floor chunk grows, up to twice its time, where that moves
+    # at least this × the tokens per ms (and runs less often)
     ttft_burst_tokens: int = 128  # an interactive request with at most this many new
     # tokens goes in whole, in one tick, even while streams decode
     ttft_stretch: float = 1.25  # a longer one's first token comes within this × the time it
@@ -694,7 +696,7 @@ def background_floor(policy: SloPolicy, state: SchedulerState, d: Lanes, a: Allo
     chunk_ms = floor_chunk_ms(policy, state, s, a, 0 if rides else used)
     if f.items or c.back_ms > 0 or d.mem.owed_ms < (2 * chunk_ms - 1e-9 if rides else chunk_ms):
         return c._replace(floor_ms=chunk_ms)
-    n, due_ms = wide_floor_chunk(state, s, a.rows + used, chunk_ms)
+    n, due_ms = grown_floor_chunk(policy, state, s, a.rows + used, chunk_ms)
     if d.mem.owed_ms < due_ms:  # a grown chunk waits for its own time to be owed
         return c._replace(floor_ms=chunk_ms)
     # Not capped by the slow start: a floor chunk is a planned pause, sized by its time, and
@@ -708,21 +710,22 @@ def background_floor(policy: SloPolicy, state: SchedulerState, d: Lanes, a: Allo
     return _priced(state, a.rows, c.prefill + (item,), d.back_ids, chunk_ms)
 
 
-def wide_floor_chunk(state: SchedulerState, s: SessionView, rows: int,
-                     chunk_ms: float) -> tuple[int, float]:
+def grown_floor_chunk(policy: SloPolicy, state: SchedulerState, s: SessionView, rows: int,
+                      chunk_ms: float) -> tuple[int, float]:
     """A floor chunk's tokens, and what must be owed before it runs: what chunk_ms buys in a
-    tick of `rows` rows, or, where that leaves the tick narrow and a wide tick scores prompt
-    tokens cheaper (uma.sched.cost.WIDE_ROWS), what twice chunk_ms buys, if that moves at
-    least twice the tokens per ms; it then waits for its own time to be owed (at most the
-    cap, two chunks). On the 2-core CPU a floor chunk of 9 tokens took 105 ms where 61 took
-    about as long: ggml's CPU flash attention scores fewer than 64 query rows one at a time."""
+    tick of `rows` rows, or what twice chunk_ms buys, where that moves at least floor_growth
+    × the tokens per ms; it then waits for its own time to be owed (at most the cap, two
+    chunks). Fewer, longer floor pauses for the same work: on the 2-core CPU a floor chunk of
+    9 tokens took 105 ms where 61 took about as long (ggml's CPU flash attention scores fewer
+    than 64 query rows one at a time), and under Vulkan on an H100 248 background tokens
+    beside eight decoders took 42 ms where 504 took 51 (uma.sched.cost's ragged prices)."""
     cost = state.cost
     n = max(1, cost.chunk_tokens(chunk_ms, s.n_past, rows))
-    if cost.prompt_kv_ms(WIDE_ROWS + 1) >= cost.prompt_kv_ms(rows + n):
-        return n, chunk_ms
     grown = min(s.prefill_left, cost.chunk_tokens(2 * chunk_ms, s.n_past, rows))
+    if grown <= n:
+        return n, chunk_ms
     grown_ms = cost.prefill_ms(grown, s.n_past, rows)
-    if grown > n and grown * cost.prefill_ms(n, s.n_past, rows) >= 2 * n * grown_ms:
+    if grown * cost.prefill_ms(n, s.n_past, rows) >= policy.floor_growth * n * grown_ms:
         return grown, max(chunk_ms, grown_ms)
     return n, chunk_ms
 
