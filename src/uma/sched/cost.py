@@ -20,7 +20,8 @@ saving up spare time spends it on one worthwhile chunk instead of paying a step 
 handful of tokens every tick, and it prices a chunk by the rows already in the tick (`rows`):
 the step is paid by whichever chunk crosses it. Steps are non-negative; a chunk's price
 falls as it grows only where it takes the tick past WIDE_ROWS and the wide tick's attention
-is cheaper (below). On a CPU the steps are small.
+is cheaper, or takes a ragged tick to a power of two (both below). On a CPU the steps are
+small.
 
 A tick whose rows are past 16 and not a power of two is *ragged*, and pays its span's ragged
 price besides the steps. Under Vulkan on an H100 (1B f16, eight decoders and a chunk,
