@@ -108,10 +108,11 @@ class DeviceTiming:
         a 64-row tick cost less than a 40-row one."""
         rows = max(0, min(8, self.ctx.n_seq_max - 1, self.batch.capacity - 1))
         shapes = [(0, rows), (1, rows)] if rows else []
-        for edge in ROW_EDGES:
-            for total in (edge + 8, edge if edge >= 2 * RAGGED_EDGES[0] else 0):
+        for edge in (e for e in ROW_EDGES if e >= 8):
+            even = (edge,) if edge > RAGGED_EDGES[0] else ()
+            for total in (edge + 8, *even):
                 n = total - rows
-                if edge >= 8 and 0 < n <= largest and total <= self.batch.capacity:
+                if 0 < n <= largest and total <= self.batch.capacity:
                     shapes.append((n, rows))
         return shapes
 

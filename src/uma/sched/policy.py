@@ -108,6 +108,12 @@ def decode_kv(sessions: Sequence[SessionView]) -> int:
     return sum(attended(s.n_past, 1) for s in sessions)
 
 
+def prompt_chunk(s: SessionView, n: int) -> BatchItem:
+    """A chunk of n of the session's prompt tokens; only the chunk that ends the prompt asks
+    for logits (its first token)."""
+    return BatchItem(s.seq_id, Phase.PREFILL, n, logits=n == s.prefill_left)
+
+
 def chunk_prefills(sessions: Sequence[SessionView], budget: int) -> list[BatchItem]:
     """Gives the budget to prefilling sessions in order, in chunks as large as possible."""
     items = []
@@ -115,6 +121,6 @@ def chunk_prefills(sessions: Sequence[SessionView], budget: int) -> list[BatchIt
         if budget <= 0:
             break
         n = min(s.prefill_left, budget)
-        items.append(BatchItem(s.seq_id, Phase.PREFILL, n, logits=n == s.prefill_left))
+        items.append(prompt_chunk(s, n))
         budget -= n
     return items

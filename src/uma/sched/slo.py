@@ -65,6 +65,7 @@ from uma.sched.policy import (
     admit_by_class,
     decode_kv,
     prefill_rank,
+    prompt_chunk,
     rotated,
     shed_for_room,
     shortest_background_first,
@@ -225,7 +226,7 @@ class SloPolicy:
                 n = min(s.prefill_left, room - used, n)
             if n <= 0:
                 break
-            items.append(BatchItem(s.seq_id, Phase.PREFILL, n, logits=n == s.prefill_left))
+            items.append(prompt_chunk(s, n))
             used += n
             spare_ms -= cost.prefill_ms(n, s.n_past, at)
         return items
@@ -599,7 +600,7 @@ def first_tokens(policy: SloPolicy, state: SchedulerState, d: Lanes,
         n = min(s.prefill_left, a.room - used, n)
         if n <= 0:
             break
-        items.append(BatchItem(s.seq_id, Phase.PREFILL, n, logits=n == s.prefill_left))
+        items.append(prompt_chunk(s, n))
         used += n
         ms += cost.prefill_ms(n, s.n_past, at)
     return FirstTokens(tuple(items), ms)
@@ -667,7 +668,7 @@ def ride_along(policy: SloPolicy, state: SchedulerState, d: Lanes, a: Allowance,
     n = min(s.prefill_left, a.room - used, cost.chunk_tokens(ride_ms, s.n_past, at))
     if n <= 0:
         return c
-    item = BatchItem(s.seq_id, Phase.PREFILL, n, logits=n == s.prefill_left)
+    item = prompt_chunk(s, n)
     return _priced(state, a.rows, c.prefill + (item,), d.back_ids, c.floor_ms)
 
 
@@ -706,7 +707,7 @@ def background_floor(policy: SloPolicy, state: SchedulerState, d: Lanes, a: Allo
     n = min(s.prefill_left, a.room - used, n)
     if n <= 0:
         return c._replace(floor_ms=chunk_ms)
-    item = BatchItem(s.seq_id, Phase.PREFILL, n, logits=n == s.prefill_left)
+    item = prompt_chunk(s, n)
     return _priced(state, a.rows, c.prefill + (item,), d.back_ids, chunk_ms)
 
 
@@ -759,21 +760,17 @@ def even_out(policy: SloPolicy, state: SchedulerState, d: Lanes, a: Allowance,
     n = next_even_rows(a.rows + used) - a.rows - used
     if not policy.even_rows or not back or n <= 0 or n > a.room - used:
         return c
-    last = c.prefill[-1] if c.prefill else None
+    last = c.prefill[-1].seq_id if c.prefill else None
     for s in back:
-        if last is not None and s.seq_id == last.seq_id:
-            grown = last.n_tokens + n
-            item, prefill = BatchItem(s.seq_id, Phase.PREFILL, grown,
-                                      logits=grown == s.prefill_left), c.prefill[:-1]
-        elif any(i.seq_id == s.seq_id for i in c.prefill):
+        grows = s.seq_id == last  # its chunk is the tick's last: it grows by n
+        if not grows and any(i.seq_id == s.seq_id for i in c.prefill):
             continue
-        else:
-            grown = n
-            item, prefill = BatchItem(s.seq_id, Phase.PREFILL, n,
-                                      logits=n == s.prefill_left), c.prefill
-        if grown > s.prefill_left:
+        prefill = c.prefill[:-1] if grows else c.prefill
+        tokens = n + (c.prefill[-1].n_tokens if grows else 0)
+        if tokens > s.prefill_left:
             continue
-        even = _priced(state, a.rows, prefill + (item,), d.back_ids, c.floor_ms)
+        even = _priced(state, a.rows, prefill + (prompt_chunk(s, tokens),), d.back_ids,
+                       c.floor_ms)
         return even if even.prefill_ms <= c.prefill_ms + 1e-9 else c
     return c
 
