@@ -23,8 +23,8 @@ through their OpenAI-compatible /v1/completions; UMA requests carry `priority`, 
 llama-server ignores (it has no classes). Reported per side and phase: interactive inter-token
 p50/p95/p99, the worst pause, interactive TTFT, background TTFT and decode speed, aggregate
 tokens/s, every background request's completion time, and (UMA) the cost model's per-tick
-error p50/p90 in the phase. Writes benches/results/<out>.{json,csv} and the token-timeline
-plot.
+error p50/p90 in the phase. Writes benches/results/<out>.{json,csv}, every token's time in
+<out>.timelines.json.xz, and the token-timeline plots.
 
     python benches/mixed_load.py                          # 134m, 2 threads, 3 streams
     python benches/mixed_load.py --model moe-small --out mixed_load_moe
@@ -478,7 +478,7 @@ def main() -> int:
               f"({'met' if v['pause_met'] else 'NOT met'} <= {PAUSE_TARGET})"
               + (f", background {v['bg_slowdown_max']:.1f}x alone"
                  if v["bg_slowdown_max"] else ""))
-    path = report.write(ns.out, info, rows, {"verdicts": checks, "timelines": timelines})
+    path = report.write(ns.out, info, rows, {"verdicts": checks}, timelines)
     shown = [k for k in timelines if k.endswith(("| storm", "+ decoders", "+ background"))]
     png = plots.timelines(path, shown)
     figures = [plots.scenario(path, k.split(" | ", 1)[1])

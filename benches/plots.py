@@ -4,7 +4,6 @@ it: python benches/plots.py benches/results/mixed_load.json"""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -13,13 +12,15 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+import report  # noqa: E402
+
 COLOURS = {"interactive": "tab:blue", "background": "tab:red"}
 
 
 def timelines(path: Path, keys: list[str]) -> Path:
     """Per-stream token timelines, one panel per side: time on x, stream on y, one dot per
     token. A freeze shows as a gap in every interactive row at once."""
-    data = json.loads(Path(path).read_text())
+    data = report.load(path)
     # Each panel keeps its own time axis: a server that finishes the storm in 4 s and one that
     # takes 80 s would otherwise hide each other's detail.
     fig, axes = plt.subplots(len(keys), 1, figsize=(11, 1.2 + 1.4 * len(keys)), squeeze=False)
@@ -47,7 +48,7 @@ def timelines(path: Path, keys: list[str]) -> Path:
 def lines(path: Path, x: str, ys: list[tuple[str, str]], by: str, suffix: str,
           xlabel: str, log_x: bool = False) -> Path:
     """One panel per (y key, y label), one line per value of `by` across the rows."""
-    data = json.loads(Path(path).read_text())
+    data = report.load(path)
     rows = data["rows"]
     fig, axes = plt.subplots(1, len(ys), figsize=(5.2 * len(ys), 3.8), squeeze=False)
     for ax, (key, label) in zip(axes[0], ys, strict=True):
@@ -74,7 +75,7 @@ def scenario(path: Path, phase: str) -> Path | None:
     on one axis); under it, the background requests, a bar from when each was sent to its
     first token (its prompt being computed) and a mark per token it decoded. Each side keeps
     its own time axis."""
-    data = json.loads(Path(path).read_text())
+    data = report.load(path)
     keys = [k for k in data["timelines"] if k.split(" | ", 1)[1] == phase]
     if not keys:
         return None
@@ -113,7 +114,7 @@ def scenario(path: Path, phase: str) -> Path | None:
 
 if __name__ == "__main__":
     result = Path(sys.argv[1])
-    phases = {k.split(" | ", 1)[1] for k in json.loads(result.read_text()).get("timelines", {})}
+    phases = {k.split(" | ", 1)[1] for k in report.load(result).get("timelines", {})}
     for name in sorted(phases):
         if name.endswith(("storm", "+ background", "+ decoders")):
             print(scenario(result, name))

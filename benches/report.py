@@ -1,11 +1,14 @@
-"""Where every scenario's results go: benches/results/<name>.json (everything, including raw
-samples), <name>.csv (the table, one row per side and phase) and, from benches/plots.py,
-<name>*.png. Each file records the machine, model, commit and exact command line."""
+"""Where every scenario's results go: benches/results/<name>.json (the run, its rows and
+verdicts), <name>.timelines.json.xz (every token's time, where a scenario records them),
+<name>.csv (the table, one row per side and phase) and, from benches/plots.py, <name>*.png.
+Each file records the machine, model, commit and exact command line. `load` reads a result
+back whole."""
 
 from __future__ import annotations
 
 import csv
 import json
+import lzma
 import os
 import platform
 import subprocess
@@ -58,15 +61,23 @@ def run_info(model: Path, **settings) -> dict:
 
 
 def write(name: str, info: dict, rows: list[dict], extra: dict | None = None,
-          out_dir: Path = RESULTS) -> Path:
-    """Writes <name>.json (info, rows, extra) and <name>.csv (rows); returns the JSON path."""
+          timelines: dict | None = None, out_dir: Path = RESULTS) -> Path:
+    """Writes <name>.json (info, rows, extra), <name>.csv (rows) and, given timelines,
+    <name>.timelines.json.xz; returns the JSON path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.json"
-    info = {**info, "loadavg_after": os.getloadavg()}
+    doc = {"info": {**info, "loadavg_after": os.getloadavg()}, "rows": rows, **(extra or {})}
+    if timelines is not None:
+        # Every token's time is three quarters of a mixed-load result (a 3,000-token CPU storm:
+        # 2.6 MB of 3.4) and compresses ~8x; the results travel with the tree to the GPU
+        # machine, whose copy is bounded.
+        raw = out_dir / f"{name}.timelines.json.xz"
+        with lzma.open(raw, "wt") as f:
+            json.dump(timelines, f, separators=(",", ":"))
+        doc["timelines_file"] = raw.name
     # Compact: raw samples one per line made a 3,000-token mixed-load result 4.3 MB (the CSV
     # is the readable table).
-    path.write_text(json.dumps({"info": info, "rows": rows, **(extra or {})},
-                               separators=(",", ":")) + "\n")
+    path.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
     columns = list(dict.fromkeys(k for row in rows for k in row))
     with open(out_dir / f"{name}.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, columns)
@@ -75,6 +86,16 @@ def write(name: str, info: dict, rows: list[dict], extra: dict | None = None,
             writer.writerow({k: (f"{v:.4g}" if isinstance(v, float) else v)
                              for k, v in row.items()})
     return path
+
+
+def load(path: Path | str) -> dict:
+    """A result as `write` left it, with its timelines (if it has any) read back in."""
+    path = Path(path)
+    data = json.loads(path.read_text())
+    if "timelines_file" in data:
+        with lzma.open(path.with_name(data["timelines_file"]), "rt") as f:
+            data["timelines"] = json.load(f)
+    return data
 
 
 def publish(name: str, info: dict, rows: list[dict], columns: list[tuple[str, str, str]],

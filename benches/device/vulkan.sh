@@ -96,7 +96,7 @@ if [[ $PARTS == *mixed* ]]; then
     timeout "${MIXED_S:-240}" python3 benches/mixed_load.py --model "$MODEL" --backend vulkan $GPU \
       --streams 8 --background 2 --storm-tokens 6000 --sides "$sides" ${MIXED_ARGS:-} \
       --out "mixed_load_${MODEL}_vulkan_$run" 2>&1 | quiet | tee -a "$OUT/log.txt"
-    cp benches/results/mixed_load_"${MODEL}"_vulkan_"$run".json "$OUT"/ 2>/dev/null
+    cp benches/results/mixed_load_"${MODEL}"_vulkan_"$run".{json,timelines.json.xz} "$OUT"/ 2>/dev/null
     sides=$(echo "$sides" | tr ',' '\n' | tac | paste -sd, -)
   done
 fi

@@ -1,6 +1,6 @@
 """The scenario matrix's bookkeeping (benches/mixed_load.py) on hand-made streams: what a phase
-reports, the verdicts, the histogram quantile, the per-scenario figure, and the parser that
-keeps llama-server from cutting streams."""
+reports, the verdicts, the histogram quantile, the result files and the per-scenario figure,
+and the parser that keeps llama-server from cutting streams."""
 
 import json
 import sys
@@ -12,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benches"))
 
 import mixed_load  # noqa: E402
 import plots  # noqa: E402
+import report  # noqa: E402
 import servers  # noqa: E402
 from streams import Stream  # noqa: E402
 
@@ -58,14 +59,37 @@ def test_the_histogram_quantile_interpolates_within_its_bucket():
     assert mixed_load.bucket_quantile({}, 0.5) != mixed_load.bucket_quantile({}, 0.5)  # NaN
 
 
+def test_a_result_keeps_its_timelines_compressed_beside_it_and_reads_back_whole(tmp_path):
+    timelines = {"uma slo | storm": [{"class": "interactive", "label": "i0", "sent": 0.0,
+                                      "times": [0.01 * i for i in range(2000)]}]}
+    rows = [{"side": "uma slo", "phase": "storm", "itl_p95_ms": 12.5}]
+    path = report.write("m", {"command": "x"}, rows, {"verdicts": []}, timelines,
+                        out_dir=tmp_path)
+    summary = json.loads(path.read_text())
+    assert "timelines" not in summary and summary["timelines_file"] == "m.timelines.json.xz"
+    raw = tmp_path / "m.timelines.json.xz"
+    assert raw.stat().st_size < len(json.dumps(timelines)) // 2
+    back = report.load(path)
+    assert back["timelines"] == timelines and back["rows"] == rows and back["verdicts"] == []
+    assert (tmp_path / "m.csv").read_text().splitlines()[0] == "side,phase,itl_p95_ms"
+
+
+def test_a_result_without_timelines_or_with_them_inline_loads_as_written(tmp_path):
+    bare = report.write("bare", {}, [{"side": "uma"}], out_dir=tmp_path)
+    assert report.load(bare)["rows"] == [{"side": "uma"}]
+    assert not list(tmp_path.glob("*.xz"))
+    inline = tmp_path / "old.json"  # as results were written before the split
+    inline.write_text(json.dumps({"rows": [], "timelines": {"a | b": []}}))
+    assert report.load(inline)["timelines"] == {"a | b": []}
+
+
 def test_the_scenario_figure_has_a_column_per_side(tmp_path):
     line = {"class": "interactive", "label": "i0", "sent": 0.0, "times": [0.1, 0.12, 0.2]}
     bg = {"class": "background", "label": "bg0", "sent": 0.05, "times": [0.3, 0.31]}
-    path = tmp_path / "m.json"
-    path.write_text(json.dumps({"timelines": {
+    path = report.write("m", {}, [], timelines={
         "uma slo | poisson + background": [line, bg],
         "llama-server | poisson + background": [line, bg],
-        "uma slo | poisson alone": [line]}}))
+        "uma slo | poisson alone": [line]}, out_dir=tmp_path)
     out = plots.scenario(path, "poisson + background")
     assert out == tmp_path / "m_poisson_background.png" and out.stat().st_size > 0
     assert plots.scenario(path, "chat + background") is None
