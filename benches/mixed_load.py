@@ -480,8 +480,9 @@ def main() -> int:
                  if v["bg_slowdown_max"] else ""))
     path = report.write(ns.out, info, rows, {"verdicts": checks}, timelines)
     shown = [k for k in timelines if k.endswith(("| storm", "+ decoders", "+ background"))]
-    png = plots.timelines(path, shown)
-    figures = [plots.scenario(path, k.split(" | ", 1)[1])
+    drawn = {"timelines": timelines}  # what was just written, not read back
+    png = plots.timelines(path, shown, drawn)
+    figures = [plots.scenario(path, k.split(" | ", 1)[1], drawn)
                for k in dict.fromkeys(k for k in shown if k.startswith(rows[0]["side"]))]
     print(f"wrote {path}, {png} and one figure per scenario: "
           + ", ".join(str(f.name) for f in figures if f))

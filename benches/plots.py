@@ -17,10 +17,11 @@ import report  # noqa: E402
 COLOURS = {"interactive": "tab:blue", "background": "tab:red"}
 
 
-def timelines(path: Path, keys: list[str]) -> Path:
+def timelines(path: Path, keys: list[str], data: dict | None = None) -> Path:
     """Per-stream token timelines, one panel per side: time on x, stream on y, one dot per
-    token. A freeze shows as a gap in every interactive row at once."""
-    data = report.load(path)
+    token. A freeze shows as a gap in every interactive row at once. `data`: the result
+    already in hand (else read from path)."""
+    data = data or report.load(path)
     # Each panel keeps its own time axis: a server that finishes the storm in 4 s and one that
     # takes 80 s would otherwise hide each other's detail.
     fig, axes = plt.subplots(len(keys), 1, figsize=(11, 1.2 + 1.4 * len(keys)), squeeze=False)
@@ -69,13 +70,13 @@ def lines(path: Path, x: str, ys: list[tuple[str, str]], by: str, suffix: str,
     return out
 
 
-def scenario(path: Path, phase: str) -> Path | None:
+def scenario(path: Path, phase: str, data: dict | None = None) -> Path | None:
     """One figure for one loaded phase of the matrix, a column per side: on top, every
     interactive inter-token gap at the time it ended (log scale: a 20 ms gap and a 2 s freeze
     on one axis); under it, the background requests, a bar from when each was sent to its
     first token (its prompt being computed) and a mark per token it decoded. Each side keeps
-    its own time axis."""
-    data = report.load(path)
+    its own time axis. `data`: the result already in hand (else read from path)."""
+    data = data or report.load(path)
     keys = [k for k in data["timelines"] if k.split(" | ", 1)[1] == phase]
     if not keys:
         return None
@@ -114,7 +115,8 @@ def scenario(path: Path, phase: str) -> Path | None:
 
 if __name__ == "__main__":
     result = Path(sys.argv[1])
-    phases = {k.split(" | ", 1)[1] for k in report.load(result).get("timelines", {})}
+    whole = report.load(result)  # one read: the timelines are decompressed once
+    phases = {k.split(" | ", 1)[1] for k in whole.get("timelines", {})}
     for name in sorted(phases):
         if name.endswith(("storm", "+ background", "+ decoders")):
-            print(scenario(result, name))
+            print(scenario(result, name, whole))

@@ -93,6 +93,11 @@ def test_the_scenario_figure_has_a_column_per_side(tmp_path):
     out = plots.scenario(path, "poisson + background")
     assert out == tmp_path / "m_poisson_background.png" and out.stat().st_size > 0
     assert plots.scenario(path, "chat + background") is None
+    # a result already in hand is drawn without reading the files again
+    (tmp_path / "m.timelines.json.xz").unlink()
+    again = plots.scenario(path, "poisson + background",
+                           {"timelines": {"uma slo | poisson + background": [line, bg]}})
+    assert again == out and again.stat().st_size > 0
 
 
 def test_llama_servers_parser_accepts_anything():
