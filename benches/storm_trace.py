@@ -89,9 +89,12 @@ def run_phase(engine: uma.Engine, ns: argparse.Namespace, storm: bool) -> dict:
         start = len(trace)
         time.sleep(ns.alone_s)
         stop.set()
+    lane = engine._lane
     if storm:
         time.sleep(ns.arrive_s)
         start = len(trace)
+        if lane is not None:
+            lane.trace = []
         rng = np.random.default_rng(99)
         bg = [engine.submit(rng.integers(100, 30000, ns.storm_tokens).astype(np.int32),
                             max_tokens=ns.bg_tokens, ignore_eos=True, priority="background")
@@ -99,6 +102,9 @@ def run_phase(engine: uma.Engine, ns: argparse.Namespace, storm: bool) -> dict:
         results = [h.result() for h in bg]
         out["bg_ttft_ms"] = max(r.timings.ttft_ms for r in results)
         stop.set()
+        if lane is not None:
+            out["slices"] = slice_summary(lane.trace)
+            lane.trace = None
     out["ticks"] = tick_kinds(trace[start:])
     if ns.ticks:  # every tick of the phase, as rows of Tick's fields
         out["tick_rows"] = [list(t) for t in trace[start:]]
@@ -178,6 +184,34 @@ def tick_kinds(trace: list[Tick]) -> dict[str, dict]:
             "prompt_tokens_p50": pct([t.prompt_tokens for t in ticks], 50),
             "decoders_p50": pct([t.decoders for t in ticks], 50),
         }
+    return out
+
+
+def slice_summary(trace: list) -> dict:
+    """The background context's slices (uma.background) while streams ran: how many of each
+    kind, their budget against what the background's tick took, and what the streams' tick
+    beside them was predicted to take."""
+    kinds: dict[str, list] = {"fill": [], "pause": [], "none, prompt tick": [],
+                              "none, no room": [], "idle": []}
+    for view, cut, spent_ms, prompt in trace:
+        if not view.streams:
+            kind = "idle"
+        elif cut.ms > 0:
+            kind = "pause" if cut.pause else "fill"
+        else:
+            kind = "none, prompt tick" if view.prompt_next else "none, no room"
+        kinds[kind].append((cut.ms, spent_ms, view.tick_ms, view.min_ms, view.alone_p95_ms,
+                            prompt))
+    out = {}
+    for kind, rows in kinds.items():
+        if not rows:
+            continue
+        budget, spent, tick, least, p95, prompt = (list(col) for col in zip(*rows, strict=True))
+        out[kind] = {"n": len(rows), "budget_p50_ms": pct(budget, 50),
+                     "spent_p50_ms": pct(spent, 50), "spent_p95_ms": pct(spent, 95),
+                     "streams_tick_p50_ms": pct(tick, 50), "least_p50_ms": pct(least, 50),
+                     "alone_p95_ms": pct(p95, 50), "prompt_tokens_p50": pct(prompt, 50),
+                     "prompt_tokens": sum(prompt)}
     return out
 
 
@@ -281,6 +315,12 @@ def print_phase(phase: dict) -> None:
               f"ticks with background prompt tokens {100 * g['background_time_share']:.1f} % of "
               f"the time, {g['prompt_tokens']} prompt tokens; line p50 {g['line_p50_ms']:.2f} "
               f"ms, p95 target p50 {g['target_p50_ms']:.2f} ms")
+    for kind, t in phase.get("slices", {}).items():
+        print(f"    slice {kind:18s} n {t['n']:5d}  budget {t['budget_p50_ms']:6.2f}  took "
+              f"p50/p95 {t['spent_p50_ms']:6.2f}/{t['spent_p95_ms']:6.2f}  streams' tick "
+              f"{t['streams_tick_p50_ms']:6.2f}  least tick {t['least_p50_ms']:6.2f}  p95 alone "
+              f"{t['alone_p95_ms']:6.2f}  prompt tokens p50 {t['prompt_tokens_p50']:5.0f}, "
+              f"{t['prompt_tokens']} in all")
     for kind, t in phase["ticks"].items():
         print(f"    {kind:18s} n {t['n']:5d}  tick p50/p95/max {t['tick_p50_ms']:6.2f}/"
               f"{t['tick_p95_ms']:6.2f}/{t['tick_max_ms']:6.1f} (its decode call "

@@ -53,3 +53,17 @@ def test_a_family_makes_one_instrument_per_label_value_up_to_its_limit():
     ttft = reg.family("app_ttft_ms", "ttft", "app", Histogram)
     ttft.child("editor").observe(12.0)
     assert reg.snapshot()["app_ttft_ms"]["editor"]["count"] == 1
+
+
+def test_a_lane_shares_counters_and_histograms_and_names_its_own_gauges():
+    reg = Registry()
+    lane = reg.lane("background_")
+    reg.counter("tokens_total", "t").inc(2)
+    lane.counter("tokens_total", "t").inc(3)
+    lane.histogram("ttft_ms", "h").observe(5.0)
+    reg.gauge("requests_running", "r").set(4)
+    lane.gauge("requests_running", "r").set(1)
+    snap = reg.snapshot()
+    assert snap["tokens_total"] == 5
+    assert snap["ttft_ms"]["count"] == 1
+    assert snap["requests_running"] == 4 and snap["background_requests_running"] == 1

@@ -133,6 +133,8 @@ def run(
     prefix_cache: int | None = _opt("prefix_cache"),
     prefix_cache_tokens: int | None = _opt("prefix_cache_tokens"),
     prefix_cache_ram_mb: int | None = _opt("prefix_cache_ram_mb"),
+    background_ctx: int | None = _opt("background_ctx"),
+    background_seqs: int | None = _opt("background_seqs"),
     chat_template: str | None = _opt("chat_template"),
     fair_share: bool | None = _opt("fair_share", "--fair-share/--no-fair-share"),
     app_weights: str | None = _opt("app_weights"),

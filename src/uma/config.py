@@ -288,6 +288,12 @@ class EngineConfig:
     # share of the offloaded layers, workers first then local GPUs (empty: by free memory)
     rpc: tuple[str, ...] = ()
     tensor_split: tuple[float, ...] = ()
+    # background requests in a second context on the same weights, of this many KV positions
+    # (0: off, they share the interactive requests' KV), running background_seqs at once in
+    # time slices between the streams' ticks (uma.sched.slices): their cells never slow the
+    # streams' attention. For GPUs: a background tick pays a decode call of its own
+    background_ctx: int = 0
+    background_seqs: int = 2
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -333,6 +339,16 @@ class EngineConfig:
         if self.bmt_budget_gbps is not None and _number(
                 "bmt_budget_gbps", self.bmt_budget_gbps) < 0:
             raise InvalidRequestError(f"bmt_budget_gbps must be >= 0, not {self.bmt_budget_gbps}")
+        if not 0 <= _integer("background_ctx", self.background_ctx) < _INT32_LIMIT:
+            raise InvalidRequestError(
+                f"background_ctx must be in [0, 2**31) (0: off), not {self.background_ctx}")
+        if not 1 <= _integer("background_seqs", self.background_seqs) <= 64:
+            raise InvalidRequestError(
+                f"background_seqs must be in [1, 64], not {self.background_seqs}")
+        if 0 < self.background_ctx < self.background_seqs:
+            raise InvalidRequestError(
+                f"background_ctx ({self.background_ctx}) must hold at least one position for "
+                f"each of background_seqs ({self.background_seqs})")
         if not 0 <= _integer("prefix_cache", self.prefix_cache) <= 64:
             raise InvalidRequestError(
                 f"prefix_cache must be in [0, 64] (0: off), not {self.prefix_cache}")

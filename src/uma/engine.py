@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from types import ModuleType
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -30,6 +30,7 @@ from uma import grammar as uma_grammar
 from uma import templates
 from uma import tools as uma_tools
 from uma.app import DEFAULT_APP, app_name, app_weight
+from uma.background import BackgroundLane
 from uma.config import EngineConfig, SamplingParams, check_logit_bias
 from uma.embeddings import EmbeddingJob, Embeddings, inputs_of
 from uma.errors import (
@@ -49,7 +50,11 @@ from uma.priority import Priority
 from uma.request import Request
 from uma.sched.bmt import BmtModel, probe_bandwidth_gbps
 from uma.sched.policies import create_policy
+from uma.sched.slices import SliceKnobs
+from uma.sched.state import Plan
 from uma.templates import ChatTemplate
+
+T = TypeVar("T")
 
 log = logging.getLogger("uma.engine")
 
@@ -113,6 +118,7 @@ class Engine:
         self._weights = dict(config.app_weights)
         self._caps = dict(config.app_latency_caps)
         self._closed = False
+        self._lane: BackgroundLane | None = None  # background requests' own context, if any
         self._cond = threading.Condition()
         self._inbox: list[Request] = []
         self._core = core
@@ -175,12 +181,46 @@ class Engine:
         self.metrics.gauge("slots_total", "requests decoded at once (KV sequences)").set(
             config.n_seq_max)
         self.metrics.gauge("kv_cells_total", "KV cache positions in all").set(self.ctx.n_ctx)
+        try:
+            self._lane = self._background_lane(config, core, policy)
+        except BaseException:
+            self._executor.close()
+            self.ctx.close()
+            self.model.close()
+            raise
         self._ready = threading.Event()  # set once calibrated: requests are then served at once
         self._thread = threading.Thread(target=self._compute, name="uma-compute", daemon=True)
         self._thread.start()
         if config.rpc:
             threading.Thread(target=self._watch_aborts, name="uma-abort-watch",
                              daemon=True).start()
+
+    def _background_lane(self, config: EngineConfig, core: ModuleType,
+                         policy: object) -> BackgroundLane | None:
+        """Background requests' own context, when configured (uma.background)."""
+        if not config.background_ctx:
+            return None
+        ctx = core.Context(
+            self.model, n_ctx=config.background_ctx, n_batch=config.n_batch,
+            n_ubatch=config.n_ubatch, n_seq_max=config.background_seqs,
+            kv_unified=config.kv_unified, type_k=config.type_k, type_v=config.type_v,
+            flash_attn=config.flash_attn, n_threads=config.n_threads,
+            n_threads_batch=config.n_threads_batch)
+        knobs = SliceKnobs(**{
+            k: getattr(policy, k) for k in ("background_share", "pause_factor", "pause_share")
+            if hasattr(policy, k)})
+        self.metrics.gauge("background_kv_cells_total",
+                           "KV positions of the background context").set(ctx.n_ctx)
+        return BackgroundLane(ctx, self._output, self.metrics, core, knobs,
+                              device_sampling=self._device_sampling(config, core))
+
+    def _executor_for(self, req: Request) -> Executor:
+        """Where a request runs: the background lane's context for a background request,
+        when there is one."""
+        if self._lane is not None and req.priority is Priority.BACKGROUND \
+                and len(req.tokens) <= self._lane.ex.n_ctx_seq:
+            return self._lane.ex
+        return self._executor
 
     @staticmethod
     def _add_rpc_workers(config: EngineConfig, core: ModuleType) -> None:
@@ -210,6 +250,8 @@ class Engine:
             queued, self._inbox = self._inbox, []
             self._cond.notify_all()
         self._executor.abandon(queued, EngineFailedError(failure))
+        if self._lane is not None:
+            self._lane.ex.abandon([], EngineFailedError(failure))
 
     @staticmethod
     def _bandwidth(config: EngineConfig, core: ModuleType) -> float:
@@ -295,15 +337,17 @@ class Engine:
             tokens = self.render_chat(cast(Messages, prompt), tools, choice) if use_tools \
                 else self._tokens(prompt)
             matcher = None if constraint is None else self.grammars.matcher(constraint)
-        if len(tokens) > self.n_ctx_seq:
+        room = max(self.n_ctx_seq, self._lane.ex.n_ctx_seq) \
+            if self._lane is not None and prio is Priority.BACKGROUND else self.n_ctx_seq
+        if len(tokens) > room:
             raise ContextOverflowError(
-                f"prompt has {len(tokens)} tokens; the context holds {self.n_ctx_seq} per sequence")
+                f"prompt has {len(tokens)} tokens; the context holds {room} per sequence")
         with self._cond:
             if self._closing or self._closed:
                 raise ClosedError("engine is closed")
             if self.failure is not None:
                 raise EngineFailedError(self.failure)
-            if len(self._inbox) + self._executor.n_waiting >= self.config.max_queue:
+            if len(self._inbox) + self._n_waiting() >= self.config.max_queue:
                 raise EngineBusyError(
                     f"{self.config.max_queue} requests are already waiting; try again later")
             rid = next(self._rids)
@@ -471,6 +515,10 @@ class Engine:
             raise InvalidRequestError("the prompt is empty")
         return np.asarray(tokens, dtype=np.int32)
 
+    def _n_waiting(self) -> int:
+        lane = 0 if self._lane is None else self._lane.ex.n_waiting
+        return self._executor.n_waiting + lane
+
     def set_priority(self, handle: RequestHandle, priority: str | Priority) -> None:
         """Promotes or demotes a queued or running request; it takes effect at the next tick."""
         prio = Priority.parse(priority)
@@ -498,36 +546,72 @@ class Engine:
         # decodes, and calibrating from the constructor's thread left a second pool behind
         # that made every later decode ~25 % slower (134M, 2 threads).
         ex.calibrate()
+        lane = self._lane
+        if lane is not None:  # the same device and weights: the same prices to start from
+            lane.ex.adopt_calibration(ex.calibration_ticks)
         self._ready.set()
         while True:
             with self._cond:
                 while not (self._inbox or self._poked or self._closing or self._reprioritize
-                           or self._jobs or not ex.idle):
+                           or self._jobs or not self._idle()):
                     self._cond.wait()
                 inbox, self._inbox, self._poked = self._inbox, [], False
                 changes, self._reprioritize = self._reprioritize, []
                 closing = self._closing
             for req in inbox:
-                ex.enqueue(req)
+                self._executor_for(req).enqueue(req)
             for req, prio in changes:
-                ex.reprioritize(req, prio)
+                self._move(req, prio)
             if closing == "cancel":
                 ex.release_all("cancelled")
+                if lane is not None:
+                    lane.ex.release_all("cancelled")
                 self._end_jobs()
-            if closing and ex.idle and not self._jobs:
+            if closing and self._idle() and not self._jobs:
                 return
             if self._jobs:
                 self._embed_step()
-            try:
-                ex.step()
-            except Exception as exc:  # noqa: BLE001 - a bug must end requests, not hang them
-                # The executor ends what fails for one request alone; what reaches here broke
-                # the tick itself (the policy, say): no request can be blamed, so all in
-                # flight end with the cause named, their KV is freed, and serving goes on.
-                log.exception("tick failed")
-                ex.release_all("error", UmaError(
-                    f"internal error in the engine's tick, which ended every request in "
-                    f"flight: {exc!r}"))
+            if lane is None:
+                self._guarded(ex, ex.step)
+                continue
+            # The background lane's slice goes between the streams' plan and its run: the
+            # plan tells what their tick will be (uma.background).
+            plan = self._guarded(ex, ex.plan) or Plan.empty()
+            away = self._guarded(lane.ex, functools.partial(lane.run_slice, ex, plan)) or 0.0
+            self._guarded(ex, functools.partial(ex.execute, plan, away))
+
+    def _idle(self) -> bool:
+        return self._executor.idle and (self._lane is None or self._lane.idle)
+
+    @staticmethod
+    def _guarded(ex: Executor, step: Callable[[], T]) -> T | None:
+        """Runs part of one executor's turn; None if it failed."""
+        try:
+            return step()
+        except Exception as exc:  # noqa: BLE001 - a bug must end requests, not hang them
+            # The executor ends what fails for one request alone; what reaches here broke
+            # the tick itself (the policy, say): no request can be blamed, so all in
+            # flight end with the cause named, their KV is freed, and serving goes on.
+            log.exception("tick failed")
+            ex.release_all("error", UmaError(
+                f"internal error in the engine's tick, which ended every request in "
+                f"flight: {exc!r}"))
+            return None
+
+    def _move(self, req: Request, prio: Priority) -> None:
+        """A new class for a request. A queued one moves to the executor of its new class
+        (the background lane's or the streams'); a running one keeps its context, whose KV
+        holds it, and is seen in its new class there."""
+        holder = next((e for e in self._executors() if e.holds(req)), None)
+        if holder is None:
+            return
+        holder.reprioritize(req, prio)
+        target = self._executor_for(req)
+        if target is not holder and req.seq_id < 0 and holder.withdraw(req):
+            target.enqueue(req)
+
+    def _executors(self) -> tuple[Executor, ...]:
+        return (self._executor,) if self._lane is None else (self._executor, self._lane.ex)
 
     def _embed_step(self) -> None:
         """One decode of the first embeddings request, on this thread between ticks."""
@@ -576,17 +660,25 @@ class Engine:
         """What `uma status` shows: slots, queue, load and memory. Safe from any thread."""
         ex = self._executor
         n_ctx = self.ctx.n_ctx if not self.ctx.closed else 0
-        return {
+        out: dict[str, object] = {
             "model": os.path.basename(self.config.model),
             "ready": self._ready.is_set(),
             "slots": self.config.n_seq_max,
             "running": len(ex.running),
-            "queued": ex.n_waiting + len(self._inbox),
+            "queued": self._n_waiting() + len(self._inbox),  # in either context
             "load": round(ex.load.value(time.monotonic()), 3),
             "kv_cells": {"used": int(ex.m.kv_cells.value), "total": n_ctx},
             "memory": {"rss_bytes": rss_bytes(), "model_bytes": self.model.size_bytes,
                        "kv_bytes": int(ex.bmt.kv_bytes_per_pos * n_ctx) if ex.bmt else 0},
         }
+        if self._lane is not None:
+            bg = self._lane.ex
+            bg_ctx = self._lane.ctx.n_ctx if not self._lane.ctx.closed else 0
+            out["background"] = {
+                "slots": self.config.background_seqs, "running": len(bg.running),
+                "queued": bg.n_waiting,
+                "kv_cells": {"used": int(bg.m.kv_cells.value), "total": bg_ctx}}
+        return out
 
     def close(self, *, cancel: bool = True, timeout: float | None = None) -> None:
         """Stops the engine: in-flight requests end as 'cancelled' (or, with cancel=False,
@@ -604,11 +696,15 @@ class Engine:
             return
         if cancel:  # a decode in flight (a long prompt on a CPU: up to a minute) stops now
             self.ctx.abort()
+            if self._lane is not None:
+                self._lane.ctx.abort()
         self._thread.join(timeout)
         if self._thread.is_alive():
             raise TimeoutError("the engine did not stop in time")
         self._output.close()
         self._executor.close()
+        if self._lane is not None:
+            self._lane.close()
         with self._cond:
             self._cond.wait_for(lambda: self._submitting == 0)
         self._end_jobs()  # queued after the compute thread's last look
@@ -617,6 +713,8 @@ class Engine:
         if self._embedder is not None:
             self._embedder.close()
         self.ctx.close()
+        if self._lane is not None:
+            self._lane.ctx.close()
         self.model.close()
         self._closed = True
 

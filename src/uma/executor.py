@@ -76,7 +76,7 @@ class Executor:
                  overlap: bool = False, n_running: int | None = None,
                  prefix: KvPrefixCache | None = None, fair_share: bool = False,
                  fair_quantum_ms: float | None = None,
-                 grammars: Grammars | None = None) -> None:
+                 grammars: Grammars | None = None, settle: bool = False) -> None:
         """core: the module whose Batch and Sampler go with ctx (uma._core, or a stand-in).
         device_sampling: sample on the device the rows of requests whose options it can
         compute (Context.set_sampler); the host sampler takes the others.
@@ -88,7 +88,9 @@ class Executor:
         waiting below theirs, and time-slicing apps served fair_quantum_ms apart (None: half
         the service of the largest recent request); otherwise the policy admits (first come,
         first served). grammars: the token masks of constrained requests (uma.grammar;
-        needed once a request has a matcher)."""
+        needed once a request has a matcher). settle: every decode is waited for on the
+        device before the tick ends (a tick that must end within its time slice, and be
+        measured whole: uma.background)."""
         self.ctx = ctx
         self.model = ctx.model
         self.policy = policy
@@ -97,6 +99,7 @@ class Executor:
         self.sampler = core.Sampler(ctx.n_seq_max, self.model.n_vocab)
         self.device_sampling = device_sampling
         self.overlap = overlap
+        self.settle = settle
         self.fair_share = fair_share
         self.fair_quantum_ms = fair_quantum_ms
         self.ledger = fair.Ledger()  # what each app has been served (uma.sched.fair)
@@ -149,6 +152,8 @@ class Executor:
         self._cache_read = self._prompt_attended = 0
         self._background_prompt = False
         self._timing: DeviceTiming | None = None  # the start-up calibration, once begun
+        # its timed scratch ticks (what another executor on the same device may start from)
+        self.calibration_ticks: list[tuple[int, int, int, int, float]] = []
         # The batch's sequences as decode rows, and their attention: what the streams' ticks
         # alone are measured against (a stream's new prompt counted as the row it will be).
         self._solo = (0, 0)
@@ -156,6 +161,8 @@ class Executor:
         # That plan's tick as measured (ms, tokens sampled): the policy's feedback, paired
         # with the memory of the plan it measured (see apply).
         self._measured = (0.0, 0)
+        self.n_ticks = 0  # this executor's own ticks (the ticks_total counter may be shared)
+        self.last_plan = Plan.empty()  # the last tick's plan, as run
 
     @property
     def trace(self) -> list[tuple[Any, ...]] | None:
@@ -166,6 +173,11 @@ class Executor:
     @trace.setter
     def trace(self, value: list[tuple[Any, ...]] | None) -> None:
         self.stats.trace = value
+
+    @property
+    def last_tick_ms(self) -> float:
+        """The last tick's time, as measured (the policy's feedback)."""
+        return self._measured[0]
 
     @property
     def tick(self) -> int:
@@ -180,7 +192,13 @@ class Executor:
         there; `calibration` shows its progress."""
         calibration = DeviceTiming(self.ctx, self.batch)
         self._timing = calibration
-        ticks = calibration.run()
+        self.calibration_ticks = calibration.run()
+        if self.calibration_ticks:
+            self.cost.calibrate(self.calibration_ticks)
+
+    def adopt_calibration(self, ticks: list[tuple[int, int, int, int, float]]) -> None:
+        """Anchors the cost model at another executor's timed scratch ticks (a second context
+        on the same device and weights), instead of timing its own."""
         if ticks:
             self.cost.calibrate(ticks)
 
@@ -211,6 +229,21 @@ class Executor:
             later = next((i for i, r in enumerate(target) if r.rid > req.rid), len(target))
             target.insert(later, req)
         req.priority = priority
+
+    def withdraw(self, req: Request) -> bool:
+        """Takes a queued request out of its queue (to be queued by another executor);
+        False if it is not queued here."""
+        queue = self.waiting[req.priority]
+        if req not in queue:
+            return False
+        queue.remove(req)
+        self._changes += 1
+        return True
+
+    def holds(self, req: Request) -> bool:
+        """Whether the request is queued or running here."""
+        return (req.seq_id >= 0 and self.running.get(req.seq_id) is req) \
+            or req in self.waiting[req.priority]
 
     @property
     def n_waiting(self) -> int:
@@ -423,10 +456,15 @@ class Executor:
 
     def step(self) -> bool:
         """Runs one tick. Returns False when there was nothing to run."""
-        plan = self.plan()
+        return self.execute(self.plan())
+
+    def execute(self, plan: Plan, away_s: float = 0.0) -> bool:
+        """Runs a plan from plan(). away_s: time the thread spent elsewhere since it was made
+        (another context's tick, uma.background), which is not this tick's."""
         if not plan.items:
             self._flush()
             return False
+        self._tick_start += away_s
         plan = self.build(plan)
         ran = self.run(plan)
         self.apply(ran)
@@ -558,6 +596,8 @@ class Executor:
                 return Ran(Plan.empty(), time.perf_counter() - t0)
             except UmaError as exc:
                 return self._isolate(plan, exc, t0)
+        if self.settle:
+            self.ctx.synchronize()
         t1 = time.perf_counter()
         if n_out == 0:  # only prompt chunks that do not end their prompt
             return Ran(plan, t1 - t0)
@@ -783,6 +823,8 @@ class Executor:
         # the price of the 4 ms decode tick before it, and the H100's storm under Vulkan
         # spent 38 % of its time on background prompts against a 15 % floor.
         self._measured = (self._due.tick_s * 1e3, self._due.n_sampled)
+        self.n_ticks += 1
+        self.last_plan = ran.plan
         # A first token goes out at once, not with the next decode: time to first token is
         # what a client waits on, and it comes once a request.
         if not self.overlap or not self.running \

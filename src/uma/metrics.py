@@ -180,6 +180,13 @@ class Registry:
         """Per-`label` instruments of `kind` (e.g. per app), under one name."""
         return self._get(Family, name, help, label, kind)
 
+    def lane(self, prefix: str) -> Registry:
+        """A view for a second executor (a background context, uma.background): its
+        counters, histograms and families are this registry's (the two add up: tokens, time
+        to first token by class), its gauges are its own, named with prefix (the requests it
+        runs, its KV cells: a state, which the two would overwrite)."""
+        return _Lane(self, prefix)
+
     def __iter__(self):
         return iter(list(self._metrics.values()))
 
@@ -190,3 +197,13 @@ class Registry:
         for m in self:
             out[m.name] = m.summary() if isinstance(m, Histogram | Family) else m.value
         return out
+
+
+class _Lane(Registry):
+    def __init__(self, parent: Registry, prefix: str) -> None:
+        super().__init__()
+        self._metrics = parent._metrics
+        self._prefix = prefix
+
+    def gauge(self, name: str, help: str, fn: Callable[[], float] | None = None) -> Gauge:
+        return super().gauge(self._prefix + name, help, fn)

@@ -112,6 +112,10 @@ SETTINGS: tuple[Setting, ...] = (
     _e("prefix_cache_tokens", int, "half of ctx", "tokens the prefix cache may hold"),
     _e("prefix_cache_ram_mb", int, "1024",
        "host memory for cached prompts that leave the KV cache, MiB (0: none)"),
+    _e("background_ctx", int, "0 (off)",
+       "KV positions of a second context for background requests, run in time slices "
+       "between the interactive ones' ticks (GPUs)"),
+    _e("background_seqs", int, "2", "background requests decoded at once in background_ctx"),
     _e("chat_template", str, "the model's, else chatml",
        "chat messages' template: chatml, llama2, llama3 or a Jinja file"),
     _e("fair_share", bool, "on", "share sequences fairly between apps (off: first come, first "

@@ -1,0 +1,90 @@
+"""uma.background: background requests in a second context on the same weights (the real core,
+a tiny synthetic model)."""
+
+import pytest
+
+import uma
+from uma.config import EngineConfig
+from uma.errors import InvalidRequestError
+
+from .helpers import assert_same_greedy
+
+PROMPTS = [("Once upon a time", "background"), ("The quick brown fox", "interactive"),
+           ("1 2 3 4 5 6 7 8", "background"), ("def main():", "interactive")]
+
+
+def _run(engine):
+    handles = [engine.submit(p, max_tokens=12, ignore_eos=True, logprobs=True, priority=c)
+               for p, c in PROMPTS]
+    return [h.result(timeout=60) for h in handles]
+
+
+def _prompt_tokens(engine, cls):
+    return sum(len(engine.tokenize(p)) for p, c in PROMPTS if c == cls)
+
+
+def test_background_requests_run_in_their_own_context_with_the_same_output(tiny_path):
+    with uma.Engine(tiny_path, n_ctx=1024, n_seq_max=4, prefix_cache=0) as e:
+        shared = _run(e)
+    with uma.Engine(tiny_path, n_ctx=1024, n_seq_max=4, prefix_cache=0, background_ctx=512,
+                    background_seqs=2) as e:
+        e.wait_ready()
+        lane, streams = e._lane.ex, e._executor
+        lane.trace, streams.trace = [], []
+        apart = _run(e)
+        # every background prompt token went through the background context, and only those
+        assert sum(t[0] for t in lane.trace) == _prompt_tokens(e, "background")
+        assert sum(t[0] for t in streams.trace) == _prompt_tokens(e, "interactive")
+        snap = e.snapshot()
+        assert snap["background_kv_cells_total"] == 512
+        assert snap["background_requests_running"] == 0 and snap["background_kv_cells_used"] == 0
+        assert snap["requests_length_total"] == 4  # the counters are both contexts'
+        status = e.status()["background"]
+        assert status["slots"] == 2 and status["kv_cells"] == {"used": 0, "total": 512}
+    for a, b in zip(shared, apart, strict=True):
+        assert_same_greedy(a.token_ids, b.token_ids, a.logprobs, b.logprobs)
+
+
+def test_a_queued_background_request_promoted_runs_beside_the_streams(tiny_path):
+    with uma.Engine(tiny_path, n_ctx=1024, n_seq_max=1, background_ctx=512,
+                    background_seqs=1) as e:
+        blocker = e.submit("busy", max_tokens=100_000, ignore_eos=True, priority="background")
+        next(iter(blocker))  # running in the background context, which has one sequence
+        waiting = e.submit("promote me", max_tokens=4, ignore_eos=True, priority="background")
+        e.set_priority(waiting, "interactive")
+        # It can only finish now by moving to the interactive context: the blocker holds the
+        # background one until cancelled.
+        assert waiting.result(timeout=60).usage.completion_tokens == 4
+        blocker.cancel()
+        assert blocker.result(timeout=60).finish_reason == "cancelled"
+
+
+def test_a_prompt_too_long_for_the_background_context_runs_in_the_streams(tiny_path):
+    with uma.Engine(tiny_path, n_ctx=1024, n_seq_max=2, background_ctx=32,
+                    background_seqs=1) as e:
+        e.wait_ready()
+        e._lane.ex.trace = []
+        room = e._lane.ex.n_ctx_seq  # llama.cpp pads a context to 256 positions
+        assert room < e.n_ctx_seq
+        long = e.submit(list(range(10, 10 + room + 20)), max_tokens=4, ignore_eos=True,
+                        priority="background")
+        assert long.result(timeout=60).usage.completion_tokens == 4
+        assert e._lane.ex.trace == []
+
+
+def test_closing_cancels_the_background_contexts_requests(tiny_path):
+    e = uma.Engine(tiny_path, n_ctx=1024, n_seq_max=2, background_ctx=256, background_seqs=1)
+    handle = e.submit("forever", max_tokens=100_000, ignore_eos=True, priority="background")
+    next(iter(handle))
+    e.close()
+    assert handle.result(timeout=30).finish_reason == "cancelled"
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"background_ctx": -1}, "background_ctx must be in"),
+    ({"background_seqs": 0}, "background_seqs must be in"),
+    ({"background_ctx": 2, "background_seqs": 4}, "at least one position"),
+])
+def test_bad_background_settings_are_refused(fields, message):
+    with pytest.raises(InvalidRequestError, match=message):
+        EngineConfig(model="m.gguf", **fields)
