@@ -72,6 +72,23 @@ def test_a_prompt_too_long_for_the_background_context_runs_in_the_streams(tiny_p
         assert e._lane.ex.trace == []
 
 
+def test_a_background_tick_that_breaks_ends_only_the_background_requests(tiny_path):
+    with uma.Engine(tiny_path, n_ctx=1024, n_seq_max=2, background_ctx=256,
+                    background_seqs=1) as e:
+        stream = e.submit("a stream", max_tokens=64, ignore_eos=True)
+        next(iter(stream))
+
+        def broken():
+            raise RuntimeError("the background policy broke")
+
+        e._lane.ex.plan = broken  # the lane's next tick fails as a whole
+        bg = e.submit("background work", max_tokens=8, priority="background").result(timeout=60)
+        assert bg.finish_reason == "error" and "the background policy broke" in str(bg.error)
+        assert stream.result(timeout=60).usage.completion_tokens == 64
+        after = e.submit("a later stream", max_tokens=4, ignore_eos=True).result(timeout=60)
+        assert after.finish_reason == "length"
+
+
 def test_closing_cancels_the_background_contexts_requests(tiny_path):
     e = uma.Engine(tiny_path, n_ctx=1024, n_seq_max=2, background_ctx=256, background_seqs=1)
     handle = e.submit("forever", max_tokens=100_000, ignore_eos=True, priority="background")
