@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING
 from uma.executor import Executor
 from uma.metrics import Registry
 from uma.output import OutputStage
-from uma.request import Request
 from uma.sched.baseline import BaselinePolicy
 from uma.sched.slices import Slice, SliceKnobs, SliceView, background_slice, owed_after
 from uma.sched.state import Phase, Plan
+from uma.tick_stats import p95
 
 if TYPE_CHECKING:
     from uma import _core
@@ -63,9 +63,6 @@ class BackgroundLane:
     @property
     def idle(self) -> bool:
         return self.ex.idle
-
-    def enqueue(self, req: Request) -> None:
-        self.ex.enqueue(req)
 
     def run_slice(self, streams: Executor, plan: Plan) -> float:
         """Called between the streams' plan and its run: runs one background tick if the
@@ -127,8 +124,7 @@ class BackgroundLane:
         self._alone.append(ms)
         self._pushed += 1
         if len(self._alone) >= 2 * ALONE_EVERY and self._pushed % ALONE_EVERY == 0:
-            ordered = sorted(self._alone)
-            self.alone_p95_ms = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+            self.alone_p95_ms = p95(sorted(self._alone))
 
     def _least_ms(self) -> float:
         """The background's least useful tick, predicted: its decoders, and a prompt chunk of
