@@ -189,17 +189,15 @@ def tick_kinds(trace: list[Tick]) -> dict[str, dict]:
 
 def slice_summary(trace: list) -> dict:
     """The background context's slices (uma.background) while streams ran: how many of each
-    kind, their budget against what the background's tick took, and what the streams' tick
+    kind, their budget against what the background's ticks took, and what the streams' tick
     beside them was predicted to take."""
-    kinds: dict[str, list] = {"fill": [], "pause": [], "none, prompt tick": [],
-                              "none, no room": [], "idle": []}
+    kinds: dict[str, list] = {"ride": [], "pause": [], "none, prompt tick": [],
+                              "none, decode tick": [], "idle": []}
     for view, cut, spent_ms, prompt in trace:
-        if not view.streams:
-            kind = "idle"
-        elif cut.ms > 0:
-            kind = "pause" if cut.pause else "fill"
+        if cut.ms > 0:
+            kind = cut.kind
         else:
-            kind = "none, prompt tick" if view.prompt_next else "none, no room"
+            kind = "none, prompt tick" if view.prompt_next else "none, decode tick"
         kinds[kind].append((cut.ms, spent_ms, view.tick_ms, view.min_ms, view.alone_p95_ms,
                             prompt))
     out = {}

@@ -72,6 +72,22 @@ def test_a_prompt_too_long_for_the_background_context_runs_in_the_streams(tiny_p
         assert e._lane.ex.trace == []
 
 
+def test_a_slice_runs_background_ticks_while_its_budget_lasts(tiny_path):
+    # No stream: the lane's slices are idle ones of 100 ms, and a 16-token chunk of the tiny
+    # model takes about a millisecond, so one slice runs the prompt through several ticks.
+    with uma.Engine(tiny_path, n_ctx=1024, n_seq_max=2, n_batch=16, background_ctx=512,
+                    background_seqs=1) as e:
+        e.wait_ready()
+        e._lane.trace = []
+        bg = e.submit(list(range(10, 210)), max_tokens=4, ignore_eos=True,
+                      priority="background")
+        assert bg.result(timeout=60).usage.completion_tokens == 4
+        slices = [(cut, prompt) for _, cut, _, prompt in e._lane.trace if cut.ms > 0]
+        assert {cut.kind for cut, _ in slices} == {"idle"}
+        assert sum(prompt for _, prompt in slices) == 200
+        assert max(prompt for _, prompt in slices) > 16  # more than one tick's chunk
+
+
 def test_a_background_tick_that_breaks_ends_only_the_background_requests(tiny_path):
     with uma.Engine(tiny_path, n_ctx=1024, n_seq_max=2, background_ctx=256,
                     background_seqs=1) as e:
@@ -101,6 +117,10 @@ def test_closing_cancels_the_background_contexts_requests(tiny_path):
     ({"background_ctx": -1}, "background_ctx must be in"),
     ({"background_seqs": 0}, "background_seqs must be in"),
     ({"background_ctx": 2, "background_seqs": 4}, "at least one position"),
+    ({"background_ride": 1.0}, r"background_ride must be 0 \(off\) or in \(1, 100\]"),
+    ({"background_ride": -2}, "background_ride must be 0"),
+    ({"background_ride": float("nan")}, "background_ride must be finite"),
+    ({"background_ride": "4"}, "background_ride must be a number"),
 ])
 def test_bad_background_settings_are_refused(fields, message):
     with pytest.raises(InvalidRequestError, match=message):

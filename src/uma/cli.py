@@ -135,6 +135,7 @@ def run(
     prefix_cache_ram_mb: int | None = _opt("prefix_cache_ram_mb"),
     background_ctx: int | None = _opt("background_ctx"),
     background_seqs: int | None = _opt("background_seqs"),
+    background_ride: float | None = _opt("background_ride"),
     chat_template: str | None = _opt("chat_template"),
     fair_share: bool | None = _opt("fair_share", "--fair-share/--no-fair-share"),
     app_weights: str | None = _opt("app_weights"),

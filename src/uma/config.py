@@ -294,6 +294,10 @@ class EngineConfig:
     # streams' attention. For GPUs: a background tick pays a decode call of its own
     background_ctx: int = 0
     background_seqs: int = 2
+    # how long a slice before the streams' prompt tick may stretch their gap, as a multiple of
+    # their p95 alone (uma.sched.slices: a ride; 0: none, the background runs in pauses only).
+    # A ride also delays that prompt's first token by its length
+    background_ride: float = 4.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -345,6 +349,10 @@ class EngineConfig:
         if not 1 <= _integer("background_seqs", self.background_seqs) <= 64:
             raise InvalidRequestError(
                 f"background_seqs must be in [1, 64], not {self.background_seqs}")
+        ride = _number("background_ride", self.background_ride)
+        if not (ride == 0 or 1 < ride <= 100):
+            raise InvalidRequestError(
+                f"background_ride must be 0 (off) or in (1, 100], not {self.background_ride}")
         if 0 < self.background_ctx < self.background_seqs:
             raise InvalidRequestError(
                 f"background_ctx ({self.background_ctx}) must hold at least one position for "

@@ -206,7 +206,7 @@ class Engine:
             kv_unified=config.kv_unified, type_k=config.type_k, type_v=config.type_v,
             flash_attn=config.flash_attn, n_threads=config.n_threads,
             n_threads_batch=config.n_threads_batch)
-        knobs = SliceKnobs(**{
+        knobs = SliceKnobs(ride=config.background_ride, **{
             k: getattr(policy, k) for k in ("background_share", "pause_factor", "pause_share")
             if hasattr(policy, k)})
         self.metrics.gauge("background_kv_cells_total",

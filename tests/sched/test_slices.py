@@ -2,51 +2,69 @@
 
 import pytest
 
-from uma.sched.slices import Slice, SliceKnobs, SliceView, background_slice, owed_after
+from uma.sched.slices import NONE, Slice, SliceKnobs, SliceView, background_slice, owed_after
 
-KNOBS = SliceKnobs(fill=1.0, background_share=0.15, pause_factor=1.8, pause_share=0.04,
+KNOBS = SliceKnobs(ride=4.0, background_share=0.15, pause_factor=1.8, pause_share=0.04,
                    idle_ms=100.0)
+SPACING = 25  # 1 / pause_share
 
 
 def view(**over):
     base = dict(streams=True, prompt_next=False, tick_ms=5.0, alone_p95_ms=12.0, min_ms=4.0,
-                owed_ms=0.0, since_pause=0)
+                owed_ms=0.0, since_slice=SPACING)
     return SliceView(**{**base, **over})
 
 
 def test_with_no_interactive_request_background_runs_idle_ticks():
-    assert background_slice(view(streams=False), KNOBS) == Slice(100.0)
+    assert background_slice(view(streams=False), KNOBS) == Slice(100.0, "idle")
     # a least useful tick longer than the idle budget still runs
-    assert background_slice(view(streams=False, min_ms=150.0), KNOBS) == Slice(150.0)
+    assert background_slice(view(streams=False, min_ms=150.0), KNOBS) == Slice(150.0, "idle")
+    # spacing is for the streams' gaps: with none, nothing waits for it
+    assert background_slice(view(streams=False, since_slice=0), KNOBS).kind == "idle"
 
 
-def test_a_slice_fills_the_streams_gap_up_to_their_p95_alone():
-    assert background_slice(view(), KNOBS) == Slice(7.0)  # 12 - 5
-    assert background_slice(view(), SliceKnobs(fill=1.1)).ms == pytest.approx(8.2)
+def test_a_slice_rides_before_the_streams_prompt_tick():
+    # the gap may reach 4 x the p95 alone: 48 - 10 ms of the prompt tick
+    prompt = dict(prompt_next=True, tick_ms=10.0)
+    assert background_slice(view(**prompt), KNOBS) == Slice(pytest.approx(38.0), "ride")
+    # a prompt tick longer than the p95 alone is the measure: 4 x 30 - 30
+    assert background_slice(view(prompt_next=True, tick_ms=30.0), KNOBS).ms == \
+        pytest.approx(90.0)
+    # rides need nothing owed: the gap is the streams' tail already
+    assert background_slice(view(**prompt, owed_ms=-50.0), KNOBS).kind == "ride"
 
 
-def test_no_fill_beside_a_prompt_or_where_the_least_tick_does_not_fit():
-    assert background_slice(view(prompt_next=True), KNOBS) == Slice(0.0)
-    assert background_slice(view(min_ms=7.5), KNOBS) == Slice(0.0)
+def test_no_slice_before_a_decode_tick_unless_a_pause_is_owed():
+    assert background_slice(view(), KNOBS) is NONE
+    assert background_slice(view(owed_ms=1000.0, since_slice=2 * SPACING - 1), KNOBS) is NONE
 
 
-def test_what_filling_does_not_pay_is_paid_in_spaced_pauses():
-    owed = dict(prompt_next=True, owed_ms=20.0)
-    # 1.8 x 12 - 5 = 16.6 ms, once 25 ticks (1 / 0.04) have passed since the last
-    assert background_slice(view(**owed, since_pause=25), KNOBS) == Slice(
-        pytest.approx(16.6), pause=True)
-    assert background_slice(view(**owed, since_pause=24), KNOBS) == Slice(0.0)
-    assert background_slice(view(prompt_next=True, owed_ms=16.0, since_pause=99), KNOBS) \
-        == Slice(0.0)  # not owed enough for the pause
+def test_slices_are_spaced_one_in_1_over_pause_share_ticks():
+    prompt = dict(prompt_next=True, tick_ms=15.0)
+    assert background_slice(view(**prompt, since_slice=SPACING - 1), KNOBS) is NONE
+    assert background_slice(view(**prompt, since_slice=SPACING), KNOBS).kind == "ride"
+
+
+def test_a_ride_that_leaves_no_room_for_the_least_tick_is_not_run():
+    assert background_slice(view(prompt_next=True, tick_ms=10.0, min_ms=39.0), KNOBS) is NONE
+    assert background_slice(view(prompt_next=True, tick_ms=10.0), SliceKnobs(ride=0.0)) is NONE
+
+
+def test_with_no_prompt_tick_to_ride_what_is_owed_is_paid_in_pauses():
+    owed = dict(owed_ms=20.0, since_slice=2 * SPACING)
+    # 1.8 x 12 - 5 = 16.6 ms, once a slice has waited as many ticks again for a prompt tick
+    assert background_slice(view(**owed), KNOBS) == Slice(pytest.approx(16.6), "pause")
+    assert background_slice(view(owed_ms=16.0, since_slice=99), KNOBS) is NONE  # not enough
     off = SliceKnobs(background_share=0.0)
-    assert background_slice(view(**owed, since_pause=99), off) == Slice(0.0)
+    assert background_slice(view(**owed), off) is NONE
 
 
-def test_before_the_streams_p95_is_known_only_pauses_run():
-    unknown = view(alone_p95_ms=0.0, owed_ms=50.0, since_pause=30)
-    # measured against the tick itself: 1.8 x 5 - 5 = 4 ms, at least the least tick
-    assert background_slice(unknown, KNOBS) == Slice(pytest.approx(4.0), pause=True)
-    assert background_slice(view(alone_p95_ms=0.0), KNOBS) == Slice(0.0)
+def test_before_the_streams_p95_is_known_gaps_are_measured_against_the_tick():
+    unknown = view(alone_p95_ms=0.0, owed_ms=50.0, since_slice=2 * SPACING)
+    # 1.8 x 5 - 5 = 4 ms, at least the least tick
+    assert background_slice(unknown, KNOBS) == Slice(pytest.approx(4.0), "pause")
+    ride = view(alone_p95_ms=0.0, prompt_next=True, tick_ms=15.0)
+    assert background_slice(ride, KNOBS) == Slice(pytest.approx(45.0), "ride")
 
 
 def test_owed_time_accrues_with_the_streams_and_is_bounded():

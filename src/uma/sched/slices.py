@@ -8,14 +8,24 @@ scheduler did. In a context of their own they cost the streams nothing but the t
 background's own ticks, which run between the streams' ticks; this policy decides how long
 each may be. Where it gives none, background work waits.
 
-The streams' gap is their tick and the background slice before it, so a slice fills what the
-streams' tick leaves of their p95 alone (the p95 of their ticks that no slice preceded):
-filled to it, a storm's gaps stay under the p95 the streams have alone. A tick that carries an
-interactive prompt is the streams' own tail and gets no fill. Background work is also owed
-background_share of the time the streams take; what filling did not pay is paid in planned
-pauses (up to pause_factor × that p95, at most pause_share of the ticks), as the SLO policy's
-floor is. With no interactive request in the engine, background ticks run back to back, each
-at most idle_ms (a new interactive request waits for at most one).
+A client's gap is the streams' tick and the slice before it, and the streams' p95 counts how
+many gaps pass a line, not by how much. Their own ticks that carry a new interactive prompt
+are the tail already: under Vulkan on an H100 such a tick (a 128-token prompt beside seven
+decoders) costs 14-17 ms against 5.5 for a decode tick, and 6-8 % of the streams' gaps are
+theirs alone. A slice run just before one lengthens a gap that is past the line (or near it)
+anyway; a slice before a decode tick makes a new one. So a slice *rides*: before the streams'
+next prompt tick, up to `ride` × their p95 alone (or that tick, if longer) for the whole gap,
+at most one slice in 1 / pause_share of their ticks (each adds a tail gap where the prompt
+tick alone would have stayed under the line). Where no prompt tick comes for as many ticks
+again, background work owed (background_share of the streams' time) is paid in a planned
+pause (up to pause_factor × that p95), as the SLO policy's floor is. With no interactive
+request in the engine, background ticks run back to back, each at most idle_ms (a new
+interactive request waits for at most one).
+
+Filling the streams' decode ticks up to their p95 alone, the first version of this policy,
+made tail gaps of its own: their ticks' p95 is their prompt ticks' (one in eight ticks
+carries a prompt; their clients' gaps, a prompt tick among seven or eight decode gaps, put it
+at 11-14 ms), so a fill stretched decode gaps to 13-15 ms, past 1.2x the clients' p95 alone.
 
 A pure function of a frozen snapshot, as every policy here; the lane (uma.background) keeps
 the memory and runs the slices.
@@ -29,10 +39,10 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class SliceKnobs:
-    fill: float = 1.0  # a slice fills the streams' gap up to this × their p95 alone
+    ride: float = 4.0  # a ride stretches the gap to this × the p95 alone, at most (0: no rides)
     background_share: float = 0.15  # least share of the streams' time owed to background
     pause_factor: float = 1.8  # a pause stretches the gap up to this × the p95 alone
-    pause_share: float = 0.04  # most ticks followed by a pause
+    pause_share: float = 0.04  # most ticks preceded by a slice
     idle_ms: float = 100.0  # a background tick's time while no interactive request is in
 
 
@@ -43,33 +53,36 @@ class SliceView:
     streams: bool  # interactive requests are running or waiting
     prompt_next: bool  # the streams' next tick carries prompt tokens (their plan says so)
     tick_ms: float  # that tick, predicted (0: none is planned)
-    alone_p95_ms: float  # p95 of their ticks with no slice before (0: not known yet)
+    alone_p95_ms: float  # p95 of their ticks with no pause before (0: not known yet)
     min_ms: float  # the background's least useful tick, predicted (its decoders, or a chunk)
     owed_ms: float  # background time owed and not yet paid
-    since_pause: int  # streams' ticks since the last pause
+    since_slice: int  # streams' ticks since the last slice
 
 
 @dataclass(frozen=True, slots=True)
 class Slice:
-    ms: float  # the background tick's budget (0: no tick now)
-    pause: bool = False  # a planned pause, paid from what is owed
+    ms: float  # the background ticks' budget (0: none now)
+    kind: str = "none"  # idle, ride, pause or none
+
+
+NONE = Slice(0.0)
 
 
 def background_slice(view: SliceView, knobs: SliceKnobs) -> Slice:
     if not view.streams:
-        return Slice(max(knobs.idle_ms, view.min_ms))
-    if view.alone_p95_ms <= 0:  # nothing to measure a gap against yet: pauses only
-        line = max(view.tick_ms, view.min_ms)
-    else:
-        line = view.alone_p95_ms
-        room = knobs.fill * line - view.tick_ms
-        if not view.prompt_next and room >= view.min_ms:
-            return Slice(room)
-    pause = max(knobs.pause_factor * line - view.tick_ms, view.min_ms)
+        return Slice(max(knobs.idle_ms, view.min_ms), "idle")
     spacing = math.ceil(1 / knobs.pause_share) if knobs.pause_share > 0 else math.inf
-    if knobs.background_share > 0 and view.owed_ms >= pause and view.since_pause >= spacing:
-        return Slice(pause, pause=True)
-    return Slice(0.0)
+    if view.since_slice < spacing:
+        return NONE
+    # before the p95 alone is known, gaps are measured against the tick itself
+    line = view.alone_p95_ms if view.alone_p95_ms > 0 else max(view.tick_ms, view.min_ms)
+    if view.prompt_next:
+        ride = knobs.ride * max(line, view.tick_ms) - view.tick_ms
+        return Slice(ride, "ride") if ride >= view.min_ms else NONE
+    pause = max(knobs.pause_factor * line - view.tick_ms, view.min_ms)
+    if knobs.background_share > 0 and view.owed_ms >= pause and view.since_slice >= 2 * spacing:
+        return Slice(pause, "pause")
+    return NONE
 
 
 def owed_after(owed_ms: float, streams_ms: float, background_ms: float, knobs: SliceKnobs,
