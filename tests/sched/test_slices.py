@@ -27,9 +27,10 @@ def test_a_slice_rides_before_the_streams_prompt_tick():
     # the gap may reach 4 x the p95 alone: 48 - 10 ms of the prompt tick
     prompt = dict(prompt_next=True, tick_ms=10.0)
     assert background_slice(view(**prompt), KNOBS) == Slice(pytest.approx(38.0), "ride")
-    # a prompt tick longer than the p95 alone is the measure: 4 x 30 - 30
+    # the gap is bounded by the p95 alone, however long the prompt tick: 4 x 12 - 30
     assert background_slice(view(prompt_next=True, tick_ms=30.0), KNOBS).ms == \
-        pytest.approx(90.0)
+        pytest.approx(18.0)
+    assert background_slice(view(prompt_next=True, tick_ms=46.0), KNOBS) is NONE
     # rides need nothing owed: the gap is the streams' tail already
     assert background_slice(view(**prompt, owed_ms=-50.0), KNOBS).kind == "ride"
 
@@ -43,6 +44,9 @@ def test_slices_are_spaced_one_in_1_over_pause_share_ticks():
     prompt = dict(prompt_next=True, tick_ms=15.0)
     assert background_slice(view(**prompt, since_slice=SPACING - 1), KNOBS) is NONE
     assert background_slice(view(**prompt, since_slice=SPACING), KNOBS).kind == "ride"
+    # no share of ticks for slices: none while the streams run
+    assert background_slice(view(**prompt, since_slice=10**6), SliceKnobs(pause_share=0.0)) \
+        is NONE
 
 
 def test_a_ride_that_leaves_no_room_for_the_least_tick_is_not_run():
