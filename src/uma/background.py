@@ -98,14 +98,14 @@ class BackgroundLane:
         """Background ticks back to back while the slice has room for the least useful one:
         a ride may be longer than one full chunk takes (n_batch tokens), and under Vulkan on
         an H100 one tick a ride left two background prompts 30-41x slower than alone where
-        several made them 17x. Returns the seconds they took and the prompt tokens they
-        ran."""
+        several made them 17x. Returns the seconds they took and, while tracing, the prompt
+        tokens they ran."""
         t0 = time.perf_counter()
         left, prompt = budget_ms, 0
         while True:
             self.ex.policy = dataclasses.replace(self.policy, tick_target_ms=left)
             ran = self.ex.step()
-            if ran:
+            if ran and self.trace is not None:  # counted for traces only
                 prompt += sum(i.n_tokens for i in self.ex.last_plan.items
                               if i.phase is Phase.PREFILL)
             spent = time.perf_counter() - t0

@@ -161,7 +161,9 @@ class Executor:
         # That plan's tick as measured (ms, tokens sampled): the policy's feedback, paired
         # with the memory of the plan it measured (see apply).
         self._measured = (0.0, 0)
-        self.n_ticks = 0  # this executor's own ticks (the ticks_total counter may be shared)
+        # ticks applied (stats.ticks counts them when their report is handed on, a tick
+        # later when overlapped): last_tick_ms is new when this changes
+        self.n_ticks = 0
         self.last_plan = Plan.empty()  # the last tick's plan, as run
 
     @property
