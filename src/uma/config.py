@@ -295,7 +295,8 @@ class EngineConfig:
     background_ctx: int = 0
     background_seqs: int = 2
     # how long a slice before the streams' prompt tick may stretch their gap, as a multiple of
-    # their p95 alone (uma.sched.slices: a ride; 0: none, the background runs in pauses only).
+    # that tick (at least their p95 alone, at most twice it; uma.sched.slices: a ride; 0: none,
+    # the background runs in pauses only).
     # A ride also delays that prompt's first token by its length
     background_ride: float = 4.0
 

@@ -24,15 +24,30 @@ def test_with_no_interactive_request_background_runs_idle_ticks():
 
 
 def test_a_slice_rides_before_the_streams_prompt_tick():
-    # the gap may reach 4 x the p95 alone: 48 - 10 ms of the prompt tick
+    # the gap may reach 4 x the prompt tick, counted at no less than the p95 alone: 48 - 10 ms
     prompt = dict(prompt_next=True, tick_ms=10.0)
     assert background_slice(view(**prompt), KNOBS) == Slice(pytest.approx(38.0), "ride")
-    # the gap is bounded by the p95 alone, however long the prompt tick: 4 x 12 - 30
-    assert background_slice(view(prompt_next=True, tick_ms=30.0), KNOBS).ms == \
-        pytest.approx(18.0)
-    assert background_slice(view(prompt_next=True, tick_ms=46.0), KNOBS) is NONE
+    # a prompt tick past the p95: 4 x 20 - 20
+    assert background_slice(view(prompt_next=True, tick_ms=20.0), KNOBS) == \
+        Slice(pytest.approx(60.0), "ride")
     # rides need nothing owed: the gap is the streams' tail already
     assert background_slice(view(**prompt, owed_ms=-50.0), KNOBS).kind == "ride"
+
+
+def test_a_ride_is_sized_from_the_prompt_tick_wherever_the_p95_alone_lands():
+    # the same 15 ms prompt tick, the p95 alone on either side of the decode/prompt edge
+    for p95 in (7.6, 12.0, 15.0):
+        ride = background_slice(view(prompt_next=True, tick_ms=15.0, alone_p95_ms=p95), KNOBS)
+        assert ride == Slice(pytest.approx(45.0), "ride")
+
+
+def test_a_ride_counts_the_prompt_tick_at_most_ride_cap_times_the_p95_alone():
+    # a CPU's long prompt tick: 4 x (2 x 12) - 30, not 4 x 30 - 30
+    assert background_slice(view(prompt_next=True, tick_ms=30.0), KNOBS).ms == \
+        pytest.approx(66.0)
+    assert background_slice(view(prompt_next=True, tick_ms=94.0), KNOBS) is NONE
+    assert background_slice(view(prompt_next=True, tick_ms=30.0),
+                            SliceKnobs(ride_cap=1.0)).ms == pytest.approx(18.0)
 
 
 def test_no_slice_before_a_decode_tick_unless_a_pause_is_owed():

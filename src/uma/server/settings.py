@@ -118,7 +118,7 @@ SETTINGS: tuple[Setting, ...] = (
     _e("background_seqs", int, "2", "background requests decoded at once in background_ctx"),
     _e("background_ride", float, "4",
        "a background slice before the streams' new prompt may stretch their gap to this x "
-       "their p95 alone (0: pauses only)"),
+       "that prompt's tick, counted at 1-2x their p95 alone (0: pauses only)"),
     _e("chat_template", str, "the model's, else chatml",
        "chat messages' template: chatml, llama2, llama3 or a Jinja file"),
     _e("fair_share", bool, "on", "share sequences fairly between apps (off: first come, first "
