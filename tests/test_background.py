@@ -6,6 +6,7 @@ import pytest
 import uma
 from uma.config import EngineConfig
 from uma.errors import InvalidRequestError
+from uma.sched.state import BatchItem, Phase, Plan
 
 from .helpers import assert_same_greedy
 
@@ -86,6 +87,35 @@ def test_a_slice_runs_background_ticks_while_its_budget_lasts(tiny_path):
         assert {cut.kind for cut, _ in slices} == {"idle"}
         assert sum(prompt for _, prompt in slices) == 200
         assert max(prompt for _, prompt in slices) > 16  # more than one tick's chunk
+
+
+def test_an_idle_slice_ends_at_the_next_background_tick_once_work_arrives(tiny_path):
+    # As test_a_slice_runs_background_ticks_while_its_budget_lasts, with the engine told that
+    # a request is always arriving: each idle slice then runs one 16-token tick, so a new
+    # interactive request waits for one background tick, not for a 100 ms slice.
+    with uma.Engine(tiny_path, n_ctx=1024, n_seq_max=2, n_batch=16, background_ctx=512,
+                    background_seqs=1) as e:
+        e.wait_ready()
+        e._arrived = lambda: True
+        e._lane.trace = []
+        bg = e.submit(list(range(10, 210)), max_tokens=4, ignore_eos=True,
+                      priority="background")
+        assert bg.result(timeout=60).usage.completion_tokens == 4
+        slices = [prompt for _, cut, _, prompt in e._lane.trace if cut.kind == "idle"]
+        assert sum(slices) == 200 and max(slices) == 16
+
+
+def test_the_lane_sees_whether_the_streams_next_tick_decodes(tiny_path):
+    # what decides a ride: a prompt tick with decode rows has clients waiting in it
+    with uma.Engine(tiny_path, n_ctx=1024, n_seq_max=2, background_ctx=256,
+                    background_seqs=1) as e:
+        e.wait_ready()
+        prompt = BatchItem(0, Phase.PREFILL, 8, logits=True)
+        alone = e._lane._view(e._executor, Plan(items=(prompt,)))
+        beside = e._lane._view(e._executor,
+                               Plan(items=(prompt, BatchItem(1, Phase.DECODE, 1, logits=True))))
+        assert alone.prompt_next and not alone.decoding
+        assert beside.prompt_next and beside.decoding
 
 
 def test_a_background_tick_that_breaks_ends_only_the_background_requests(tiny_path):

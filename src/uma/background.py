@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
+from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -31,6 +32,10 @@ if TYPE_CHECKING:
 MIN_CHUNK = 16
 ALONE_WINDOW = 256  # the streams' recent ticks their p95 alone is taken over
 ALONE_EVERY = 16  # ticks between two takes of it
+
+
+def _never() -> bool:
+    return False
 
 
 class BackgroundLane:
@@ -64,11 +69,14 @@ class BackgroundLane:
     def idle(self) -> bool:
         return self.ex.idle
 
-    def run_slice(self, streams: Executor, plan: Plan) -> float:
+    def run_slice(self, streams: Executor, plan: Plan,
+                  arrived: Callable[[], bool] = _never) -> float:
         """Called between the streams' plan and its run: runs background ticks for as long as
         the slice policy gives them; returns the seconds they took. Decided here, not after
         the streams' tick, because the plan says what their next tick is: one that carries a
-        new prompt is their own tail, and a slice rides before it."""
+        new prompt is their own tail, and a slice rides before it. arrived: whether a new
+        request came in since the plan; an idle slice (no stream to plan for) ends at the
+        next background tick when one did, so that it waits for one tick, not the slice."""
         if streams.n_ticks != self._seen:  # their last tick, measured
             self._seen = streams.n_ticks
             self._measured_streams(streams.last_tick_ms)
@@ -81,7 +89,7 @@ class BackgroundLane:
         if plan.items:
             self._since_slice += 1
         if cut.ms > 0:
-            spent, prompt = self._run(cut.ms)
+            spent, prompt = self._run(cut.ms, arrived if cut.kind == "idle" else _never)
             if cut.kind != "idle":
                 self._since_slice = 0
         self._sliced = cut.kind == "pause"
@@ -94,7 +102,7 @@ class BackgroundLane:
             self.trace.append((view, cut, spent * 1e3, prompt))
         return spent
 
-    def _run(self, budget_ms: float) -> tuple[float, int]:
+    def _run(self, budget_ms: float, arrived: Callable[[], bool]) -> tuple[float, int]:
         """Background ticks back to back while the slice has room for the least useful one:
         a ride may be longer than one full chunk takes (n_batch tokens), and under Vulkan on
         an H100 one tick a ride left two background prompts 30-41x slower than alone where
@@ -110,7 +118,7 @@ class BackgroundLane:
                               if i.phase is Phase.PREFILL)
             spent = time.perf_counter() - t0
             left = budget_ms - spent * 1e3
-            if not ran or self.ex.idle or left < self._least_ms():
+            if not ran or self.ex.idle or left < self._least_ms() or arrived():
                 return spent, prompt
 
     def _measured_streams(self, ms: float) -> None:
@@ -131,6 +139,7 @@ class BackgroundLane:
         return SliceView(
             streams=bool(plan.items) or bool(streams.running) or bool(streams.n_waiting),
             prompt_next=any(i.phase is Phase.PREFILL for i in plan.items),
+            decoding=any(i.phase is Phase.DECODE for i in plan.items),
             tick_ms=tick_ms, alone_p95_ms=self.alone_p95_ms, min_ms=self._least_ms(),
             owed_ms=self.owed_ms, since_slice=self._since_slice)
 

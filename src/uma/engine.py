@@ -577,11 +577,18 @@ class Engine:
             # The background lane's slice goes between the streams' plan and its run: the
             # plan tells what their tick will be (uma.background).
             plan = self._guarded(ex, ex.plan) or Plan.empty()
-            away = self._guarded(lane.ex, functools.partial(lane.run_slice, ex, plan)) or 0.0
+            away = self._guarded(lane.ex, functools.partial(lane.run_slice, ex, plan,
+                                                            self._arrived)) or 0.0
             self._guarded(ex, functools.partial(ex.execute, plan, away))
 
     def _idle(self) -> bool:
         return self._executor.idle and (self._lane is None or self._lane.idle)
+
+    def _arrived(self) -> bool:
+        """Whether work came in that the compute thread has not taken yet: a request, an
+        embeddings job, a close. Read without the lock: an answer a moment late costs one
+        more background tick."""
+        return bool(self._inbox or self._jobs or self._closing)
 
     @staticmethod
     def _guarded(ex: Executor, step: Callable[[], T]) -> T | None:

@@ -10,8 +10,8 @@ SPACING = 25  # 1 / pause_share
 
 
 def view(**over):
-    base = dict(streams=True, prompt_next=False, tick_ms=5.0, alone_p95_ms=12.0, min_ms=4.0,
-                owed_ms=0.0, since_slice=SPACING)
+    base = dict(streams=True, prompt_next=False, decoding=True, tick_ms=5.0, alone_p95_ms=12.0,
+                min_ms=4.0, owed_ms=0.0, since_slice=SPACING)
     return SliceView(**{**base, **over})
 
 
@@ -32,6 +32,14 @@ def test_a_slice_rides_before_the_streams_prompt_tick():
         Slice(pytest.approx(60.0), "ride")
     # rides need nothing owed: the gap is the streams' tail already
     assert background_slice(view(**prompt, owed_ms=-50.0), KNOBS).kind == "ride"
+
+
+def test_no_ride_before_a_prompt_tick_with_no_stream_decoding():
+    # a lone new request: no gap to hide a slice in, only its first token to delay
+    lone = view(prompt_next=True, decoding=False, tick_ms=10.0)
+    assert background_slice(lone, KNOBS) is NONE
+    assert background_slice(view(prompt_next=True, decoding=True, tick_ms=10.0), KNOBS).kind \
+        == "ride"
 
 
 def test_a_ride_is_sized_from_the_prompt_tick_wherever_the_p95_alone_lands():

@@ -14,14 +14,15 @@ are the tail already: under Vulkan on an H100 such a tick (a 128-token prompt be
 decoders) costs 14-17 ms against 5.5 for a decode tick, and 6-8 % of the streams' gaps are
 theirs alone. A slice run just before one lengthens a gap that is past the line (or near it)
 anyway; a slice before a decode tick makes a new one. So a slice *rides*: before the streams'
-next prompt tick, up to `ride` × that tick for the whole gap (the tick counted at no less than
-their p95 alone and at most ride_cap × it),
-at most one slice in 1 / pause_share of their ticks (each adds a tail gap where the prompt
-tick alone would have stayed under the line). Where no prompt tick comes for as many ticks
-again, background work owed (background_share of the streams' time) is paid in a planned
-pause (up to pause_factor × that p95), as the SLO policy's floor is. With no interactive
-request in the engine, background ticks run back to back, each at most idle_ms (a new
-interactive request waits for at most one).
+next prompt tick that also decodes (with no stream between two tokens a ride would only delay
+the new request's first token), up to `ride` × that tick for the whole gap (the tick counted
+at no less than their p95 alone and at most ride_cap × it), at most one slice in
+1 / pause_share of their ticks (each adds a tail gap where the prompt tick alone would have
+stayed under the line). Where no prompt tick comes for as many ticks again, background work
+owed (background_share of the streams' time) is paid in a planned pause (up to pause_factor ×
+that p95), as the SLO policy's floor is. With no interactive request in the engine, slices of
+idle_ms run background ticks back to back; the lane ends one at the next tick once a request
+arrives, so a new interactive request waits for one background tick.
 
 Filling the streams' decode ticks up to their p95 alone, the first version of this policy,
 made tail gaps of its own: their ticks' p95 is their prompt ticks' (one in eight ticks
@@ -55,6 +56,7 @@ class SliceView:
 
     streams: bool  # interactive requests are running or waiting
     prompt_next: bool  # the streams' next tick carries prompt tokens (their plan says so)
+    decoding: bool  # ... and decode rows: some client is waiting between two tokens
     tick_ms: float  # that tick, predicted (0: none is planned)
     alone_p95_ms: float  # p95 of their ticks with no pause before (0: not known yet)
     min_ms: float  # the background's least useful tick, predicted (its decoders, or a chunk)
@@ -80,6 +82,10 @@ def background_slice(view: SliceView, knobs: SliceKnobs) -> Slice:
     # before the p95 alone is known, gaps are measured against the tick itself
     line = view.alone_p95_ms if view.alone_p95_ms > 0 else max(view.tick_ms, view.min_ms)
     if view.prompt_next:
+        if not view.decoding:
+            # no client between two tokens: the slice would hide in no one's gap and only
+            # make the new request wait for its first token
+            return NONE
         # Sized from the prompt tick it rides before, not from the p95 alone: that p95 sits on
         # the edge between decode and prompt ticks and moves with how many ticks carry a
         # prompt (under Vulkan, 4.8 % against 6.3 % of ticks put it at 7.6 against 16.4 ms,
