@@ -56,7 +56,7 @@ class SliceView:
 
     streams: bool  # interactive requests are running or waiting
     prompt_next: bool  # the streams' next tick carries prompt tokens (their plan says so)
-    decoding: bool  # ... and decode rows: some client is waiting between two tokens
+    decoding: bool  # that tick has decode rows: some client is waiting between two tokens
     tick_ms: float  # that tick, predicted (0: none is planned)
     alone_p95_ms: float  # p95 of their ticks with no pause before (0: not known yet)
     min_ms: float  # the background's least useful tick, predicted (its decoders, or a chunk)
