@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = ap.parse_args(argv)
     if ns.requests < 2 or ns.repeat < 1:
         ap.error("--requests must be at least 2 and --repeat at least 1")
-    model = Path(ns.model) if ns.model.endswith(".gguf") else synth.cached_model(ns.model)
+    model = Path(ns.model) if Path(ns.model).exists() else synth.cached_model(ns.model)
     runs: list[dict[str, object]] = []
     for i in range(ns.repeat):
         order = (True, False) if i % 2 == 0 else (False, True)

@@ -152,14 +152,10 @@ class CostEstimate:
 
     def shape_ms(self, rows: int) -> float:
         """What a tick of `rows` rows pays for its size: the steps it passed (the edges below
-        `rows`), and its ragged price (see ragged_span, written out here: policies price a
-        tick's shape dozens of times while planning it)."""
-        ms = self._passed[bisect.bisect_left(ROW_EDGES, rows)]
-        if rows > RAGGED_EDGES[0] and rows & (rows - 1):
-            span = bisect.bisect_left(RAGGED_EDGES, rows) - 1
-            if span < len(self.ragged_ms):
-                ms += self.ragged_ms[span]
-        return ms
+        `rows`), and its ragged price."""
+        span = ragged_span(rows)
+        ragged = self.ragged_ms[span] if 0 <= span < len(self.ragged_ms) else 0.0
+        return self._passed[bisect.bisect_left(ROW_EDGES, rows)] + ragged
 
     def step_ms(self, rows: int, n_tokens: int) -> float:
         """What a chunk of n_tokens changes in what a tick that already has `rows` rows pays
@@ -198,26 +194,21 @@ class CostEstimate:
         # (a wide tick's).
         best = 0
         cheaper_later = self.prompt_kv_ms(WIDE_ROWS + 1) < self.prompt_kv_ms(rows + 1)
-        # A chunk that takes the tick to an edge has passed the edges below it (_passed[k]) at
-        # no ragged price (the edges are powers of two), and is its span's largest: where it
-        # fits, so does the span, with no search (planning one stream's tick took 17 against
-        # 10 us with a search in every span, on the 2-core CPU).
+        # A chunk that takes the tick to its span's edge has passed the steps below that edge
+        # at no ragged price (the edges are powers of two), and is the span's largest: where
+        # it fits, so does the span, with no search (planning one stream's tick took 17
+        # against 10-12 us with a search in every span, on the 2-core CPU).
         base = self.per_kv_kpos_ms * depth / 1000.0 - self.shape_ms(rows)
-        lo = 1
-        for k, edge in enumerate((*ROW_EDGES, math.inf)):
-            hi = edge - rows
-            if hi < lo:
-                continue
+        for lo, hi, edge_steps in self._spans(rows):
             whole = hi < math.inf and \
-                self.work_ms(int(hi), depth, rows) + base + self._passed[k] <= spare_ms + 1e-9
+                self.work_ms(int(hi), depth, rows) + base + edge_steps <= spare_ms + 1e-9
             fit = int(hi) if whole else self._span_fit(spare_ms, depth, rows, lo, hi)
             if fit >= hi:
-                best, lo = fit, fit + 1
+                best = int(hi)
                 continue
             best = max(best, fit)
-            if not cheaper_later or rows + lo > WIDE_ROWS or hi == math.inf:
+            if not cheaper_later or rows + lo > WIDE_ROWS:
                 break
-            lo = int(hi) + 1
         return best
 
     def _span_fit(self, spare_ms: float, depth: int, rows: int, lo: int, hi: float) -> int:
@@ -243,7 +234,7 @@ class CostEstimate:
         already has `rows` rows, whose own work (tokens and their scoring) is at least factor
         × the chunk's overhead (its read, the steps it passes, its ragged price; at least 1).
         Where a span's sizes do not, the one that leaves the tick at a power of two may."""
-        for lo, hi in self._spans(rows):
+        for lo, hi, _ in self._spans(rows):
             work = factor * self.chunk_overhead_ms(depth, rows, lo)
             n = max(lo, math.ceil(self._tokens_of_work(work, depth, rows + lo) - 1e-9)) \
                 if work > 0 else lo
@@ -255,16 +246,17 @@ class CostEstimate:
                 return even
         raise AssertionError("the last span is unbounded")  # pragma: no cover
 
-    def _spans(self, rows: int) -> list[tuple[int, float]]:
-        """The chunk sizes (from, to) between the row edges a tick with `rows` rows has left:
-        within each, a chunk passes the same steps. The last is unbounded."""
-        spans: list[tuple[int, float]] = []
+    def _spans(self, rows: int) -> list[tuple[int, float, float]]:
+        """The chunk sizes (from, to) between the row edges a tick with `rows` rows has left,
+        each with the steps a tick that reaches its edge has passed: within a span, a chunk
+        passes the same steps. The last is unbounded."""
+        spans: list[tuple[int, float, float]] = []
         lo = 1
-        for edge in ROW_EDGES:
+        for k, edge in enumerate(ROW_EDGES):
             if edge - rows >= lo:
-                spans.append((lo, edge - rows))
+                spans.append((lo, edge - rows, self._passed[k]))
                 lo = edge - rows + 1
-        spans.append((lo, math.inf))
+        spans.append((lo, math.inf, self._passed[-1]))
         return spans
 
     def work_ms(self, n_tokens: int, depth: int, rows: int = 0) -> float:
