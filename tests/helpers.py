@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 # Batched and lone decoding of one sequence need not agree bit for bit: llama.cpp picks
 # different kernels and tilings for different batch shapes (tinyBLAS tiles on the CPU, other
 # reduction orders on GPUs), and random-weight models have occasional near-ties. Greedy paths
@@ -21,3 +23,12 @@ def assert_same_greedy(expected, actual, expected_lp, actual_lp) -> None:
                 f"token {i}: {a} vs {b}, log-probabilities {gap:.4f} apart; "
                 f"expected {expected}, got {actual}")
             return
+
+
+# Python's own words, as they leak when an exception's text reaches a client unchecked: no
+# message a client sees may match.
+PYTHON_TEXT = re.compile(
+    r"Traceback|NoneType|codec can't|surrogates not allowed|has no attribute|not subscriptable"
+    r"|unhashable|to convert to C|out of bounds for|set_int_max_str_digits|recursion depth"
+    r"|positional argument|keyword argument|invalid literal|unsupported operand|object is not"
+    r"|\b[A-Z]\w*Error\b|\bnot (?:str|int|float|bool|dict|list|tuple|bytes)\b|internal error")

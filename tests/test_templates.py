@@ -77,6 +77,17 @@ def test_what_a_template_refuses_is_the_requests_error():
         sneaky.render(USER)
 
 
+def test_a_template_that_breaks_on_the_messages_is_the_requests_error_in_our_words():
+    # a model's own template adding text to a tool call's null content
+    concat = ChatTemplate("{% for m in messages %}{{ m.content + '!' }}{% endfor %}",
+                          name="the model's")
+    with pytest.raises(InvalidRequestError) as info:
+        concat.render([{"role": "assistant", "content": None,
+                        "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}])
+    assert str(info.value) == ("the model's chat template failed on these messages: it reads "
+                               "a field they lack, or a value it cannot use")
+
+
 def test_a_malformed_template_fails_at_load_with_its_line():
     with pytest.raises(ModelLoadError, match=r"does not compile \(line 2\)"):
         ChatTemplate("{% for m in messages %}\n{{ m.content }\n{% endfor %}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import re
 
-from uma.errors import InvalidRequestError
+from uma.errors import InvalidRequestError, kind_of, shown
 
 DEFAULT_APP = "default"  # an Engine caller that names none
 MAX_WEIGHT = 1000.0
@@ -18,18 +18,18 @@ _NAME = re.compile(r"[A-Za-z0-9._:@/+-]{1,64}")
 def app_name(value: object, field: str = "app") -> str:
     """A checked app name; InvalidRequestError naming `field` otherwise."""
     if type(value) is not str:
-        raise InvalidRequestError(f"{field} must be a string, not {type(value).__name__}")
+        raise InvalidRequestError(f"{field} must be a string, not {kind_of(value)}")
     if not _NAME.fullmatch(value):
         raise InvalidRequestError(
-            f"{field} must be 1-64 characters of letters, digits and ._:@/+-, not {value!r}")
+            f"{field} must be 1-64 characters of letters, digits and ._:@/+-, not {shown(value)}")
     return value
 
 
 def app_weight(value: object, field: str = "weight") -> float:
     """A checked weight: a finite number in (0, MAX_WEIGHT]."""
     if type(value) not in (int, float):
-        raise InvalidRequestError(f"{field} must be a number, not {type(value).__name__}")
+        raise InvalidRequestError(f"{field} must be a number, not {kind_of(value)}")
     weight = float(value)  # type: ignore[arg-type]
     if not (math.isfinite(weight) and 0 < weight <= MAX_WEIGHT):
-        raise InvalidRequestError(f"{field} must be in (0, {MAX_WEIGHT:g}], not {value!r}")
+        raise InvalidRequestError(f"{field} must be in (0, {MAX_WEIGHT:g}], not {shown(value)}")
     return weight

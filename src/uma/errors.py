@@ -4,6 +4,10 @@ Every failure a user can see is a :class:`UmaError`. What the caller caused (a b
 bad model file) also subclasses the matching built-in (``ValueError``, ``FileNotFoundError``),
 so generic handlers keep working; internal faults do not. The daemon maps each class to the
 wire code of its ``error`` events in one place, uma.server.protocol.error_code_for.
+
+A message is for people and in the project's own words: `kind_of` and `shown` name and quote
+what a caller sent (a type as JSON and msgpack call it, never Python's ``NoneType``; a value
+cut to a short prefix, never a 100 KB name echoed whole).
 """
 
 from __future__ import annotations
@@ -103,3 +107,37 @@ def decode_error(rc: int, detail: str = "") -> DecodeError:
     if rc == -1:
         return InvalidBatchError(f"llama.cpp rejected the batch{suffix}", rc)
     return DecodeError(f"llama_decode failed with code {rc}{suffix}", rc)
+
+
+# --- the words of messages -----------------------------------------------------------------
+
+SHOWN_CHARS = 64  # of a string a message quotes
+
+
+def kind_of(value: object) -> str:
+    """What a value is, in the words of JSON and msgpack: 'null', 'a string', 'a map', ..."""
+    kind = _KINDS.get(type(value))
+    return kind if kind is not None else f"a {type(value).__name__}"  # only from Python callers
+
+
+def shown(value: object) -> str:
+    """A value a caller sent, as a message quotes it: a string cut to SHOWN_CHARS characters
+    (repr, so control characters and lone surrogates show as escapes), an integer of more than
+    64 bits by its size, a container by its kind (its repr may be huge)."""
+    kind = type(value)
+    if kind in (str, bytes):
+        return repr(value) if len(value) <= SHOWN_CHARS else f"{value[:SHOWN_CHARS - 3]!r}..."
+    if kind is int:
+        return repr(value) if value.bit_length() <= 64 else \
+            f"an integer of {value.bit_length()} bits"
+    if kind is float:
+        return repr(value)
+    if value is None or kind is bool:
+        return {None: "null", True: "true", False: "false"}[value]
+    return kind_of(value)
+
+
+_KINDS: dict[type, str] = {
+    type(None): "null", bool: "a boolean", int: "an integer", float: "a number",
+    str: "a string", bytes: "binary data", list: "a list", tuple: "a list", dict: "a map",
+}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 
-from uma.errors import InvalidRequestError
+from uma.errors import InvalidRequestError, shown
 
 
 class Priority(enum.Enum):
@@ -20,4 +20,4 @@ class Priority(enum.Enum):
             return cls(value)
         except ValueError:
             raise InvalidRequestError(
-                f"priority must be 'interactive' or 'background', not {value!r}") from None
+                f"priority must be 'interactive' or 'background', not {shown(value)}") from None

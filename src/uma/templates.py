@@ -21,7 +21,7 @@ from typing import Any
 from jinja2 import TemplateError, TemplateSyntaxError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from uma.errors import InvalidRequestError, ModelLoadError
+from uma.errors import InvalidRequestError, ModelLoadError, kind_of
 
 log = logging.getLogger("uma.templates")
 
@@ -108,9 +108,12 @@ class ChatTemplate:
         except TemplateError as exc:
             raise InvalidRequestError(f"the chat template refused the messages: {exc}") from None
         except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
-            # a template indexing a field the messages lack, or adding text to None
+            # a template indexing a field the messages lack, or adding text to None: Python's
+            # words ("can only concatenate str (not "NoneType") to str") go to the log
+            log.info("%s chat template failed: %s: %s", self.name, type(exc).__name__, exc)
             raise InvalidRequestError(
-                f"the chat template failed on these messages: {type(exc).__name__}: {exc}"
+                f"{self.name} chat template failed on these messages: it reads a field they "
+                f"lack, or a value it cannot use"
             ) from None
 
 
@@ -128,7 +131,7 @@ def checked_messages(messages: object) -> list[dict[str, Any]]:
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, Mapping):
-            raise InvalidRequestError(f"messages[{i}] must be a map, not {type(m).__name__}")
+            raise InvalidRequestError(f"messages[{i}] must be a map, not {kind_of(m)}")
         unknown = set(m) - _MESSAGE_FIELDS
         if unknown:
             raise InvalidRequestError(

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from uma.errors import InvalidRequestError
+from uma.errors import InvalidRequestError, shown
 
 MAX_TOOLS = 128
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -64,8 +64,8 @@ def check_tools(tools: object) -> list[dict[str, Any]]:
             raise InvalidRequestError(f"{where}.function must be an object")
         name = fn.get("name")
         if type(name) is not str or not _NAME.fullmatch(name):
-            raise InvalidRequestError(
-                f"{where}.function.name must be 1-64 letters, digits, _ . or -, not {name!r}")
+            raise InvalidRequestError(f"{where}.function.name must be 1-64 letters, digits, "
+                                      f"_ . or -, not {shown(name)}")
         if name in seen:
             raise InvalidRequestError(f"{where}.function.name {name!r} is given twice")
         seen.add(name)

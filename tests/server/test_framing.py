@@ -226,7 +226,13 @@ def test_errors_name_the_problem():
     assert "keys must be strings" in message(BAD_BODIES["int key"])
     assert "keys must be strings" in message(BAD_BODIES["binary key"])
     assert "deep" in message(BAD_BODIES["too deep for msgpack"])
-    assert "ExtType" in message(BAD_BODIES["ext type"])
+    assert "extension types" in message(BAD_BODIES["ext type"])
+    assert "extension types" in message(BAD_BODIES["timestamp"])
+    assert "claims more" in message(BAD_BODIES["array claiming 4G elements"])
+    assert "ends inside" in message(msgpack.packb({"a": "bc"})[:-1])
+    # in msgpack's words, never Python's: "not list", "Unpack failed: ..."
+    assert message(BAD_BODIES["top-level list"]).endswith("not a list")
+    assert message(b"\xc1") == "invalid msgpack: not msgpack"
 
 
 def test_frame_error_is_a_protocol_error_and_a_value_error():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -223,7 +224,7 @@ def test_unknown_fields_rejected_for_every_type(msg):
     ({"id": "x"}, "missing field 'type'"),
     ({"type": "generat", "id": "x"}, "unknown request type 'generat'"),
     ({"type": 3, "id": "x"}, "unknown request type 3"),
-    ({"type": ["generate"], "id": "x"}, "unknown request type <list>"),
+    ({"type": ["generate"], "id": "x"}, "unknown request type a list"),
     ({"type": "cancel"}, "missing field 'id'"),
     ({"type": "priority", "id": "x"}, "missing field 'priority'"),
     ({"type": "priority", "id": "x", "priority": "urgent"}, "priority"),
@@ -350,6 +351,83 @@ def test_token_count_limit():
     assert err.code == p.E_LIMIT_001 and "tokens" in err.message
 
 
+# Token ids reach a C int on every path: generate's tokens were checked, embed's and (over
+# HTTP) detokenize's were not, and 2**31 answered E_RUNTIME_001 "Python integer 2147483648 out
+# of bounds for int32", 2**64 "Python int too large to convert to C long".
+@pytest.mark.parametrize("token", [2**31, 2**40, 2**63 - 1, 2**64 - 1, -1, -(2**63)])
+@pytest.mark.parametrize(("msg", "field"), [
+    ({"type": "generate", "id": "t", "tokens": [1, "T"]}, "tokens[1]"),
+    ({"type": "detokenize", "id": "t", "tokens": [1, "T"]}, "tokens[1]"),
+    ({"type": "embed", "id": "t", "input": [1, "T"]}, "input[1]"),
+    ({"type": "embed", "id": "t", "input": [[1, "T"]]}, "input[0][1]"),
+    ({"type": "embed", "id": "t", "input": ["text", [1, "T"]]}, "input[1][1]"),
+])
+def test_token_ids_out_of_a_c_int_are_schema_errors_on_every_path(msg, field, token):
+    msg = {k: v if type(v) is not list else [
+        [token if t == "T" else t for t in x] if type(x) is list else
+        (token if x == "T" else x) for x in v] for k, v in msg.items()}
+    err = rejected(msg)
+    assert err.code == p.E_PROTO_003 and err.request_id == "t"
+    assert err.message.startswith(f"{field} must be a token id, in [0, 2147483647], not ")
+    assert len(err.message) < 100
+
+
+def test_embed_inputs_are_checked_as_prompts_are():
+    req = parse({"type": "embed", "id": "e", "input": ["a", [1, 2]], "normalize": False})
+    assert req == p.EmbedRequest("e", ("a", [1, 2]), normalize=False)
+    assert rejected({"type": "embed", "id": "e", "input": [1] * 101}).code == p.E_LIMIT_001
+    err = rejected({"type": "embed", "id": "e", "input": ["a", "x" * 1001]})
+    assert err.code == p.E_LIMIT_001 and err.message.startswith("input[1] is 1001 bytes")
+
+
+# Python's names for types ("not NoneType", "not bytes") and whole echoes of what was sent
+# (a 100 KB name) were in messages.
+@pytest.mark.parametrize(("msg", "words"), [
+    (gen(prompt=5), "prompt must be a string, not an integer"),
+    (gen(prompt=b"hi"), "prompt must be a string, not binary data"),
+    (gen(prompt=None, messages=[None]), "messages[0] must be a map, not null"),
+    (gen(prompt=None, messages={"role": "user"}), "not a map"),
+    (gen(stream=[]), "stream must be a boolean, not a list"),
+    (gen(temperature="hot"), "temperature must be a number, not a string"),
+    (gen(top_k=1.5), "top_k must be an integer, not a number"),
+    (gen(app=False), "app must be a string, not a boolean"),
+    ({"type": "detokenize", "id": "d", "tokens": {}}, "tokens must be a list of integers, "
+                                                      "not a map"),
+])
+def test_messages_name_kinds_in_the_wires_words(msg, words):
+    message = rejected(msg).message
+    assert words in message
+    assert not re.search(r"\bnot (NoneType|bytes|dict|list|str|int|float|bool)\b", message)
+
+
+@pytest.mark.parametrize("msg", [
+    {"type": "x" * 100_000, "id": "i"},
+    gen(**{"y" * 100_000: 1}),
+    gen(app="a" * 100_000),
+    gen(priority="p" * 100_000),
+    gen(prompt=None, tokens=[1] * 50 + [10**19]),
+    gen(seed=2**64 + 5),
+    gen(max_tokens=10**30),
+    gen(temperature=10**30),
+    gen(logit_bias={"9" * 5000: 1}),
+    gen(prompt=None, messages=[{"role": "user", "content": "x"}], tools=[
+        {"type": "function", "function": {"name": "n" * 100_000}}]),
+])
+def test_echoed_values_are_cut_short(msg):
+    err = rejected(msg)
+    assert err.code in (p.E_PROTO_003, p.E_LIMIT_002) and len(err.message) < 250, err.message
+
+
+def test_unexpected_exceptions_reach_clients_as_internal_errors_in_our_words():
+    bug = OverflowError("Python int too large to convert to C long")
+    assert p.error_event_for("r", bug) == {
+        "event": "error", "id": "r", "code": p.E_RUNTIME_001,
+        "message": "internal error (the server's log has the details)"}
+    ours = errors.InvalidTokenError("token id 99999 is outside the vocabulary [0, 32000)")
+    assert p.error_event_for("r", ours)["message"] == str(ours)
+    assert p.error_event_for(None, ours)["code"] == p.E_PROTO_003
+
+
 def test_max_tokens_above_the_cap_is_an_error_not_clamped():
     assert parse(gen(max_tokens=512)).params.max_tokens == 512
     err = rejected(gen(max_tokens=513))
@@ -465,7 +543,7 @@ def test_event_shapes():
 @pytest.mark.parametrize("msg, words", [
     ({"id": "a"}, "missing field 'event'"),
     ({"event": "tokenz", "id": "a"}, "unknown event 'tokenz'"),
-    ({"event": ["token"], "id": "a"}, "unknown event <list>"),
+    ({"event": ["token"], "id": "a"}, "unknown event a list"),
     ({"event": "token", "id": "a", "text": "x"}, "'token_ids'"),
     ({"event": "error", "code": "E", "message": "m"}, "'id'"),
     ({"event": "eos", "id": "a", "reason": "stop", "usage": {}}, "'timings'"),

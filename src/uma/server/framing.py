@@ -17,6 +17,7 @@ import threading
 
 import msgpack
 
+from uma.errors import kind_of
 from uma.server.protocol import E_PROTO_001, E_PROTO_002, ProtocolError
 
 DEFAULT_MAX_FRAME = 16 << 20  # bytes of msgpack in one frame; ample for a 1 MiB prompt
@@ -146,7 +147,11 @@ def _explain(exc: Exception) -> str:
         return "a string is not valid UTF-8"
     if "map key" in str(exc):  # strict_map_key's ValueError: "int is not allowed for map key"
         return "map keys must be strings"
-    return str(exc) or type(exc).__name__
+    if "incomplete input" in str(exc):
+        return "the frame ends inside a msgpack object"
+    if "exceeds max_" in str(exc):  # "4294967295 exceeds max_array_len(5)"
+        return "a string or array claims more bytes than the frame holds"
+    return "not msgpack"  # unpackb's "other exceptions": its words are not for clients
 
 
 def _check_shape(message: object) -> None:
@@ -155,7 +160,7 @@ def _check_shape(message: object) -> None:
     # types, in one pass over the containers.
     if type(message) is not dict:
         raise FrameError(E_PROTO_001, f"a frame must hold a msgpack map, "
-                                      f"not {type(message).__name__}")
+                                      f"not {kind_of(message)}")
     stack: list[tuple[dict | list, int]] = [(message, 1)]
     while stack:
         node, depth = stack.pop()
@@ -163,7 +168,7 @@ def _check_shape(message: object) -> None:
             for key in node:
                 if type(key) is not str:
                     raise FrameError(E_PROTO_001, f"map keys must be strings, not "
-                                                  f"{type(key).__name__}")
+                                                  f"{kind_of(key)}")
             values = node.values()
         else:
             values = node
@@ -174,7 +179,7 @@ def _check_shape(message: object) -> None:
                     raise FrameError(E_PROTO_001, f"nested more than {MAX_DEPTH} deep")
                 stack.append((value, depth + 1))
             elif kind not in _SCALARS:
-                raise FrameError(E_PROTO_001, f"unsupported msgpack type {kind.__name__}")
+                raise FrameError(E_PROTO_001, "msgpack extension types are not supported")
 
 
 _local = threading.local()
