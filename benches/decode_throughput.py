@@ -1,4 +1,5 @@
-"""Decode throughput: uma.Engine against llama.cpp's llama-batched-bench, side by side.
+"""Decode (and prefill) throughput: uma.Engine against llama.cpp's llama-batched-bench, side by
+side.
 
 Both run the same synthetic model file, the same ggml build (benches/llama_tools.py), the same
 thread count, prompt length and generation length, alternating engine and peer runs. The peer
@@ -7,9 +8,13 @@ the engine pays for everything a server does (scheduling, sampling, detokenising
 
     python benches/decode_throughput.py --model 134m --threads 2 --streams 1,8
     python benches/decode_throughput.py --model 1b --backend cuda --streams 8,32 --gpu-layers 99
+    python benches/decode_throughput.py --model smollm2 --streams 1,4,8 --prompts-together
 
 Decode throughput of the engine is measured over the window in which every stream is decoding
-(from the last first-token to the first last-token), counting each stream's tokens in it.
+(from the last first-token to the first last-token), counting each stream's tokens in it;
+prefill throughput as every stream's prompt tokens over the time to the last first token (with
+--prompts-together, the prompts go in together as llama-batched-bench's do). --model takes a
+synthetic preset, a real model's name (uma.catalog: smollm2, gemma3-270m) or a GGUF path.
 """
 
 from __future__ import annotations
@@ -28,11 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import uma  # noqa: E402
 from llama_tools import ensure_tools  # noqa: E402
-from uma import synth  # noqa: E402
+from uma import catalog, synth  # noqa: E402
 
 
-def peer_tg_speed(tool: Path, model: Path, pp: int, tg: int, pl: int, threads: int,
-                  gpu_layers: int, kv_unified: bool, kv_type: str) -> float:
+def peer_speeds(tool: Path, model: Path, pp: int, tg: int, pl: int, threads: int,
+                gpu_layers: int, kv_unified: bool, kv_type: str) -> tuple[float, float]:
+    """llama-batched-bench's (prefill, decode) tokens/s."""
     ctx = pl * (pp + tg) + 64
     cmd = [str(tool), "-m", str(model), "-c", str(ctx), "-b", "2048", "-ub", "512",
            "-npp", str(pp), "-ntg", str(tg), "-npl", str(pl), "-t", str(threads),
@@ -44,7 +50,7 @@ def peer_tg_speed(tool: Path, model: Path, pp: int, tg: int, pl: int, threads: i
             if line.startswith("{")]
     if not rows:
         raise RuntimeError(f"no result from {tool.name}:\n{out.stderr[-2000:]}")
-    return float(rows[-1]["speed_tg"])
+    return float(rows[-1]["speed_pp"]), float(rows[-1]["speed_tg"])
 
 
 def engine_run(engine: uma.Engine, vocab: int, pp: int, tg: int, pl: int, seed: int) -> dict:
@@ -66,6 +72,7 @@ def engine_run(engine: uma.Engine, vocab: int, pp: int, tg: int, pl: int, seed: 
     ticks = after["ticks_total"] - before["ticks_total"]
     return {
         "tg_speed": n / ((hi - lo) / 1000.0) if hi > lo else float("nan"),
+        "pp_speed": pl * pp / (max(starts) / 1000.0),
         "decode_share": dec / tick, "sample_share": smp / tick,
         "overhead_share": (tick - dec - smp) / tick,
         "ms_per_tick": {"decode": 1e3 * dec / ticks, "sample": 1e3 * smp / ticks,
@@ -98,7 +105,10 @@ def main() -> int:
     ns = ap.parse_args()
 
     tools = ensure_tools(ns.backend)
-    model = Path(ns.model) if Path(ns.model).exists() else synth.cached_model(ns.model)
+    if Path(ns.model).exists() or catalog.lookup(ns.model):
+        model = Path(catalog.resolve(ns.model, print))
+    else:
+        model = synth.cached_model(ns.model)
     rows = []
     for pl in (int(x) for x in ns.streams.split(",")):
         n_batch = max(2048, pl * ns.pp) if ns.prompts_together else 2048
@@ -110,20 +120,27 @@ def main() -> int:
         ours, theirs = [], []
         for i in range(ns.repeat):
             ours.append(engine_run(engine, engine.model.n_vocab, ns.pp, ns.tg, pl, seed=i))
-            theirs.append(peer_tg_speed(tools["llama-batched-bench"], model, ns.pp, ns.tg, pl,
-                                        ns.threads, ns.gpu_layers, ns.kv_unified, ns.kv_type))
+            theirs.append(peer_speeds(tools["llama-batched-bench"], model, ns.pp, ns.tg, pl,
+                                      ns.threads, ns.gpu_layers, ns.kv_unified, ns.kv_type))
         engine.close()
         best = max(ours, key=lambda r: r["tg_speed"])
+        peer_tg = [tg for _, tg in theirs]
+        peer_pp = [pp for pp, _ in theirs]
         row = {
-            "streams": pl, "uma_tg_tps": best["tg_speed"], "peer_tg_tps": max(theirs),
-            "ratio": best["tg_speed"] / max(theirs),
-            "uma_runs": [r["tg_speed"] for r in ours], "peer_runs": theirs,
+            "streams": pl, "uma_tg_tps": best["tg_speed"], "peer_tg_tps": max(peer_tg),
+            "ratio": best["tg_speed"] / max(peer_tg),
+            "uma_runs": [r["tg_speed"] for r in ours], "peer_runs": peer_tg,
+            "uma_pp_tps": max(r["pp_speed"] for r in ours), "peer_pp_tps": max(peer_pp),
+            "pp_ratio": max(r["pp_speed"] for r in ours) / max(peer_pp),
+            "uma_pp_runs": [r["pp_speed"] for r in ours], "peer_pp_runs": peer_pp,
             "overhead_share": best["overhead_share"], "sample_share": best["sample_share"],
             "ms_per_tick": best["ms_per_tick"],
         }
         rows.append(row)
         print(f"streams={pl:3d}  uma {row['uma_tg_tps']:8.1f} tok/s  "
               f"llama-batched-bench {row['peer_tg_tps']:8.1f} tok/s  ratio {row['ratio']:.3f}  "
+              f"prefill {row['uma_pp_tps']:8.1f} / {row['peer_pp_tps']:8.1f} tok/s "
+              f"({row['pp_ratio']:.3f})  "
               f"outside decode+sample {100 * row['overhead_share']:.1f}%  "
               f"per tick {json.dumps({k: round(v, 3) for k, v in row['ms_per_tick'].items()})}",
               flush=True)

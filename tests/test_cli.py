@@ -243,6 +243,68 @@ def test_model_errors_exit_1(tmp_path):
     assert r.returncode == 1 and "not a GGUF file" in r.stderr and r.stderr.startswith("uma: ")
 
 
+def _unloadable(kind: str, tiny_path, tmp_path):
+    data = tiny_path.read_bytes()
+    if kind == "not gguf":
+        data = b"not a model at all"
+    elif kind == "truncated":
+        data = data[:len(data) // 2]
+    else:  # an architecture this llama.cpp does not know
+        at = data.index(b"llama", data.index(b"general.architecture"))
+        data = data[:at] + b"zzzzz" + data[at + 5:]
+    path = tmp_path / f"{kind.replace(' ', '-')}.gguf"
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("kind, words", [
+    ("not gguf", "is not a GGUF file"),
+    ("truncated", "model is corrupted or incomplete"),
+    ("architecture", "unknown model architecture: 'zzzzz'"),
+])
+def test_a_model_that_cannot_load_is_one_line_naming_the_file(kind, words, tiny_path, tmp_path):
+    path = _unloadable(kind, tiny_path, tmp_path)
+    r = uma("run", str(path), "--socket", testing.short_socket_path())
+    said = [line for line in r.stderr.splitlines() if not line.startswith("uma: loading")]
+    assert r.returncode == 1 and len(said) == 1, r.stderr
+    assert said[0].startswith(f"uma: {path}") and words in said[0]
+
+
+def test_run_serves_a_catalogue_model_by_name_and_without_a_model_says_what_it_serves(
+        tmp_path, monkeypatch, capsys):
+    from uma import catalog
+
+    monkeypatch.setenv("UMA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(synth, "cached_model", lambda preset: tmp_path / f"synth-{preset}")
+    assert cli._model_path(settings.DEMO_MODEL) == str(tmp_path / "synth-small")
+    assert "random weights" in capsys.readouterr().err
+    demo = catalog.CATALOG[catalog.DEMO]
+    demo.path.parent.mkdir(parents=True, exist_ok=True)
+    with open(demo.path, "wb") as f:  # as fetched (the size is what is checked)
+        f.truncate(demo.size)
+    assert cli._model_path(settings.DEMO_MODEL) == str(demo.path)
+    assert demo.title in capsys.readouterr().err
+    assert cli._model_path(catalog.DEMO) == str(demo.path)
+    assert cli._model_path("my/model.gguf") == "my/model.gguf"
+
+
+def test_model_perplexity(tiny_path, tmp_path):
+    text = tmp_path / "text.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 40)
+    r = uma("model", "perplexity", str(tiny_path), str(text), "--ctx", "64")
+    assert r.returncode == 0 and re.fullmatch(
+        r"PPL = [0-9.]+ over 217 tokens in 7 chunks of 64\n", r.stdout), r.stdout + r.stderr
+    r = uma("model", "perplexity", str(tiny_path), str(text), "--ctx", "1024")
+    assert r.returncode == 4 and "needs at least 2048" in r.stderr
+
+
+def test_model_list_and_fetch_name_the_catalogue():
+    r = uma("model", "list")
+    assert r.returncode == 0 and "smollm2" in r.stdout and "gemma3-270m" in r.stdout
+    r = uma("model", "fetch", "nope")
+    assert r.returncode == 4 and "unknown model 'nope'; choose from smollm2" in r.stderr
+
+
 def test_a_socket_directory_is_created_only_where_it_belongs_to_the_user(tiny_path, tmp_path):
     r = uma("run", str(tiny_path), "--socket", "/uma-no-such-dir/sub/uma.sock")
     assert r.returncode == 1 and "/uma-no-such-dir/sub does not exist; create it" in r.stderr

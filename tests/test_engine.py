@@ -393,3 +393,22 @@ def gpu_core(backend: str):
 def test_device_sampling_auto_means_a_cuda_gpu(backend, options, expected):
     config = EngineConfig(model="m.gguf", **options)
     assert uma.Engine._device_sampling(config, gpu_core(backend)) is expected
+
+
+@pytest.mark.parametrize("tokens", [[1, 2**32 + 5], np.array([2**63 + 5], dtype=np.uint64),
+                                    [-1], [32000]])
+def test_a_token_id_outside_the_vocabulary_is_refused_on_every_path_never_wrapped(
+        engine, tokens):
+    # a 64-bit id must not wrap into a valid 32-bit one (2**32 + 5 is not token 5)
+    with pytest.raises(InvalidTokenError, match="outside the vocabulary"):
+        engine.generate(tokens, max_tokens=2)
+    with pytest.raises(InvalidTokenError, match="outside the vocabulary"):
+        engine.detokenize(tokens)
+    with pytest.raises(InvalidTokenError, match="outside the vocabulary"):
+        engine.embed([np.asarray(tokens).tolist()])
+
+
+def test_text_with_a_lone_surrogate_is_refused_naming_where(engine):
+    for call in (engine.tokenize, lambda t: engine.generate(t, max_tokens=2)):
+        with pytest.raises(InvalidRequestError, match="lone surrogate at character 2"):
+            call("ab\ud800")

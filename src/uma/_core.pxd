@@ -14,6 +14,13 @@ cdef extern from "logsink.hpp" namespace "uma" nogil:
     void log_clear_problem()
 
 
+cdef extern from "tokenize.hpp" namespace "uma" nogil:
+    int32_t kBigStackBytes
+    int32_t tokenize_on_stack(const llama_vocab * vocab, const char * text, int32_t n_text,
+                              int32_t * tokens, int32_t n_tokens_max, cbool add_special,
+                              cbool parse_special, size_t stack_bytes)
+
+
 cdef extern from "rpc.hpp" namespace "uma" nogil:
     cbool rpc_compiled()
     int32_t native_rpc_add_worker "uma::rpc_add_worker"(const char * endpoint, char * names,
@@ -79,6 +86,8 @@ cdef class Model:
 
     cdef int _check_open(self) except -1
     cdef int _check_token(self, long token) except -1
+    cdef int32_t _tokenize(self, const char * text, int32_t n_text, int32_t * tokens,
+                           int32_t n_max, cbool add_special, cbool parse_special) except? -1
     cdef void _free(self) noexcept
     cdef void _release_context(self) noexcept
 

@@ -22,7 +22,7 @@ import os
 
 import numpy as np
 
-from uma import errors
+from uma import errors, token_ids
 from uma.config import (
     GREEDY_BELOW as _GREEDY_BELOW,
     MAX_TOP_LOGPROBS as _MAX_TOP_LOGPROBS,
@@ -114,6 +114,20 @@ def live_handles():
     return dict(_live)
 
 
+def _load_problem(text):
+    """llama.cpp's reason a model did not load, without its function names and the closing
+    'failed to load model' (the caller says which file), e.g. "unknown model architecture:
+    'xyz'" or "tensor 'token_embd.weight' data is not within the file bounds, model is
+    corrupted or incomplete"."""
+    reason = text.replace("llama_model_load_from_file_impl: failed to load model", "").strip()
+    marker = "error loading model: "
+    if marker in reason:
+        reason = reason.split(marker, 1)[1].strip()
+    if reason.startswith("unknown model architecture"):
+        reason += " (this build of llama.cpp cannot run that architecture)"
+    return f"llama.cpp could not load it: {reason}" if reason else "llama.cpp could not load it"
+
+
 cdef str _last_problem():
     cdef char buf[1024]
     cdef size_t n = log_last_problem(buf, sizeof(buf))
@@ -196,7 +210,7 @@ cdef class Model:
             if self._progress_error is not None:
                 exc, self._progress_error = self._progress_error, None
                 raise exc
-            raise errors.InvalidModelError(f"llama.cpp could not load {path}: {_last_problem()}")
+            raise errors.InvalidModelError(f"{path}: {_load_problem(_last_problem())}")
         self.vocab_only = vocab_only
         self._vocab = L.llama_model_get_vocab(self._model)
         self.n_vocab = L.llama_vocab_n_tokens(self._vocab)
@@ -355,6 +369,16 @@ cdef class Model:
         self._check_open()
         return L.llama_vocab_get_add_bos(self._vocab)
 
+    @property
+    def fim_tokens(self):
+        """The fill-in-the-middle tokens of the vocabulary, by role (pre, suf, mid, pad, rep,
+        sep); -1 for each the model lacks."""
+        self._check_open()
+        v = self._vocab
+        return {"pre": L.llama_vocab_fim_pre(v), "suf": L.llama_vocab_fim_suf(v),
+                "mid": L.llama_vocab_fim_mid(v), "pad": L.llama_vocab_fim_pad(v),
+                "rep": L.llama_vocab_fim_rep(v), "sep": L.llama_vocab_fim_sep(v)}
+
     def is_eog(self, int token):
         """True for end-of-generation tokens (EOS, EOT and the like)."""
         self._check_open()
@@ -373,28 +397,49 @@ cdef class Model:
     def tokenize(self, text, *, bint add_special=True, bint parse_special=False):
         """Text (str or UTF-8 bytes) to an int32 array of token ids."""
         self._check_open()
-        cdef bytes data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        cdef bytes data
+        try:
+            data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        except UnicodeEncodeError as exc:
+            raise errors.InvalidRequestError(
+                f"text is not valid Unicode: a lone surrogate at character {exc.start}") from None
         if len(data) > 0x7FFFFFF0:
             raise errors.InvalidRequestError("text is too long to tokenize (over 2 GiB)")
         cdef int32_t n_text = <int32_t>len(data)
         cdef const char * ctext = data
         out = np.empty(n_text + 8, dtype=np.int32)
         cdef int32_t[::1] view = out
-        cdef int32_t n
-        with nogil:
-            n = L.llama_tokenize(self._vocab, ctext, n_text, &view[0], <int32_t>view.shape[0],
-                                 add_special, parse_special)
+        cdef int32_t n = self._tokenize(ctext, n_text, &view[0], <int32_t>view.shape[0],
+                                        add_special, parse_special)
         if n < 0:
             if n == -2147483648:
                 raise errors.InvalidRequestError("tokenization overflowed int32")
             out = np.empty(-n, dtype=np.int32)
             view = out
-            with nogil:
-                n = L.llama_tokenize(self._vocab, ctext, n_text, &view[0],
-                                     <int32_t>view.shape[0], add_special, parse_special)
+            n = self._tokenize(ctext, n_text, &view[0], <int32_t>view.shape[0], add_special,
+                               parse_special)
             if n < 0:
                 raise errors.UmaError("tokenizer returned an inconsistent size")
         return out[:n]
+
+    cdef int32_t _tokenize(self, const char * text, int32_t n_text, int32_t * tokens,
+                           int32_t n_max, cbool add_special, cbool parse_special) except? -1:
+        """llama_tokenize with the GIL released; a long text on a thread whose stack fits it
+        (csrc/tokenize.hpp: a regex pre-tokenizer recurses once per character)."""
+        cdef int32_t n
+        cdef size_t stack = (<size_t>8 << 20) + <size_t>n_text * 1024
+        if n_text < kBigStackBytes:
+            with nogil:
+                n = L.llama_tokenize(self._vocab, text, n_text, tokens, n_max, add_special,
+                                     parse_special)
+            return n
+        with nogil:
+            n = tokenize_on_stack(self._vocab, text, n_text, tokens, n_max, add_special,
+                                  parse_special, stack)
+        if n == -2147483647:
+            raise errors.InvalidRequestError(
+                f"text of {n_text} bytes is too long to tokenize here (no stack for it)")
+        return n
 
     def tokenizer_addresses(self):
         """(the llama_vocab's address, llama_tokenize's address): for a grammar engine that
@@ -452,13 +497,7 @@ cdef class Model:
         return bytes(buf[:max(n, 0)]).decode("utf-8", errors="replace")
 
     def _token_array(self, tokens):
-        arr = np.ascontiguousarray(tokens, dtype=np.int32)
-        if arr.ndim != 1:
-            raise errors.InvalidRequestError("tokens must be a one-dimensional sequence")
-        if arr.size and (arr.min() < 0 or arr.max() >= self.n_vocab):
-            bad = int(arr[(arr < 0) | (arr >= self.n_vocab)][0])
-            self._check_token(bad)
-        return arr
+        return token_ids.checked(tokens, self.n_vocab)
 
     @property
     def chat_template(self):

