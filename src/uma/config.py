@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from uma.app import app_name, app_weight
-from uma.errors import InvalidRequestError
+from uma.errors import InvalidRequestError, kind_of, shown
 
 # The native sampler holds its options as 32-bit floats; every bound below keeps the values,
 # and what it computes from them (logits / temperature, logits / repeat_penalty), finite there.
@@ -29,14 +29,14 @@ _INT32_LIMIT = 1 << 31
 
 def _number(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidRequestError(f"{name} must be a number, not {type(value).__name__}")
+        raise InvalidRequestError(f"{name} must be a number, not {kind_of(value)}")
     try:
         number = float(value)
     except OverflowError:  # an integer beyond any float: 10**400
         raise InvalidRequestError(f"{name} must be a finite number, not an integer of "
                                   f"{value.bit_length()} bits") from None
     if not math.isfinite(number):
-        raise InvalidRequestError(f"{name} must be finite, not {value}")
+        raise InvalidRequestError(f"{name} must be finite, not {shown(value)}")
     return number
 
 
@@ -44,13 +44,14 @@ def _in_range(name: str, value: object, low: float, high: float, note: str = "")
     """value as a float, if low <= value <= high."""
     number = _number(name, value)
     if not low <= number <= high:
-        raise InvalidRequestError(f"{name} must be in [{low:g}, {high:g}]{note}, not {value}")
+        raise InvalidRequestError(
+            f"{name} must be in [{low:g}, {high:g}]{note}, not {shown(value)}")
     return number
 
 
 def _integer(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequestError(f"{name} must be an integer, not {type(value).__name__}")
+        raise InvalidRequestError(f"{name} must be an integer, not {kind_of(value)}")
     return value
 
 
@@ -70,18 +71,19 @@ def check_sampling(
     native sampler can hold and compute with (32-bit floats, C ints, a 64-bit seed)."""
     _in_range("temperature", temperature, 0.0, MAX_TEMPERATURE, " (0 is greedy)")
     if not 0 <= _integer("top_k", top_k) < _INT32_LIMIT:
-        raise InvalidRequestError(f"top_k must be in [0, 2**31) (0 disables it), not {top_k}")
+        raise InvalidRequestError(
+            f"top_k must be in [0, 2**31) (0 disables it), not {shown(top_k)}")
     if not 0.0 < _number("top_p", top_p) <= 1.0:
-        raise InvalidRequestError(f"top_p must be in (0, 1], not {top_p}")
+        raise InvalidRequestError(f"top_p must be in (0, 1], not {shown(top_p)}")
     _in_range("min_p", min_p, 0.0, 1.0)
     _in_range("repeat_penalty", repeat_penalty, *REPEAT_PENALTY_RANGE, " (1 disables it)")
     _in_range("frequency_penalty", frequency_penalty, -2.0, 2.0)
     _in_range("presence_penalty", presence_penalty, -2.0, 2.0)
     if not 0 <= _integer("penalty_last_n", penalty_last_n) <= MAX_PENALTY_LAST_N:
         raise InvalidRequestError(
-            f"penalty_last_n must be in [0, {MAX_PENALTY_LAST_N}], not {penalty_last_n}")
+            f"penalty_last_n must be in [0, {MAX_PENALTY_LAST_N}], not {shown(penalty_last_n)}")
     if not 0 <= _integer("seed", seed) < 1 << 64:
-        raise InvalidRequestError(f"seed must be in [0, 2**64), not {seed}")
+        raise InvalidRequestError(f"seed must be in [0, 2**64), not {shown(seed)}")
 
 
 def check_masks(masks: object, mask_index: object, n_rows: int, n_vocab: int
@@ -126,11 +128,12 @@ def check_logit_bias(value: object, n_vocab: int | None = None
         raise InvalidRequestError(f"logit_bias may hold at most {MAX_LOGIT_BIAS} tokens")
     pairs = {}
     for token, bias in items:
-        if isinstance(token, str) and token.isdecimal():
+        # JSON keys are text; more than 10 digits is no C int (and int() of 4300 would fail)
+        if isinstance(token, str) and token.isdecimal() and len(token) <= 10:
             token = int(token)
         if isinstance(token, bool) or not isinstance(token, int) or token < 0 or (
                 n_vocab is not None and token >= n_vocab):
-            raise InvalidRequestError(f"logit_bias has a key that is no token id: {token!r}")
+            raise InvalidRequestError(f"logit_bias has a key that is no token id: {shown(token)}")
         pairs[token] = _in_range(f"logit_bias[{token}]", bias, -100.0, 100.0)
     return tuple(sorted(pairs.items()))
 
@@ -156,13 +159,16 @@ class SamplingParams:
     # MAX_TOP_LOGPROBS (OpenAI's top_logprobs); more than 0 implies logprobs
     top_logprobs: int = 0
     cache_prompt: bool = True  # reuse a cached prefix of the prompt (llama-server's name)
+    # special-token text in a text prompt ("<|im_start|>", FIM markers) read as those tokens,
+    # as llama-server reads a completion's prompt; False keeps all of it plain text
+    parse_special: bool = True
     # added to these tokens' logits (OpenAI's): (token, bias) pairs, or a map when given
     logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         check_sampling(**{name: getattr(self, name) for name in _SAMPLER_OPTIONS})
         if _integer("max_tokens", self.max_tokens) < 1:
-            raise InvalidRequestError(f"max_tokens must be >= 1, not {self.max_tokens}")
+            raise InvalidRequestError(f"max_tokens must be >= 1, not {shown(self.max_tokens)}")
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         if not isinstance(stop, (tuple, list)) or not all(isinstance(s, str) for s in stop):
             raise InvalidRequestError("stop must be a string or a list of strings")
@@ -170,12 +176,12 @@ class SamplingParams:
             raise InvalidRequestError("stop strings must not be empty")
         object.__setattr__(self, "stop", tuple(stop))
         object.__setattr__(self, "logit_bias", check_logit_bias(self.logit_bias))
-        for name in ("ignore_eos", "logprobs", "cache_prompt"):
+        for name in ("ignore_eos", "logprobs", "cache_prompt", "parse_special"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidRequestError(f"{name} must be a boolean")
         if not 0 <= _integer("top_logprobs", self.top_logprobs) <= MAX_TOP_LOGPROBS:
             raise InvalidRequestError(
-                f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], not {self.top_logprobs}")
+                f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], not {shown(self.top_logprobs)}")
         if self.top_logprobs:
             object.__setattr__(self, "logprobs", True)
 

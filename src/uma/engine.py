@@ -27,6 +27,7 @@ from typing import Any, TypeVar, cast
 import numpy as np
 
 from uma import grammar as uma_grammar
+from uma import infill as uma_infill
 from uma import templates
 from uma import tools as uma_tools
 from uma.app import DEFAULT_APP, app_name, app_weight
@@ -335,7 +336,7 @@ class Engine:
             check_logit_bias(params.logit_bias, self.model.n_vocab)
         with self._using_model():
             tokens = self.render_chat(cast(Messages, prompt), tools, choice) if use_tools \
-                else self._tokens(prompt)
+                else self._tokens(prompt, params.parse_special)
             matcher = None if constraint is None else self.grammars.matcher(constraint)
         room = max(self.n_ctx_seq, self._lane.ex.n_ctx_seq) \
             if self._lane is not None and prio is Priority.BACKGROUND else self.n_ctx_seq
@@ -393,6 +394,28 @@ class Engine:
             tokens = self.model.tokenize(text, add_special=add_special,
                                          parse_special=parse_special)
         return [int(t) for t in tokens]
+
+    def infill_tokens(self, prefix: str, suffix: str,
+                      extra: Sequence[uma_infill.Chunk] = (), prompt: str = "") -> np.ndarray:
+        """A fill-in-the-middle prompt's token ids, laid out as llama-server's /infill lays
+        them (uma.infill): submit() them as the prompt. InvalidRequestError where the model has
+        no FIM tokens."""
+        with self._using_model():
+            model = self.model
+            reason = uma_infill.unsupported(model.fim_tokens)
+            if reason is not None:
+                raise InvalidRequestError(reason)
+
+            def tokenize(text: str) -> list[int]:
+                return [int(t) for t in model.tokenize(text, add_special=False)]
+
+            tokens = uma_infill.prompt_tokens(
+                tokenize, model.fim_tokens, prefix=prefix, suffix=suffix, extra=extra,
+                prompt=[int(t) for t in model.tokenize(prompt, add_special=False,
+                                                       parse_special=True)],
+                bos=model.bos if model.add_bos else None, n_batch=self.config.n_batch,
+                n_ctx=self.n_ctx_seq)
+        return np.asarray(tokens, dtype=np.int32)
 
     def submit_embeddings(self, inputs: object, *, normalize: bool = True
                           ) -> Future[Embeddings]:
@@ -496,9 +519,9 @@ class Engine:
             text = text[len(bos):]
         return np.asarray(self.model.tokenize(text, parse_special=True), dtype=np.int32)
 
-    def _tokens(self, prompt: Prompt) -> np.ndarray:
+    def _tokens(self, prompt: Prompt, parse_special: bool = True) -> np.ndarray:
         if isinstance(prompt, str):
-            tokens = self.model.tokenize(prompt)
+            tokens = self.model.tokenize(prompt, parse_special=parse_special)
         elif isinstance(prompt, (bytes, bytearray)):
             raise InvalidRequestError("prompt must be text (str), token ids or chat messages")
         elif len(prompt) and all(isinstance(m, dict) for m in prompt):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import os
 import random
@@ -15,6 +16,7 @@ import sys
 import threading
 import time
 
+import httpx
 import msgpack
 import numpy as np
 import pytest
@@ -120,6 +122,10 @@ def test_embeddings_over_the_socket(daemon):
         raw = c.embed("Hello world", normalize=False)
         with pytest.raises(ServerError, match=r"E_PROTO_003: input\[0\] must be"):
             c.embed([{"text": "no"}])
+        # token ids past a C int were E_RUNTIME_001 "Python integer ... out of bounds for int32"
+        for tokens, where in [([2**40], r"input\[0\]"), ([[1, 2**64 - 1]], r"input\[0\]\[1\]")]:
+            with pytest.raises(ServerError, match=rf"E_PROTO_003: {where} must be a token id"):
+                c.embed(tokens)
         assert c.tokenize("still here")  # the connection outlives a bad request
     assert result.vectors.shape[0] == 2 and result.pooling == "mean"
     np.testing.assert_allclose(np.linalg.norm(result.vectors, axis=1), 1.0, rtol=1e-5)
@@ -366,10 +372,9 @@ def test_eight_clients_share_one_copy_of_the_weights(daemon, tiny_path):
     assert eight - one < weights, f"RSS grew {(eight - one) >> 20} MiB for 8 clients"
 
 
-def test_slow_readers_are_dropped_and_connections_are_limited(tiny_path):
-    env = {"UMA_MAX_OUTBUF_BYTES": "65536", "UMA_MAX_CONNECTIONS": "3"}
-    with testing.run_daemon(tiny_path, *ENDLESS_ARGS, env=env) as d:
-        good = Client(d.socket)
+def test_slow_readers_are_dropped(tiny_path):
+    env = {"UMA_MAX_OUTBUF_BYTES": "65536"}
+    with testing.run_daemon(tiny_path, *ENDLESS_ARGS, env=env) as d, Client(d.socket) as good:
         # A client that asks for a long stream and never reads is dropped, with a reason.
         slow = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         slow.connect(d.socket)
@@ -377,14 +382,152 @@ def test_slow_readers_are_dropped_and_connections_are_limited(tiny_path):
                              "max_tokens": ENDLESS, "ignore_eos": True}))
         wait_for(lambda: good.metrics()["connections_dropped_slow_total"] == 1, timeout=60)
         slow.close()
-        # Three connections are the limit; a fourth is told so and closed.
-        others = [Client(d.socket), Client(d.socket)]
-        wait_for(lambda: good.metrics()["connections"] == 3)
-        events = raw_exchange(d.socket, b"")
-        assert [e["code"] for e in events] == ["E_LIMIT_003"]
         assert good.generate("still served", max_tokens=3).usage.completion_tokens == 3
-        for c in [good, *others]:
-            c.close()
+
+
+# --- fair use of the connections (uma.server.connections) --------------------------------------
+
+ASK = """
+import json, sys, time
+from uma.client import Client
+start = time.monotonic()
+with Client(sys.argv[1]) as c:
+    answer = getattr(c, sys.argv[2])()
+print(json.dumps({"answer": answer, "seconds": time.monotonic() - start}))
+"""
+
+HOLD = """
+import sys
+from uma.client import Client
+clients = [Client(sys.argv[1]) for _ in range(int(sys.argv[2]))]
+streams = [c.submit("endless", max_tokens=int(sys.argv[3]), ignore_eos=True) for c in clients]
+for s in streams:
+    next(iter(s))
+print("holding", flush=True)
+sys.stdin.read()
+"""
+
+
+def from_another_process(path: str, what: str = "health") -> tuple[dict, float]:
+    """Asks the daemon for its health, metrics or to stop from a process of its own, as `uma
+    status` and `uma stop` do: (the answer, seconds from connecting to the answer)."""
+    proc = subprocess.run([sys.executable, "-c", ASK, path, what], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    return out["answer"], out["seconds"]
+
+
+def until_closed(sock: socket.socket) -> list[dict]:
+    """The events a connection gets until the daemon closes it."""
+    sock.settimeout(30)
+    return read_events(sock, FrameDecoder(), lambda events: False)
+
+
+def test_one_process_holding_200_connections_leaves_room_for_everyone_else(tiny_path):
+    share = 48  # three quarters of max_connections' 64
+    with testing.run_daemon(tiny_path) as d:
+        held = []
+        for _ in range(200):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(d.socket)
+            held.append(s)
+        # Each connection past its share closed this process's longest idle one, with a
+        # reason; the rest of the daemon's connections stayed free for other processes.
+        health, seconds = from_another_process(d.socket)
+        assert seconds < 1.0
+        assert health["connections"] == share + 1
+        for s in held[:-share]:
+            events = until_closed(s)
+            assert [(e["id"], e["code"]) for e in events] == [(None, "E_IDLE_001")]
+            assert "closed to make room for a new connection" in events[0]["message"]
+            s.close()
+        for i, s in enumerate(held[-share:]):  # the newest are served
+            s.sendall(encode({"type": "health", "id": f"h{i}"}))
+            events = read_events(s, FrameDecoder(), lambda events: events)
+            assert [(e["event"], e["id"]) for e in events] == [("health", f"h{i}")]
+            s.close()
+        metrics, _ = from_another_process(d.socket, "metrics")
+        assert metrics["connections_closed_for_room_total"] == 200 - share
+
+
+def test_with_every_connection_busy_status_and_stop_still_get_in(tiny_path):
+    # Four connections, three a process: a holder process takes three with a stream each,
+    # this one the fourth. Nothing is idle, so newcomers get the reserve beyond the cap.
+    env = {"UMA_MAX_CONNECTIONS": "4"}
+    with testing.run_daemon(tiny_path, *ENDLESS_ARGS, "--grace", "2", "--http", "127.0.0.1:0",
+                            env=env) as d:
+        holder = subprocess.Popen([sys.executable, "-c", HOLD, d.socket, "3", str(ENDLESS)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout.readline() == "holding\n"
+            mine = Client(d.socket)
+            stream = mine.submit("endless", max_tokens=ENDLESS, ignore_eos=True)
+            next(iter(stream))
+            with Client(d.socket) as spare:  # in the reserve: health and metrics, no work
+                assert spare.health()["connections"] == 5
+                with pytest.raises(ConnectionLost, match="E_LIMIT_003") as refused:
+                    spare.generate("no room for this", max_tokens=2)
+            assert "none is idle: this connection, beyond the limit, may ask only for " \
+                   "health, metrics or stop" in str(refused.value)
+            health, seconds = from_another_process(d.socket)
+            assert seconds < 1.0 and health["status"] == "ok"
+            assert health["requests_in_flight"] == 4
+            answer, seconds = from_another_process(d.socket, "stop")
+            assert seconds < 1.0 and answer["status"] == "draining"
+            # `uma stop` drains the HTTP door too, as a signal does
+            assert httpx.get(f"{d.http_url}/health", timeout=30).json()["status"] == "draining"
+            assert stream.result().finish_reason == "cancelled"
+            assert d.proc.wait(30) == 0
+            mine.close()
+        finally:
+            holder.stdin.close()
+            holder.wait(30)
+
+
+def bind_in_turn(paths: list[str], start, end, results) -> None:
+    """One of several processes binding the same paths at the same moment, path by path."""
+    from uma.server.daemon import bind_socket
+
+    for path in paths:
+        start.wait(30)
+        try:
+            sock = bind_socket(path)
+            results.put((path, "bound"))
+        except Exception as exc:  # noqa: BLE001 - what the user would be told
+            sock = None
+            results.put((path, f"{type(exc).__name__}: {exc}"))
+        end.wait(30)
+        if sock is not None:
+            sock.close()
+
+
+def test_racing_starts_each_end_with_a_sentence():
+    # Eight `uma run`s on one path with a stale socket file: each once took the file for
+    # stale while another was between binding and listening, and removed it. Two then served
+    # on one path, or one printed "uma: [Errno 2] No such file or directory".
+    import multiprocessing
+
+    paths = [testing.short_socket_path() for _ in range(40)]
+    for path in paths:
+        stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        stale.bind(path)
+        stale.close()
+    ctx = multiprocessing.get_context("spawn")
+    start, end, results = ctx.Barrier(8), ctx.Barrier(8), ctx.Queue()
+    workers = [ctx.Process(target=bind_in_turn, args=(paths, start, end, results))
+               for _ in range(8)]
+    for w in workers:
+        w.start()
+    told = collections.defaultdict(list)
+    for _ in range(8 * len(paths)):
+        path, outcome = results.get(timeout=60)
+        told[path].append(outcome.replace(path, "PATH"))
+    for w in workers:
+        w.join(30)
+    for path in paths:
+        assert sorted(told[path]) == ["SocketInUseError: another UMA daemon is serving on "
+                                      "PATH"] * 7 + ["bound"]
 
 
 def test_idle_connections_are_closed_with_a_reason(tiny_path):
@@ -469,7 +612,8 @@ def test_every_connection_sending_its_largest_frame_stays_within_the_memory_boun
     # frames in flight hold 32 MiB and more.
     n = 32
     frame_bytes, budget = 1 << 20, 3 << 19
-    env = {**LIMITS, "UMA_MAX_CONNECTIONS": str(n + 1)}
+    # n + 1 connections of this process's: within its share, three quarters of the limit
+    env = {**LIMITS, "UMA_MAX_CONNECTIONS": str(2 * n)}
     with testing.run_daemon(tiny_path, env=env) as d, Client(d.socket) as watcher:
         assert watcher.generate("warm up", max_tokens=2).usage.completion_tokens == 2
         base = rss_bytes(d.pid)

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import httpx
 import jsonschema
@@ -28,7 +29,7 @@ from uma.server import settings
 from uma.server.http import HttpGateway
 from uma.tools import ToolCall
 
-from ..helpers import assert_same_greedy
+from ..helpers import PYTHON_TEXT, assert_same_greedy
 
 KEY = "test-key-123"
 ENDLESS = 60000  # max_tokens of requests that are meant to be cut short
@@ -308,7 +309,7 @@ def test_curl_n_shows_tokens_while_the_request_runs(engine, gateway, curl, monke
 BAD = [
     # (body or raw bytes, status, param, code, words in the message)
     (b'{"prompt": "x",', 400, None, None, "not valid JSON"),
-    (b"\xff\xfe{}", 400, None, None, "not valid JSON"),
+    (b"\xff\xfe{}", 400, None, None, "not valid UTF-8"),
     ([1, 2], 400, None, None, "JSON object"),
     ({"max_tokens": 4}, 400, "prompt", None, "prompt is required"),
     ({"prompt": 5}, 400, "prompt", None, "prompt must be"),
@@ -540,7 +541,7 @@ def test_tokenize_and_detokenize_as_llama_server_has_them(engine, gateway, http)
     assert r.json()["content"].strip() == "Hello world"
     for path, body, words in [("/tokenize", {}, "content is required"),
                               ("/tokenize", {"content": 5}, "content must be a string"),
-                              ("/detokenize", {"tokens": ["a"]}, "list of integers"),
+                              ("/detokenize", {"tokens": ["a"]}, "must be an integer"),
                               ("/detokenize", {"tokens": [10**6]}, "10")]:
         r = http.post(path, json=body)
         assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
@@ -604,6 +605,66 @@ def test_unknown_routes_and_methods(http):
     assert r.status_code == 405 and "error" in r.json()
 
 
+# What a probe as a hostile client found: a lone surrogate in any text field was a 500 quoting
+# Python ("'utf-8' codec can't encode character '\\ud800' ... surrogates not allowed"), token ids
+# past int32 on /detokenize and /v1/embeddings too ("Python integer 2147483648 out of bounds for
+# int32", "Python int too large to convert to C long"), and 400s spoke Python ("Exceeds the
+# limit (4300 digits) ... sys.set_int_max_str_digits()", "maximum recursion depth exceeded
+# while decoding a JSON array", "not NoneType") or echoed a 100 KB model name whole.
+CHAT_WITH = '{"messages": [{"role": "user", "content": "x"}], '
+HOSTILE = [
+    ("/v1/completions", '{"prompt": "abc\\ud800", "max_tokens": 2}', "prompt",
+     "prompt is not valid Unicode: it holds half of a UTF-16 surrogate pair (U+D800)"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "a\\ud800"}]}',
+     "messages[0].content", "not valid Unicode"),
+    ("/v1/chat/completions", '{"messages": [{"role": "\\udfff", "content": "a"}]}',
+     "messages[0].role", "not valid Unicode"),
+    ("/v1/chat/completions", CHAT_WITH + '"tools": [{"type": "function", "function": '
+     '{"name": "f", "description": "d\\ud800"}}]}', "tools[0].function.description",
+     "not valid Unicode"),
+    ("/v1/embeddings", '{"input": "a\\ud800"}', "input", "not valid Unicode"),
+    ("/tokenize", '{"content": "a\\ud800"}', "content", "not valid Unicode"),
+    ("/infill", '{"input_prefix": "\\ud800", "input_suffix": ""}', "input_prefix",
+     "not valid Unicode"),
+    ("/detokenize", '{"tokens": [2147483648]}', "tokens[0]",
+     "tokens[0] must be a token id, in [0, 2147483647], not 2147483648"),
+    ("/detokenize", '{"tokens": [1, 18446744073709551616]}', "tokens[1]",
+     "not an integer of 65 bits"),
+    ("/v1/embeddings", '{"input": [2147483648]}', "input", "input[0] must be a token id"),
+    ("/v1/embeddings", '{"input": ["a", [1, 18446744073709551616]]}', "input",
+     "input[1][1] must be a token id"),
+    ("/v1/completions", '{"prompt": "a", "max_tokens": 1' + "0" * 5000 + "}", None,
+     "the body holds a number with too many digits"),
+    ("/v1/completions", "[" * 10_000 + "]" * 10_000, None, "nested more than 32 deep"),
+    ("/v1/chat/completions", '{"messages": [null]}', "messages[0]",
+     "messages[0] must be a map, not null"),
+    ("/v1/completions", json.dumps({"prompt": "a", "model": "m" * 100_000}), "model",
+     "unknown model 'mmmmmmmm"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param", "words"), HOSTILE,
+                         ids=[f"{path} {words[:30]}" for path, _, _, words in HOSTILE])
+def test_what_a_hostile_client_sends_is_a_400_in_our_words(http, path, body, param, words):
+    r = http.post(path, content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 400, r.text[:300]
+    error = r.json()["error"]
+    assert error["param"] == param and words in error["message"], error
+    assert not PYTHON_TEXT.search(error["message"]) and len(error["message"]) < 200, error
+    assert_still_serving(http)
+
+
+def test_a_server_fault_is_a_500_that_quotes_no_python(engine, http, monkeypatch):
+    def fault(*args, **kwargs):
+        raise OverflowError("Python int too large to convert to C long")
+
+    monkeypatch.setattr(engine, "detokenize", fault)
+    r = http.post("/detokenize", json={"tokens": [1]})
+    assert r.status_code == 500
+    assert r.json()["error"] == {"message": "internal error (the server's log has the details)",
+                                 "type": "server_error", "param": None, "code": None}
+
+
 def assert_still_serving(http):
     r = http.post("/v1/completions", json={"prompt": "still there?", "max_tokens": 2})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
@@ -634,7 +695,7 @@ def test_a_full_queue_is_429_and_a_closed_engine_503(tiny_path):
         busy.close()
 
 
-def test_stopping_cancels_streams_after_the_grace_period(tiny_path):
+def test_a_draining_gateway_says_so_and_ends_its_streams_with_a_reason_and_done(tiny_path):
     with Engine(tiny_path, n_ctx=65536, n_seq_max=2, n_threads=THREADS) as eng:
         gw = HttpGateway(eng, ServerConfig(socket="/tmp/unused.sock", http="127.0.0.1:0",
                                            max_tokens=ENDLESS, grace_s=0.2))
@@ -643,14 +704,28 @@ def test_stopping_cancels_streams_after_the_grace_period(tiny_path):
         with httpx.stream("POST", f"{gw.url}/v1/completions", json=body, timeout=30) as r:
             lines = r.iter_lines()
             assert next(lines).startswith("data: {")
+            gw.stop_soon()
+            # Draining, the port stays open: new requests are told so, not refused.
+            with httpx.Client(base_url=gw.url, timeout=30) as c:
+                late = c.post("/v1/completions", json={"prompt": "late", "max_tokens": 2})
+                assert late.status_code == 503 and late.headers["retry-after"] == "1"
+                assert late.json()["error"]["code"] == "shutting_down"
+                assert c.get("/v1/models").status_code == 503
+                health = c.get("/health")
+                assert health.status_code == 503 and health.json()["status"] == "draining"
+                assert c.get("/metrics").status_code == 200
             # Stopped from another thread while this one keeps reading, as a server would be.
             stopper = threading.Thread(target=gw.stop)
             stopper.start()
             rest = [line for line in lines if line]
         stopper.join(30)
         assert not stopper.is_alive()
-        assert json.loads(rest[-1].removeprefix("data: "))["error"]["code"] == "shutting_down"
+        # Past the grace period the stream is cut: its last chunk says why, then [DONE].
+        assert json.loads(rest[-2].removeprefix("data: "))["error"]["code"] == "shutting_down"
+        assert rest[-1] == "data: [DONE]"
         assert eng.snapshot()["kv_cells_used"] == 0
+        with pytest.raises(httpx.ConnectError):  # drained and stopped: the port is closed
+            httpx.get(f"{gw.url}/health", timeout=30)
 
 
 # --- disconnects -------------------------------------------------------------------------------
@@ -745,7 +820,7 @@ def test_http_and_socket_clients_share_the_model(tiny_path, model):
     prompts = ["Hello", "The quick brown fox", "a b c", "def main():"]
     opts = {"max_tokens": 12, "ignore_eos": True}
     with testing.run_daemon(tiny_path, "--http", "127.0.0.1:0", "--api-key", KEY,
-                            "--parallel", "8", "--ctx", "65536", "--grace", "0.5",
+                            "--parallel", "8", "--ctx", "65536", "--grace", "2",
                             "--threads", str(THREADS),
                             "--max-tokens", str(ENDLESS)) as d:
         url = re.search(r"http://[\d.]+:\d+", "".join(d.stderr)).group(0)
@@ -791,8 +866,16 @@ def test_http_and_socket_clients_share_the_model(tiny_path, model):
             lines = r.iter_lines()
             assert next(lines).startswith("data: {")
             d.proc.send_signal(signal.SIGTERM)
+            # Draining, the port stays open for the grace period: a new request is told so
+            # with a 503, not refused.
+            deadline = time.monotonic() + 30
+            while httpx.get(f"{url}/health", timeout=30).json()["status"] == "ok":
+                assert time.monotonic() < deadline, "the daemon did not begin draining"
+            late = httpx.post(f"{url}/v1/completions", json={"prompt": "late"}, timeout=30,
+                              headers={"Authorization": f"Bearer {KEY}"})
+            assert late.status_code == 503 and late.headers["retry-after"] == "1"
             rest = [line for line in lines if line]
-        assert "shutting_down" in rest[-1]
+        assert "shutting_down" in rest[-2] and rest[-1] == "data: [DONE]"
         assert d.terminate(timeout=30) == 0
         assert "uma: stopped\n" in d.stderr
 

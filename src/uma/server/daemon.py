@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
+import fcntl
 import logging
 import os
 import selectors
 import socket
 import stat
+import struct
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import uma
@@ -32,11 +35,15 @@ from uma.handle import RequestHandle, Result
 from uma.metrics import Registry
 from uma.priority import Priority
 from uma.server import protocol as P
+from uma.server.connections import Caps, Held, admit
 from uma.server.framing import FrameDecoder, FrameError, encode
 
 log = logging.getLogger("uma.daemon")
 
 _READ_CHUNK = 1 << 16
+# What a connection in the reserve beyond max_connections may ask (uma.server.connections):
+# `uma status`, `uma stop` and a monitor's metrics, none of which starts work.
+_SPARE_REQUESTS = (P.HealthRequest, P.MetricsRequest, P.StopRequest, P.ConfigureRequest)
 
 
 class SocketInUseError(UmaError):
@@ -61,10 +68,18 @@ class _Entry:
 
 class _Connection:
     __slots__ = ("sock", "decoder", "out", "requests", "last_active", "closing", "peer_gone",
-                 "default_priority", "app", "reserved", "paused", "frame_started")
+                 "default_priority", "app", "reserved", "paused", "frame_started", "peer",
+                 "spare", "embeds", "asked")
 
-    def __init__(self, sock: socket.socket, max_frame: int, app: str) -> None:
+    def __init__(self, sock: socket.socket, max_frame: int, app: str,
+                 peer: int | None = None) -> None:
         self.sock = sock
+        self.peer = peer  # the connecting process's id, where the OS tells it
+        # In the reserve beyond max_connections (health, metrics and stop only): which cap
+        # was full, "peer" or "total"; "" for a regular connection.
+        self.spare = ""
+        self.embeds = 0  # embeddings jobs not yet answered (not in `requests`)
+        self.asked = time.monotonic()  # when it last sent a request, or one of its ended
         self.decoder = FrameDecoder(max_frame)
         self.out = bytearray()
         self.requests: dict[str, _Entry] = {}
@@ -86,6 +101,12 @@ class _Stats:
         self.accepted = reg.counter("connections_accepted_total", "socket connections accepted")
         self.dropped_slow = reg.counter("connections_dropped_slow_total",
                                         "socket clients dropped for reading too slowly")
+        self.made_room = reg.counter(
+            "connections_closed_for_room_total",
+            "idle socket connections closed to make room for a new one (E_IDLE_001)")
+        self.refused = reg.counter(
+            "connections_refused_total",
+            "socket connections refused at the connection limits (E_LIMIT_003)")
         self.protocol_errors = reg.counter("protocol_errors_total",
                                            "socket frames and requests refused as malformed")
         reg.gauge("connections", "open socket connections", lambda: len(daemon._conns))
@@ -110,6 +131,7 @@ class Daemon:
             max_prompt_bytes=config.max_prompt_bytes, max_prompt_tokens=engine.n_ctx_seq,
             max_tokens=config.max_tokens,
             default_max_tokens=min(config.default_max_tokens, config.max_tokens))
+        self._caps = Caps.of(config.max_connections)
         self._sel = selectors.DefaultSelector()
         self._conns: dict[int, _Connection] = {}
         self._ready: collections.deque = collections.deque()  # (conn, request id, handle)
@@ -120,6 +142,9 @@ class Daemon:
         self._wake_pending = False
         self._wake_r, self._wake_w = _make_waker()
         self._stopping = False
+        # Called by stop() (the HTTP gateway's stop_soon, in `uma run`): `uma stop` drains
+        # both doors at once, as a signal does.
+        self.on_stop: Callable[[], None] | None = None
         self._listener = listener
         self._registered = False
         self._submitter = ThreadPoolExecutor(2, thread_name_prefix="uma-submit")
@@ -139,6 +164,8 @@ class Daemon:
     def stop(self) -> None:
         """Begins a graceful shutdown. Safe from signal handlers and other threads."""
         self._stopping = True
+        if self.on_stop is not None:
+            self.on_stop()
         self._wake()
 
     def serve_forever(self) -> None:
@@ -213,13 +240,48 @@ class Daemon:
                 return
             sock.setblocking(False)
             self.stats.accepted.inc()
+            peer = peer_process(sock)
+            admission = admit(self._held(), peer, self._caps)
+            if admission.close is not None:
+                self.stats.made_room.inc()
+                self._fail(self._conns[admission.close], P.E_IDLE_001,
+                           f"closed to make room for a new connection: this one had no request "
+                           f"in flight, and {self._limits()}")
             conn = _Connection(sock, self.config.max_frame_bytes,
-                               app=f"conn{int(self.stats.accepted.value)}")
+                               app=f"conn{int(self.stats.accepted.value)}", peer=peer)
             self._conns[sock.fileno()] = conn
             self._sel.register(sock, selectors.EVENT_READ, conn)
-            if len(self._conns) > self.config.max_connections:
-                self._fail(conn, P.E_LIMIT_003,
-                           f"the daemon serves at most {self.config.max_connections} connections")
+            if admission.verdict == "reserve":
+                conn.spare = admission.full
+            elif admission.verdict == "refuse":
+                self.stats.refused.inc()
+                self._fail(conn, P.E_LIMIT_003, f"{self._full(admission.full)}, and the "
+                                                f"connections kept for health, metrics and "
+                                                f"stop are all busy")
+
+    def _held(self) -> dict[int, Held]:
+        """The open connections as the connection policy sees them (uma.server.connections)."""
+        return {fd: Held(c.peer, self._idle_since(c), bool(c.spare))
+                for fd, c in self._conns.items() if not c.closing}
+
+    @staticmethod
+    def _idle_since(conn: _Connection) -> float | None:
+        """None with a request in flight; else since its last request, or since the frame it
+        is sending began: a large prompt arriving is not closed before a client that has long
+        been silent, and one that trickles a frame for ever is."""
+        if conn.requests or conn.embeds:
+            return None
+        return max(conn.asked, conn.frame_started) if conn.decoder.buffered else conn.asked
+
+    def _limits(self) -> str:
+        return (f"the daemon serves at most {self._caps.total} connections, "
+                f"{self._caps.per_peer} to one process")
+
+    def _full(self, cap: str) -> str:
+        if cap == "peer":
+            return (f"this process holds {self._caps.per_peer} connections, the most the "
+                    f"daemon serves one process")
+        return f"the daemon serves at most {self._caps.total} connections and none is idle"
 
     def _read(self, conn: _Connection) -> None:
         try:
@@ -301,11 +363,18 @@ class Daemon:
             self._update_interest(conn)
 
     def _dispatch(self, conn: _Connection, msg: dict) -> None:
+        conn.asked = time.monotonic()
         try:
             req = P.parse_request(msg, self.limits, conn.default_priority)
         except P.ProtocolError as exc:
             self.stats.protocol_errors.inc()
             self._send(conn, P.error_event(exc.request_id, exc.code, str(exc)))
+            return
+        if conn.spare and not isinstance(req, _SPARE_REQUESTS):
+            self.stats.refused.inc()
+            self._fail(conn, P.E_LIMIT_003, f"{self._full(conn.spare)}: this connection, "
+                                            f"beyond the limit, may ask only for health, "
+                                            f"metrics or stop")
             return
         if isinstance(req, P.GenerateRequest):
             self._generate(conn, req)
@@ -333,6 +402,7 @@ class Daemon:
             self._answer(conn, req.id, lambda: P.tokens_event(req.id, self.engine.tokenize(
                 req.text, add_special=req.add_special, parse_special=req.parse_special)))
         elif isinstance(req, P.EmbedRequest):
+            conn.embeds += 1
             self._submitter.submit(self._embed, conn, req)  # tokenising takes a while
         elif isinstance(req, P.DetokenizeRequest):
             self._answer(conn, req.id,
@@ -347,7 +417,9 @@ class Daemon:
         try:
             event = answer()
         except Exception as exc:  # noqa: BLE001 - this request's alone
-            event = P.error_event(request_id, P.error_code_for(exc), str(exc))
+            if not isinstance(exc, UmaError):
+                log.exception("answering request %r failed", request_id)
+            event = P.error_event_for(request_id, exc)
         self._send(conn, event)
 
     def _embed(self, conn: _Connection, req: P.EmbedRequest) -> None:
@@ -367,11 +439,15 @@ class Daemon:
     def _publish_answers(self) -> None:
         while self._answers:
             conn, request_id, future = self._answers.popleft()
-            if conn.sock.fileno() < 0 or future.cancelled():
+            if conn.sock.fileno() < 0:
                 continue  # its client is gone
+            conn.embeds -= 1
+            conn.asked = time.monotonic()
+            if future.cancelled():
+                continue
             exc = future.exception()
             self._send(conn, P.embeddings_event(request_id, future.result()) if exc is None
-                       else P.error_event(request_id, P.error_code_for(exc), str(exc)))
+                       else P.error_event_for(request_id, exc))
 
     def _entry(self, conn: _Connection, request_id: str) -> _Entry | None:
         entry = conn.requests.get(request_id)
@@ -443,10 +519,11 @@ class Daemon:
             return False
         if isinstance(item, Exception):
             del conn.requests[request_id]
+            conn.asked = time.monotonic()
             code = P.error_code_for(item)
             if code == P.E_RUNTIME_001 and not isinstance(item, UmaError):
                 log.exception("submit failed", exc_info=item)
-            self._queue(conn, P.error_event(request_id, code, str(item)))
+            self._queue(conn, P.error_event_for(request_id, item))
             return True
         if entry.handle is None:
             entry.handle = item
@@ -463,7 +540,7 @@ class Daemon:
         # requests: this one's result then has nobody to go to. (It did once, and the
         # KeyError ended the poll loop for every client.)
         if result is not None and conn.requests.pop(request_id, None) is not None:
-            conn.last_active = time.monotonic()
+            conn.last_active = conn.asked = time.monotonic()
             self._queue(conn, self._eos(request_id, result, entry.stream))
         return True
 
@@ -477,7 +554,7 @@ class Daemon:
     @staticmethod
     def _eos(request_id: str, r: Result, stream: bool) -> dict:
         if r.finish_reason == "error" and r.error is not None:
-            return P.error_event(request_id, P.error_code_for(r.error), str(r.error))
+            return P.error_event_for(request_id, r.error)
         usage = {"prompt_tokens": r.usage.prompt_tokens,
                  "completion_tokens": r.usage.completion_tokens,
                  "cached_tokens": r.usage.cached_tokens}
@@ -660,7 +737,22 @@ def bind_socket(path: str) -> socket.socket:
     """The daemon's listening socket at path, mode 0600, non-blocking. A stale file from a dead
     daemon is replaced; a live daemon's socket, or a path that is not a socket, is left alone
     with an error. A missing parent directory is created (0700) only where it is the user's
-    own: under their home, their runtime directory or the temporary directory."""
+    own: under their home, their runtime directory or the temporary directory. Every failure
+    is a SocketInUseError or SocketPathError with a sentence, never an OS error's number.
+
+    Daemons starting at once on one path take turns here (a lock on the directory): between
+    one's check of the path and its socket listening, another took the file for stale and
+    removed it, and two served on one path, or one failed with a bare "[Errno 2]"."""
+    directory = os.path.dirname(os.path.abspath(path))
+    _make_socket_dir(directory)
+    try:
+        with _directory_lock(directory, path):
+            return _bind_socket(path)
+    except OSError as exc:
+        raise SocketPathError(f"cannot create the socket {path}: {_reason(exc)}") from None
+
+
+def _bind_socket(path: str) -> socket.socket:
     if os.path.lexists(path):
         if not stat.S_ISSOCK(os.lstat(path).st_mode):
             raise SocketInUseError(f"{path} exists and is not a socket; not touching it")
@@ -668,25 +760,57 @@ def bind_socket(path: str) -> socket.socket:
         try:
             probe.connect(path)
         except (ConnectionRefusedError, FileNotFoundError):
-            os.unlink(path)  # nobody listens: left over by a daemon that died
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)  # nobody listens: left over by a daemon that died
         else:
             raise SocketInUseError(f"another UMA daemon is serving on {path}")
         finally:
             probe.close()
-    _make_socket_dir(os.path.dirname(os.path.abspath(path)))
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o177)  # the socket file is born 0600: no window where others may connect
     try:
         sock.bind(path)
+        os.chmod(path, 0o600)
+        sock.listen(128)
     except OSError as exc:
         sock.close()
-        raise SocketPathError(f"cannot create the socket {path}: {exc.strerror}") from None
+        if exc.errno == errno.EADDRINUSE:  # a process that does not take the lock
+            raise SocketInUseError(f"another process is listening on {path}") from None
+        raise
     finally:
         os.umask(old)
-    os.chmod(path, 0o600)
-    sock.listen(128)
     sock.setblocking(False)
     return sock
+
+
+@contextlib.contextmanager
+def _directory_lock(directory: str, path: str, timeout_s: float = 10.0) -> Iterator[None]:
+    """Holds an exclusive flock on the socket's directory: every `uma run` binding a socket
+    there waits its turn, for the few system calls that takes. Where the directory cannot be
+    opened or locked (a filesystem without locks), it goes on without."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        yield
+        return
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                # Held for microseconds by a daemon binding; this long, by one stopped there.
+                if time.monotonic() > deadline:
+                    raise SocketInUseError(
+                        f"another UMA daemon has been starting on {path} for {timeout_s:g} s "
+                        f"(it holds a lock on {directory}); is one stopped?") from None
+                time.sleep(0.01)
+            except OSError:
+                break  # no locks on this filesystem
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _make_socket_dir(directory: str) -> None:
@@ -699,16 +823,39 @@ def _make_socket_dir(directory: str) -> None:
             f"path in an existing directory (it is created only under your home, your runtime "
             f"directory or {tempfile.gettempdir()})")
     try:
-        os.makedirs(directory, mode=0o700)
+        os.makedirs(directory, mode=0o700, exist_ok=True)  # another start may have made it
     except OSError as exc:
         raise SocketPathError(f"cannot create the socket's directory {directory}: "
-                              f"{exc.strerror}") from None
+                              f"{_reason(exc)}") from None
+
+
+def _reason(exc: OSError) -> str:
+    """An OS error as words: "Permission denied", not "[Errno 13] Permission denied: '/x'"."""
+    return exc.strerror or str(exc)
 
 
 def _inside(path: str, root: str) -> bool:
     root = os.path.realpath(root)
     return os.path.commonpath([os.path.realpath(path), root]) == root and \
         os.path.realpath(path) != root
+
+
+def peer_process(sock: socket.socket) -> int | None:
+    """The id of the process at the other end of a Unix socket connection: SO_PEERCRED on
+    Linux, LOCAL_PEERPID on macOS; None where the OS does not tell (each such connection then
+    counts as a client of its own)."""
+    try:
+        if hasattr(socket, "SO_PEERCRED"):
+            pid, _, _ = struct.unpack("3i", sock.getsockopt(
+                socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        elif sys.platform == "darwin":
+            # SOL_LOCAL and LOCAL_PEERPID from <sys/un.h>; Python names neither
+            pid = struct.unpack("i", sock.getsockopt(0, 0x002, 4))[0]
+        else:
+            return None
+    except OSError:
+        return None
+    return pid or None  # 0: a process outside this one's PID namespace
 
 
 def _make_waker() -> tuple[int, int]:

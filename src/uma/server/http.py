@@ -7,7 +7,7 @@ touches the daemon's poller. Request bodies become socket-protocol requests
 
     POST /v1/completions, POST /v1/chat/completions  (stream: server-sent events)
     POST /v1/embeddings
-    POST /tokenize, /detokenize (llama-server's)
+    POST /tokenize, /detokenize, /infill (llama-server's)
     GET  /v1/models, /v1/models/{id}, /health, /metrics (Prometheus text)
 """
 
@@ -23,6 +23,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from pathlib import Path
 
@@ -38,16 +39,19 @@ from starlette.routing import Route
 from uma.app import app_name
 from uma.config import ServerConfig, parse_http_address
 from uma.engine import Engine
-from uma.errors import InvalidRequestError, UmaError
+from uma.errors import SHOWN_CHARS, InvalidRequestError, UmaError, shown
 from uma.handle import RequestHandle, Result, TokenEvent
 from uma.priority import Priority
 from uma.server import prometheus
+from uma.server import protocol as P
 from uma.server.http_limits import LimitedH11Protocol
+from uma.server.infill_api import InfillFormat, parse_infill
 from uma.server.openai_api import (
     ApiError,
     ApiRequest,
     ChatFormat,
     CompletionFormat,
+    body_of,
     embeddings_response,
     error_for,
     parse_chat,
@@ -63,8 +67,9 @@ log = logging.getLogger("uma.http")
 
 _DONE = b"data: [DONE]\n\n"
 _ANSWERED = ("stop", "length", "tool_calls")  # finish reasons that are answers
-_KEYED = ("/v1", "/tokenize", "/detokenize")  # the paths an API key guards
+_KEYED = ("/v1", "/tokenize", "/detokenize", "/infill")  # the paths an API key guards
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+_ALWAYS = ("/health", "/metrics")  # answered while the gateway drains
 
 
 def create_app(engine: Engine, config: ServerConfig,
@@ -78,12 +83,15 @@ def create_app(engine: Engine, config: ServerConfig,
         Route("/v1/models", api.models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", api.model, methods=["GET"]),
         Route("/v1/embeddings", api.embeddings, methods=["POST"]),
+        Route("/infill", api.infill, methods=["POST"]),
         Route("/tokenize", api.tokenize, methods=["POST"]),
         Route("/detokenize", api.detokenize, methods=["POST"]),
         Route("/health", api.health, methods=["GET"]),
         Route("/metrics", api.metrics, methods=["GET"]),
     ]
-    middleware = [Middleware(BearerAuth, key=config.api_key)] if config.api_key else []
+    middleware = [Middleware(Draining, api=api)]
+    if config.api_key:
+        middleware.append(Middleware(BearerAuth, key=config.api_key))
     app = Starlette(routes=routes, middleware=middleware, exception_handlers={
         ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error})
     app.state.api = api
@@ -105,8 +113,8 @@ class _Api:
         self.model_id = Path(engine.config.model).stem
         self.model_created = int(os.path.getmtime(engine.config.model))
         self.metrics_source = engine.metrics if metrics_source is None else metrics_source
-        self.stopping = False  # set when the gateway stops: new generations get 503
-        self.live: set[RequestHandle] = set()  # requests being answered, for cancel_all
+        self.stopping = False  # set when the gateway drains: new requests get 503 (Draining)
+        self.live = _Live()  # requests being answered, for cancel_all and the drain
         reg = engine.metrics
         self.requests = reg.counter("http_requests_total", "HTTP completion and chat requests")
         self.errors = reg.counter("http_errors_total", "of those, answered with an error")
@@ -122,16 +130,24 @@ class _Api:
     async def chat_completions(self, request: Request) -> Response:
         return await self._generate(request, parse_chat, ChatFormat)
 
+    async def infill(self, request: Request) -> Response:
+        """llama-server's /infill (uma.server.infill_api): tokenising the prefix, suffix and
+        extra context happens off the event loop."""
+        return await self._generate(request, functools.partial(
+            parse_infill, tokens_of=self.engine.infill_tokens), InfillFormat, off_loop=True)
+
     async def _generate(self, request: Request, parse: Callable[..., ApiRequest],
-                        format_cls: type[CompletionFormat | ChatFormat]) -> Response:
+                        format_cls: type[CompletionFormat | ChatFormat | InfillFormat],
+                        off_loop: bool = False) -> Response:
         self.requests.inc()
         try:
             if self.stopping:
                 raise ApiError(503, "the server is shutting down", type="server_error",
                                code="shutting_down")
             body = await _read_json(request, self.max_body, self.body_timeout_s)
-            api_req = parse(body, model_id=self.model_id, limits=self.limits,
-                                        default_priority=_header_priority(request))
+            parse = functools.partial(parse, body, model_id=self.model_id, limits=self.limits,
+                                      default_priority=_header_priority(request))
+            api_req = await asyncio.to_thread(parse) if off_loop else parse()
             gen = api_req.generate
             app = _header_app(request) or api_req.user or _connection_app(request)
             try:
@@ -167,7 +183,8 @@ class _Api:
         for handle in list(self.live):
             handle.cancel()
 
-    async def _events(self, handle: RequestHandle, fmt: CompletionFormat | ChatFormat,
+    async def _events(self, handle: RequestHandle,
+                      fmt: CompletionFormat | ChatFormat | InfillFormat,
                       api_req: ApiRequest) -> AsyncIterator[bytes]:
         if isinstance(fmt, ChatFormat):
             yield _sse(fmt.opening())
@@ -185,8 +202,12 @@ class _Api:
         result = await handle.aresult()
         if result.finish_reason not in _ANSWERED:
             # The status line is sent; OpenAI clients raise on a chunk that carries an error.
+            # [DONE] still ends it, so that a client reading to it sees the stream end whole,
+            # the reason just before (a stream cut by shutdown once ended without it).
             self.errors.inc()
             yield _sse(_ended_badly(result).body())
+            if fmt.done_marker:
+                yield _DONE
             return
         if calls is not None and isinstance(fmt, ChatFormat):
             rest = calls.finish(result.content if result.tool_calls else None)
@@ -195,9 +216,10 @@ class _Api:
             if result.tool_calls:
                 yield _sse(fmt.tool_calls(result))
         yield _sse(fmt.closing(result))
-        if api_req.include_usage:
+        if api_req.include_usage and not isinstance(fmt, InfillFormat):
             yield _sse(fmt.usage_chunk(result))
-        yield _DONE
+        if fmt.done_marker:
+            yield _DONE
 
     async def _wait(self, handle: RequestHandle, request: Request) -> Result | None:
         """The result, or None if the client left first (the request is then cancelled)."""
@@ -220,8 +242,9 @@ class _Api:
 
     async def model(self, request: Request) -> Response:
         if request.path_params["model_id"] not in (self.model_id, f"{self.model_id}.gguf"):
-            raise ApiError(404, f"no model {request.path_params['model_id']!r}; this server has "
-                                f"{self.model_id!r}", param="model", code="model_not_found")
+            raise ApiError(404, f"no model {shown(request.path_params['model_id'])}; this "
+                                f"server has {self.model_id!r}", param="model",
+                           code="model_not_found")
         return JSONResponse(self._model())
 
     def _model(self) -> dict:
@@ -272,14 +295,17 @@ class _Api:
             raise error_for(exc) from exc
 
     async def health(self, request: Request) -> Response:
-        """200 while it serves; 503 once the engine has failed (a lost RPC worker), so that a
-        load balancer takes the daemon out of rotation."""
+        """200 "ok" while it serves; 503 "draining" while it shuts down and 503 "failed" once
+        the engine has failed (a lost RPC worker): a load balancer's check (which routes on the
+        status code) takes the daemon out of rotation for either."""
         failure = self.engine.failure
         if failure is not None:
             return JSONResponse({"status": "failed", "model": self.model_id,
                                  "error": failure}, status_code=503)
-        return JSONResponse({"status": "draining" if self.stopping else "ok",
-                             "model": self.model_id})
+        if self.stopping:
+            return JSONResponse({"status": "draining", "model": self.model_id},
+                                status_code=503, headers={"retry-after": "1"})
+        return JSONResponse({"status": "ok", "model": self.model_id})
 
     async def metrics(self, request: Request) -> Response:
         return Response(prometheus.render(self.metrics_source),
@@ -307,6 +333,59 @@ class _EventStream(StreamingResponse):
             # The body generator may be suspended at a yield if the client left mid-send.
             with contextlib.suppress(Exception):
                 await self.body_iterator.aclose()
+
+
+class _Live:
+    """The requests being answered: what cancel_all ends and the drain waits for."""
+
+    def __init__(self) -> None:
+        self._handles: set[RequestHandle] = set()
+        self._none = asyncio.Event()  # set while there are none
+        self._none.set()
+
+    def add(self, handle: RequestHandle) -> None:
+        self._handles.add(handle)
+        self._none.clear()
+
+    def discard(self, handle: RequestHandle) -> None:
+        self._handles.discard(handle)
+        if not self._handles:
+            self._none.set()
+
+    def __iter__(self):
+        return iter(self._handles)
+
+    def __len__(self) -> int:
+        return len(self._handles)
+
+    async def wait_none(self, timeout_s: float) -> bool:
+        """True once none is left; False if some still are after timeout_s."""
+        try:
+            await asyncio.wait_for(self._none.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+
+class Draining:
+    """ASGI middleware: while the gateway drains, a new request is answered 503 with
+    Retry-After and its connection closed, but for /health ("draining") and /metrics. The
+    port stays open until the requests in flight are done, so that a client or a balancer
+    gets that answer rather than "connection refused"."""
+
+    def __init__(self, app, api: _Api) -> None:
+        self.app = app
+        self._api = api
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and self._api.stopping and scope["path"] not in _ALWAYS:
+            error = ApiError(503, "the server is shutting down", type="server_error",
+                             code="shutting_down")
+            response = JSONResponse(error.body(), 503, {"retry-after": "1",
+                                                        "connection": "close"})
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 class BearerAuth:
@@ -338,8 +417,9 @@ class BearerAuth:
 
 class HttpGateway:
     """Serves create_app(engine, config) on config.http with uvicorn, on its own thread and
-    event loop. start() returns once it accepts connections; stop() drains it (streams get
-    config.grace_s, then are cancelled) and joins the thread."""
+    event loop. start() returns once it accepts connections; stop_soon() begins the drain
+    (new requests get 503, requests in flight get config.grace_s, then are cancelled); stop()
+    waits for it, closes the port and joins the thread."""
 
     def __init__(self, engine: Engine, config: ServerConfig,
                  metrics_source: Iterable[prometheus.Metric] | None = None,
@@ -356,9 +436,17 @@ class HttpGateway:
         self._grace = config.grace_s
         self._max_connections = config.http_max_connections
         self._header_timeout_s = config.http_header_timeout_s
+        self._made_room = engine.metrics.counter(
+            "http_connections_closed_for_room_total",
+            "idle HTTP connections closed to make room for a new one")
+        self._refused = engine.metrics.counter(
+            "http_connections_refused_total",
+            "HTTP connections answered 503 at the connection limits (too_many_connections)")
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._failure: BaseException | None = None
+        self._drained = threading.Event()  # set once the requests in flight are done
+        self._drain: asyncio.Task | None = None
 
     @property
     def url(self) -> str:
@@ -375,9 +463,10 @@ class HttpGateway:
         config = uvicorn.Config(
             self.app, lifespan="off", log_config=None, log_level="warning", access_log=False,
             http=functools.partial(LimitedH11Protocol, max_connections=self._max_connections,
-                                   header_timeout_s=self._header_timeout_s),
-            # Past the grace period cancel_all ends the requests; their last chunks need a
-            # moment to go out before uvicorn cuts what is left.
+                                   header_timeout_s=self._header_timeout_s,
+                                   made_room=self._made_room, refused=self._refused),
+            # uvicorn's own shutdown begins once the drain is done (stop); what it still
+            # waits for then (a stream whose client stopped reading) it cuts after this long.
             server_header=False, timeout_graceful_shutdown=self._grace + 2.0)
         self._server = _Server(config)
         self._thread = threading.Thread(target=self._run, args=(sock,), name="uma-http",
@@ -399,29 +488,46 @@ class HttpGateway:
             sock.close()
 
     def stop_soon(self) -> None:
-        """Begins draining: new generations get 503, idle connections close, requests in
-        flight get the grace period and are then cancelled. Returns at once; safe from signal
-        handlers and other threads."""
+        """Begins draining: the port stays open, new requests get 503 with Retry-After
+        (/health says "draining"), requests in flight get the grace period and are then
+        cancelled, their streams ending with the reason and [DONE]. Returns at once; safe from
+        signal handlers and other threads. stop() closes the port once they are done."""
         api = self.app.state.api
         if api.stopping:
             return
         api.stopping = True
-        server = self._server
-        if server is None:
+        loop = self._server.loop if self._server is not None else None
+        if loop is None:  # not serving: nothing to drain
+            self._drained.set()
             return
-        server.should_exit = True
-        if server.loop is not None:
-            with contextlib.suppress(RuntimeError):  # the loop has already closed
-                server.loop.call_soon_threadsafe(server.loop.call_later, self._grace,
-                                                 api.cancel_all)
+        try:
+            loop.call_soon_threadsafe(self._begin_drain)
+        except RuntimeError:  # its loop has already closed
+            self._drained.set()
+
+    def _begin_drain(self) -> None:
+        self._drain = asyncio.ensure_future(self._wait_drained())
+
+    async def _wait_drained(self) -> None:
+        api = self.app.state.api
+        if not await api.live.wait_none(self._grace):
+            api.cancel_all()
+            # Each cancelled request's last chunk (its reason, [DONE]) needs a moment to go out.
+            await api.live.wait_none(2.0)
+        self._drained.set()
 
     def stop(self, timeout: float | None = None) -> None:
-        """Drains and joins the gateway's thread. Idempotent."""
+        """Drains (stop_soon), then closes the port and joins the gateway's thread.
+        Idempotent."""
         self.stop_soon()
         if self._thread is None:
             return
-        # uvicorn polls should_exit every 0.1 s; in-flight responses get the grace period.
-        self._thread.join(self._grace + 5.0 if timeout is None else timeout)
+        deadline = time.monotonic() + (self._grace + 5.0 if timeout is None else timeout)
+        if self._thread.is_alive():
+            self._drained.wait(max(0.0, deadline - time.monotonic()))
+        if self._server is not None:
+            self._server.should_exit = True  # uvicorn polls it every 0.1 s
+        self._thread.join(max(0.0, deadline - time.monotonic()))
         if self._thread.is_alive():
             raise TimeoutError("the HTTP gateway did not stop in time")
 
@@ -480,10 +586,7 @@ async def _read_json(request: Request, limit: int, timeout_s: float) -> object:
     except asyncio.TimeoutError:
         raise ApiError(408, f"the body did not arrive whole within {timeout_s:g} s ({size} "
                             f"bytes came)", code="request_timeout") from None
-    try:
-        return json.loads(b"".join(chunks))
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
-        raise ApiError(400, f"the body is not valid JSON: {exc}") from None
+    return body_of(b"".join(chunks))
 
 
 def _too_large(size: int, limit: int) -> ApiError:
@@ -516,7 +619,7 @@ def _header_priority(request: Request) -> Priority:
         return Priority.parse(value.strip().lower())
     except InvalidRequestError:
         raise ApiError(400, f"X-UMA-Priority must be 'interactive' or 'background', not "
-                            f"{value!r}", param="X-UMA-Priority") from None
+                            f"{shown(value)}", param="X-UMA-Priority") from None
 
 
 async def _disconnected(request: Request) -> None:
@@ -541,19 +644,24 @@ def _sse(obj: dict) -> bytes:
 
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    headers = {"retry-after": "1"} if exc.status == 429 else None
+    if exc.status == 500 and exc.__cause__ is not None:  # error_for told the client little
+        log.error("internal error serving %s", request.url.path, exc_info=exc.__cause__)
+    busy = exc.status == 429 or exc.code == "shutting_down"  # worth trying again (elsewhere)
+    headers = {"retry-after": "1"} if busy else None
     return JSONResponse(exc.body(), exc.status, headers)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     kind = "not_found" if exc.status_code == 404 else None
-    error = ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
-                     code=kind)
+    path = request.url.path  # up to h11's 16 KiB of request line: not echoed whole
+    path = path if len(path) <= SHOWN_CHARS else f"{path[:SHOWN_CHARS - 3]}..."
+    error = ApiError(exc.status_code, f"{request.method} {path}: {exc.detail}", code=kind)
     return JSONResponse(error.body(), exc.status_code, exc.headers)
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
-    # Starlette logs the traceback after this answer is sent.
-    error = ApiError(500, f"internal error: {exc!r}", type="server_error")
+    # Starlette logs the traceback after this answer is sent; the client learns only that it
+    # was the server's fault (Python's words name nothing it could fix).
+    error = ApiError(500, P.error_message(exc), type="server_error")
     return JSONResponse(error.body(), 500)

@@ -59,7 +59,7 @@ def serve(conf: Settings, say=None) -> int:
     try:
         listener = bind_socket(conf.server.socket)
     except (UmaError, OSError) as exc:
-        say(f"uma: {exc}")
+        say(f"uma: {_sentence(exc)}")
         return 1
     http_sock = None
     if conf.server.http:
@@ -96,7 +96,14 @@ def serve(conf: Settings, say=None) -> int:
             def loading(fraction: float) -> bool:
                 bar.update(load, completed=fraction)
                 return not stopping.is_set()  # False cancels the load
-            engine = Engine.from_config(conf.engine, progress=loading)
+            # llama.cpp's own lines about a file it cannot load would repeat the one-line
+            # reason the error below gives (still shown at --log-level info or debug)
+            if conf.log_level in ("warn", "error"):
+                _core.set_log_level("none")
+            try:
+                engine = Engine.from_config(conf.engine, progress=loading)
+            finally:
+                _core.set_log_level(conf.log_level if conf.log_level != "warn" else "error")
             if stopping.is_set():
                 engine.ctx.abort()
             if not console.is_terminal:
@@ -123,17 +130,15 @@ def serve(conf: Settings, say=None) -> int:
 
             gateway = HttpGateway(engine, conf.server, sock=http_sock)
             gateway.start()
+            daemon.on_stop = gateway.stop_soon  # `uma stop` drains HTTP too
         daemon.bind()
     except (UmaError, OSError) as exc:
         engine.close()
-        say(f"uma: {exc}")
+        say(f"uma: {_sentence(exc)}")
         return abandon(1)
 
     def stop(*_) -> None:
-        # Both doors drain at once, each with the grace period.
-        daemon.stop()
-        if gateway is not None:
-            gateway.stop_soon()
+        daemon.stop()  # both doors drain at once, each with the grace period (on_stop)
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, stop)
@@ -172,6 +177,15 @@ def serve(conf: Settings, say=None) -> int:
         os._exit(1)
     say("uma: stopped")
     return 0
+
+
+def _sentence(exc: Exception) -> str:
+    """What the user is told: our errors are sentences; an OS error's "[Errno 2] No such file
+    or directory: 'x'" becomes "cannot start: No such file or directory (x)"."""
+    if isinstance(exc, OSError) and not isinstance(exc, UmaError):
+        where = f" ({exc.filename})" if exc.filename else ""
+        return f"cannot start: {exc.strerror or exc}{where}"
+    return str(exc)
 
 
 def _close_listener(listener: socket.socket, path: str) -> None:

@@ -13,7 +13,9 @@ store, parallel_tool_calls, ...) are ignored.
 from __future__ import annotations
 
 import base64
+import json
 import math
+import re
 import secrets
 import time
 from collections.abc import Callable, Sequence
@@ -24,18 +26,26 @@ import numpy as np
 from uma import tools as uma_tools
 from uma.app import app_name
 from uma.config import MAX_TOP_LOGPROBS
-from uma.embeddings import Embeddings, inputs_of
-from uma.errors import ClosedError, ContextOverflowError, EngineFailedError, InvalidRequestError
+from uma.embeddings import Embeddings
+from uma.errors import (
+    SHOWN_CHARS,
+    ClosedError,
+    ContextOverflowError,
+    EngineFailedError,
+    InvalidRequestError,
+    shown,
+)
 from uma.handle import Result, TokenEvent, TopLogprobs
 from uma.priority import Priority
 from uma.server import protocol as P
+from uma.server.framing import MAX_DEPTH
 
 # Sampler options passed through as they are. After OpenAI's own, uma's extensions (the names
 # llama-server also takes), and priority: 'interactive' or 'background'.
 _PASSED = (
     "temperature", "top_p", "seed", "frequency_penalty", "presence_penalty",
     "top_k", "min_p", "repeat_penalty", "penalty_last_n", "ignore_eos", "cache_prompt",
-    "priority", "logit_bias",
+    "parse_special", "priority", "logit_bias",
 )
 # Leading words of protocol/SamplingParams messages that name a body field.
 _PARAMS = frozenset({*_PASSED, "max_tokens", "stop", "prompt", "messages", "tokens", "tools",
@@ -43,6 +53,7 @@ _PARAMS = frozenset({*_PASSED, "max_tokens", "stop", "prompt", "messages", "toke
 _MESSAGE_FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id")
 # OpenAI's placeholder for a log-probability that is too small to show.
 _TINY_LOGPROB = -9999.0
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class ApiError(Exception):
@@ -73,7 +84,7 @@ def error_for(exc: BaseException) -> ApiError:
     if code == P.E_BUSY_001:
         return ApiError(429, str(exc), type="rate_limit_error", code="server_busy")
     if code == P.E_RUNTIME_001:
-        return ApiError(500, f"internal error: {exc}", type="server_error")
+        return ApiError(500, P.error_message(exc), type="server_error")
     if code == P.E_LIMIT_001 or isinstance(exc, ContextOverflowError):
         return ApiError(400, str(exc), code="context_length_exceeded")
     message = str(exc)
@@ -162,13 +173,20 @@ def _parse(body: dict, fields: dict, model_id: str, limits: P.RequestLimits,
     # what the output must match (uma.grammar): OpenAI's response_format on either endpoint,
     # or a GBNF grammar, as llama-server takes it
     msg["response_format"], msg["grammar"] = body.get("response_format"), body.get("grammar")
+    req = parse_as_socket(msg, limits, default_priority)
+    assert isinstance(req, P.GenerateRequest)  # the message above is a generate request
+    return ApiRequest(req, stream, include_usage, user)
+
+
+def parse_as_socket(msg: dict, limits: P.RequestLimits,
+                    default_priority: Priority = Priority.INTERACTIVE) -> P.Request:
+    """A body rewritten as a socket message, parsed as the socket parses it: HTTP accepts and
+    refuses what the socket does, in the same words. ApiError(400) naming the field."""
     try:
-        req = P.parse_request(msg, limits, default_priority)
+        return P.parse_request(msg, limits, default_priority)
     except P.ProtocolError as exc:
         code = "context_length_exceeded" if exc.code == P.E_LIMIT_001 else None
         raise ApiError(400, exc.message, param=_param_named_in(exc.message), code=code) from None
-    assert isinstance(req, P.GenerateRequest)  # the message above is a generate request
-    return ApiRequest(req, stream, include_usage, user)
 
 
 @dataclass(frozen=True)
@@ -195,15 +213,12 @@ def parse_tokenize(body: object, limits: P.RequestLimits) -> TokenizeBody:
 
 
 def parse_detokenize(body: object, limits: P.RequestLimits) -> tuple[int, ...]:
-    """POST /detokenize: {"tokens": [id, ...]}."""
+    """POST /detokenize: {"tokens": [id, ...]}, checked as the socket's detokenize is."""
     body = _object(body)
-    tokens = body.get("tokens")
-    if type(tokens) is not list or not all(type(t) is int for t in tokens):
-        raise ApiError(400, "tokens must be a list of integers", param="tokens")
-    if len(tokens) > limits.max_prompt_tokens:
-        raise ApiError(400, f"tokens holds more than {limits.max_prompt_tokens} ids",
-                       param="tokens", code="context_length_exceeded")
-    return tuple(tokens)
+    req = parse_as_socket({"type": "detokenize", "id": "http", "tokens": body.get("tokens")},
+                          limits)
+    assert isinstance(req, P.DetokenizeRequest)
+    return req.tokens
 
 
 @dataclass(frozen=True)
@@ -221,16 +236,9 @@ def parse_embeddings(body: object, *, model_id: str, limits: P.RequestLimits,
     if body.get("input") is None:
         raise ApiError(400, "input is required", param="input")
     _check_model(body, model_id)
-    try:
-        inputs = inputs_of(body["input"])
-    except InvalidRequestError as exc:
-        raise ApiError(400, str(exc), param="input") from None
-    for i, item in enumerate(inputs):
-        where = "input" if len(inputs) == 1 else f"input[{i}]"
-        if isinstance(item, str) and len(item.encode("utf-8", "surrogatepass")) \
-                > limits.max_prompt_bytes:
-            raise ApiError(400, f"{where} is over {limits.max_prompt_bytes} bytes of UTF-8",
-                           param="input", code="context_length_exceeded")
+    # the socket's embed checks: the forms, each text's bytes, each token id's range
+    req = parse_as_socket({"type": "embed", "id": "http", "input": body["input"]}, limits)
+    assert isinstance(req, P.EmbedRequest)
     encoding = _field(body, "encoding_format", str) or "float"
     if encoding not in ("float", "base64"):
         raise ApiError(400, f"encoding_format must be 'float' or 'base64', not {encoding!r}",
@@ -239,7 +247,7 @@ def parse_embeddings(body: object, *, model_id: str, limits: P.RequestLimits,
     if wanted is not None and wanted != dimensions:
         raise ApiError(400, f"dimensions must be the model's own, {dimensions}: vectors are "
                             f"not shortened", param="dimensions")
-    return EmbeddingsBody(inputs, encoding == "base64", _field(body, "user", str))
+    return EmbeddingsBody(list(req.inputs), encoding == "base64", _field(body, "user", str))
 
 
 def embeddings_response(result: Embeddings, model_id: str, base64_floats: bool) -> dict:
@@ -256,6 +264,77 @@ def embeddings_response(result: Embeddings, model_id: str, base64_floats: bool) 
                       "total_tokens": result.prompt_tokens}}
 
 
+def body_of(raw: bytes) -> object:
+    """A request body: JSON in UTF-8 (RFC 8259; a byte order mark is let pass), checked as the
+    socket checks a frame (uma.server.framing): nested at most MAX_DEPTH deep, every string
+    and key valid Unicode. JSON can spell half of a UTF-16 surrogate pair ("\\ud800"), which
+    no UTF-8 can carry and no tokenizer takes: it is refused, naming the field, not replaced,
+    so that what runs is what was sent. ApiError(400) naming what is wrong."""
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, f"the body is not valid UTF-8 (byte {exc.start})") from None
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ApiError(400, f"the body is not valid JSON: {exc.msg} at line {exc.lineno}, "
+                            f"column {exc.colno}") from None
+    except RecursionError:
+        raise ApiError(400, f"the body is nested more than {MAX_DEPTH} deep") from None
+    except ValueError:  # an integer of more digits than Python reads (4300)
+        raise ApiError(400, "the body holds a number with too many digits") from None
+    _check_tree(body)
+    return body
+
+
+def _check_tree(body: object) -> None:
+    # One pass over the containers, as framing._check_shape makes over a frame's; a list of
+    # token ids holds no text, and its element types are looked at in C. A body that is no
+    # container is refused later, as the wrong kind.
+    stack = [(body, "", 1)] if type(body) in (dict, list) else []
+    while stack:
+        node, path, depth = stack.pop()
+        if type(node) is dict:
+            for key in node:
+                if _SURROGATE.search(key):
+                    _lone_surrogate(f"a key in {path or 'the body'}", key)
+            items = node.items()
+        elif not {str, list, dict} & set(map(type, node)):
+            continue
+        else:
+            items = enumerate(node)
+        for key, value in items:
+            kind = type(value)
+            if kind is str:
+                if _SURROGATE.search(value):
+                    _lone_surrogate(_path(path, key), value)
+            elif kind in (dict, list):
+                if depth >= MAX_DEPTH:
+                    raise ApiError(400, f"the body is nested more than {MAX_DEPTH} deep",
+                                   param=_cut(_path(path, key)))
+                stack.append((value, _path(path, key), depth + 1))
+
+
+def _path(path: str, key: str | int) -> str:
+    if type(key) is int:
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
+
+
+def _cut(path: str) -> str:
+    # made of the body's keys, which may be 100 KB long
+    return path if len(path) <= SHOWN_CHARS else f"{path[:SHOWN_CHARS - 3]}..."
+
+
+def _lone_surrogate(where: str, text: str) -> None:
+    found = _SURROGATE.search(text)
+    assert found is not None
+    where = _cut(where)
+    raise ApiError(400, f"{where} is not valid Unicode: it holds half of a UTF-16 surrogate "
+                        f"pair (U+{ord(found.group()):04X}) at character {found.start()}",
+                   param=where if not where.startswith("a key") else None)
+
+
 def _object(body: object) -> dict:
     if not isinstance(body, dict):
         raise ApiError(400, f"the body must be a JSON object, not {_json_type(body)}")
@@ -265,7 +344,7 @@ def _object(body: object) -> dict:
 def _check_model(body: dict, model_id: str) -> None:
     model = _field(body, "model", str)
     if model is not None and model not in (model_id, f"{model_id}.gguf"):
-        raise ApiError(400, f"unknown model {model!r}; this server has {model_id!r}",
+        raise ApiError(400, f"unknown model {shown(model)}; this server has {model_id!r}",
                        param="model", code="model_not_found")
 
 
@@ -358,6 +437,7 @@ class _Format:
 
     object_name = ""
     chunk_name = ""
+    done_marker = True  # a stream ends with "data: [DONE]"
 
     def __init__(self, model_id: str, piece: Callable[[int], bytes], prefix: str) -> None:
         self.id = f"{prefix}-{secrets.token_hex(12)}"

@@ -32,6 +32,8 @@ from uma.errors import (
     ModelLoadError,
     NoChatTemplateError,
     UmaError,
+    kind_of,
+    shown,
 )
 from uma.handle import TopLogprobs
 from uma.priority import Priority
@@ -97,6 +99,21 @@ def error_code_for(exc: BaseException) -> str:
         if isinstance(exc, cls):
             return code
     return E_RUNTIME_001
+
+
+def error_message(exc: BaseException) -> str:
+    """What a client is told of an exception raised while serving its request: the message of
+    one of ours (a UmaError, in the project's words), else only that something failed inside.
+    Python's own text ("int too large to convert to C long") names no field the client can
+    fix; it is for the server's log."""
+    if isinstance(exc, UmaError):
+        return str(exc)
+    return "internal error (the server's log has the details)"
+
+
+def error_event_for(request_id: str | None, exc: BaseException) -> dict:
+    """The error event answering a request that raised exc."""
+    return error_event(request_id, error_code_for(exc), error_message(exc))
 
 
 # --- requests ----------------------------------------------------------------------------------
@@ -255,7 +272,8 @@ _PROMPT_FIELDS = ("prompt", "messages", "tokens")
 _FIELDS = {
     "generate": frozenset({
         "type", "id", *_PROMPT_FIELDS, *_SAMPLER_FIELDS, "max_tokens", "stop", "stream",
-        "priority", "logprobs", "top_logprobs", "ignore_eos", "cache_prompt", "app", "weight",
+        "priority", "logprobs", "top_logprobs", "ignore_eos", "cache_prompt", "parse_special",
+        "app", "weight",
         "tools",
         "tool_choice", "response_format", "grammar",
     }),
@@ -281,7 +299,7 @@ def parse_request(msg: dict, limits: RequestLimits,
     message had a valid id.
     """
     if not isinstance(msg, dict):
-        raise ProtocolError(E_PROTO_001, f"a request must be a map, not {type(msg).__name__}")
+        raise ProtocolError(E_PROTO_001, f"a request must be a map, not {kind_of(msg)}")
     default_priority = Priority.parse(default_priority)  # a bad default is the server's bug
     request_id = _readable_id(msg)
     try:
@@ -289,7 +307,7 @@ def parse_request(msg: dict, limits: RequestLimits,
         if kind is None:
             raise ProtocolError(E_PROTO_003, "missing field 'type'")
         if type(kind) is not str or kind not in _FIELDS:
-            raise ProtocolError(E_PROTO_003, f"unknown request type {_show(kind)}; expected "
+            raise ProtocolError(E_PROTO_003, f"unknown request type {shown(kind)}; expected "
                                              f"one of {', '.join(_FIELDS)}")
         _check_fields(msg, kind)
         if kind == "generate":
@@ -324,7 +342,7 @@ def _parse_generate(msg: dict, limits: RequestLimits,
     request_id = _id(msg, required=True)
     prompt, messages, tokens = _prompt(msg, limits)
     options = {name: msg[name] for name in _SAMPLER_FIELDS if msg.get(name) is not None}
-    for name in ("logprobs", "top_logprobs", "ignore_eos", "cache_prompt"):
+    for name in ("logprobs", "top_logprobs", "ignore_eos", "cache_prompt", "parse_special"):
         if msg.get(name) is not None:
             options[name] = msg[name]
     params = SamplingParams(max_tokens=_max_tokens(msg.get("max_tokens"), limits),
@@ -333,7 +351,7 @@ def _parse_generate(msg: dict, limits: RequestLimits,
     if stream is None:
         stream = True
     elif type(stream) is not bool:
-        raise ProtocolError(E_PROTO_003, f"stream must be a boolean, not {type(stream).__name__}")
+        raise ProtocolError(E_PROTO_003, f"stream must be a boolean, not {kind_of(stream)}")
     priority = msg.get("priority")
     tools, choice = msg.get("tools"), msg.get("tool_choice")
     if (tools is not None or choice is not None) and messages is None:
@@ -362,7 +380,7 @@ def _parse_generate(msg: dict, limits: RequestLimits,
 def _parse_tokenize(msg: dict, limits: RequestLimits) -> TokenizeRequest:
     text = msg.get("text")
     if type(text) is not str:
-        raise ProtocolError(E_PROTO_003, f"text must be a string, not {type(text).__name__}")
+        raise ProtocolError(E_PROTO_003, f"text must be a string, not {kind_of(text)}")
     _check_bytes("text", _utf8_len(text), limits)
     flags = {}
     for name in ("add_special", "parse_special"):
@@ -378,12 +396,13 @@ def _parse_embed(msg: dict, limits: RequestLimits) -> EmbedRequest:
     if msg.get("input") is None:
         raise ProtocolError(E_PROTO_003, "missing field 'input'")
     inputs = uma_embeddings.inputs_of(msg["input"])
+    one = type(msg["input"]) is str or not {str, list} & set(map(type, msg["input"]))
     for i, item in enumerate(inputs):
+        where = "input" if one else f"input[{i}]"
         if isinstance(item, str):
-            _check_bytes(f"input[{i}]", _utf8_len(item), limits)
-        elif len(item) > limits.max_prompt_tokens:
-            raise ProtocolError(E_LIMIT_001, f"input[{i}] holds {len(item)} tokens; this "
-                                             f"server takes at most {limits.max_prompt_tokens}")
+            _check_bytes(where, _utf8_len(item), limits)
+        else:
+            _tokens(item, limits, where)
     normalize = msg.get("normalize")
     if normalize is not None and type(normalize) is not bool:
         raise ProtocolError(E_PROTO_003, "normalize must be a boolean")
@@ -410,7 +429,7 @@ def _prompt(msg: dict, limits: RequestLimits) -> tuple[
         prompt = msg["prompt"]
         if type(prompt) is not str:
             raise ProtocolError(E_PROTO_003,
-                                f"prompt must be a string, not {type(prompt).__name__}")
+                                f"prompt must be a string, not {kind_of(prompt)}")
         _check_bytes("prompt", _utf8_len(prompt), limits)
         return prompt, None, None
     if given[0] == "messages":
@@ -421,30 +440,32 @@ def _prompt(msg: dict, limits: RequestLimits) -> tuple[
 def _messages(value: object, limits: RequestLimits) -> tuple[dict[str, Any], ...]:
     if type(value) is not list:
         raise ProtocolError(E_PROTO_003, f"messages must be a list of {{role, content}} maps, "
-                                         f"not {type(value).__name__}")
+                                         f"not {kind_of(value)}")
     messages = templates.checked_messages(value)  # InvalidRequestError: E_PROTO_003
     # Roles count too, or an endless "role" would slip past the limit.
     _check_bytes("messages", templates.message_bytes(messages), limits)
     return tuple(messages)
 
 
-def _tokens(value: object, limits: RequestLimits) -> tuple[int, ...]:
+def _tokens(value: object, limits: RequestLimits, name: str = "tokens") -> tuple[int, ...]:
+    """Token ids as every door takes them: each an integer a C int holds (the vocabulary is
+    the engine's to check), at most max_prompt_tokens of them."""
     if type(value) is not list:
         raise ProtocolError(E_PROTO_003,
-                            f"tokens must be a list of integers, not {type(value).__name__}")
+                            f"{name} must be a list of integers, not {kind_of(value)}")
     if len(value) > limits.max_prompt_tokens:
-        raise ProtocolError(E_LIMIT_001, f"tokens has {len(value)} ids; this server takes at "
+        raise ProtocolError(E_LIMIT_001, f"{name} has {len(value)} ids; this server takes at "
                                          f"most {limits.max_prompt_tokens}")
     # set(map(type, ...)) runs in C: prompts can hold 100k ids. `type is int` also rejects
     # booleans, which are ints to isinstance.
     if value and (set(map(type, value)) != {int} or min(value) < 0 or max(value) > _INT32_MAX):
         for i, token in enumerate(value):
             if type(token) is not int:
-                raise ProtocolError(E_PROTO_003, f"tokens[{i}] must be an integer, "
-                                                 f"not {type(token).__name__}")
+                raise ProtocolError(E_PROTO_003, f"{name}[{i}] must be an integer, "
+                                                 f"not {kind_of(token)}")
             if not 0 <= token <= _INT32_MAX:
-                raise ProtocolError(E_PROTO_003,
-                                    f"tokens[{i}] must be in [0, {_INT32_MAX}], not {token}")
+                raise ProtocolError(E_PROTO_003, f"{name}[{i}] must be a token id, in [0, "
+                                                 f"{_INT32_MAX}], not {shown(token)}")
     return tuple(value)
 
 
@@ -453,10 +474,10 @@ def _max_tokens(value: object, limits: RequestLimits) -> int:
         return min(limits.default_max_tokens, limits.max_tokens)
     if type(value) is not int:
         raise ProtocolError(E_PROTO_003,
-                            f"max_tokens must be an integer, not {type(value).__name__}")
+                            f"max_tokens must be an integer, not {kind_of(value)}")
     if value > limits.max_tokens:
-        raise ProtocolError(E_LIMIT_002, f"max_tokens is {value}; this server allows at most "
-                                         f"{limits.max_tokens}")
+        raise ProtocolError(E_LIMIT_002, f"max_tokens is {shown(value)}; this server allows at "
+                                         f"most {limits.max_tokens}")
     return value  # SamplingParams rejects values below 1
 
 
@@ -469,7 +490,7 @@ def _stop(value: object) -> tuple[object, ...]:
         strings = value
     else:
         raise ProtocolError(E_PROTO_003, f"stop must be a string or a list of strings, "
-                                         f"not {type(value).__name__}")
+                                         f"not {kind_of(value)}")
     if len(strings) > MAX_STOP_STRINGS:
         raise ProtocolError(E_PROTO_003, f"stop has {len(strings)} strings; at most "
                                          f"{MAX_STOP_STRINGS} are allowed")
@@ -490,7 +511,7 @@ def _required_priority(msg: dict) -> Priority:
 def _priority(value: object) -> Priority:
     if type(value) is not str:
         raise ProtocolError(E_PROTO_003, f"priority must be 'interactive' or 'background', "
-                                         f"not {type(value).__name__}")
+                                         f"not {kind_of(value)}")
     return Priority.parse(value)
 
 
@@ -510,7 +531,7 @@ def _id(msg: dict, *, required: bool) -> str | None:
             raise ProtocolError(E_PROTO_003, "missing field 'id'")
         return None
     if type(request_id) is not str:
-        raise ProtocolError(E_PROTO_003, f"id must be a string, not {type(request_id).__name__}")
+        raise ProtocolError(E_PROTO_003, f"id must be a string, not {kind_of(request_id)}")
     if not 0 < len(request_id) <= MAX_ID_CHARS:
         raise ProtocolError(E_PROTO_003, f"id must have 1 to {MAX_ID_CHARS} characters, not "
                                          f"{len(request_id)}")
@@ -526,7 +547,7 @@ def _check_fields(msg: dict, kind: str) -> None:
                 close = difflib.get_close_matches(key, allowed, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ProtocolError(E_PROTO_003,
-                                f"unknown field {_show(key)} in a {kind} request{hint}")
+                                f"unknown field {shown(key)} in a {kind} request{hint}")
 
 
 def _check_bytes(name: str, n_bytes: int, limits: RequestLimits) -> None:
@@ -536,18 +557,10 @@ def _check_bytes(name: str, n_bytes: int, limits: RequestLimits) -> None:
 
 
 def _utf8_len(text: str) -> int:
-    # surrogatepass: strings from the wire are valid UTF-8, but callers in-process may hand
-    # lone surrogates; the engine rejects those, here they only need measuring.
+    # surrogatepass: no lone surrogate comes through a door (msgpack strings are UTF-8, and
+    # HTTP refuses them in openai_api.body_of), but a caller in-process may hand one; here it
+    # only needs measuring.
     return len(text.encode("utf-8", "surrogatepass"))
-
-
-def _show(value: object) -> str:
-    """A short description of a value taken from the wire, for an error message."""
-    if type(value) in (str, bytes):
-        return repr(value) if len(value) <= 64 else f"{value[:61]!r}..."
-    if type(value) in (int, float, bool) or value is None:
-        return repr(value)
-    return f"<{type(value).__name__}>"  # never repr() a container: it may be huge
 
 
 # --- events ------------------------------------------------------------------------------------
@@ -643,14 +656,14 @@ def parse_event(msg: dict) -> dict:
     """The client's check of a decoded event: a known "event" with its fields present.
     Returns msg itself; raises ProtocolError(E_PROTO_003) otherwise."""
     if not isinstance(msg, dict):
-        raise ProtocolError(E_PROTO_001, f"an event must be a map, not {type(msg).__name__}")
+        raise ProtocolError(E_PROTO_001, f"an event must be a map, not {kind_of(msg)}")
     request_id = _readable_id(msg)
     kind = msg.get("event")
     fields = _EVENT_FIELDS.get(kind) if type(kind) is str else None
     if fields is None:
         if "event" not in msg:
             raise ProtocolError(E_PROTO_003, "missing field 'event'", request_id)
-        raise ProtocolError(E_PROTO_003, f"unknown event {_show(msg['event'])}; expected one "
+        raise ProtocolError(E_PROTO_003, f"unknown event {shown(msg['event'])}; expected one "
                                          f"of {', '.join(sorted(EVENTS))}", request_id)
     for name in fields:
         if name not in msg:
