@@ -326,3 +326,81 @@ def test_calibration_tells_the_ragged_prices_from_the_steps():
     for total in (20, 48, 100, 200):
         assert est.predict(total - 8, 8) == pytest.approx(RAGGED.predict(total - 8, 8), abs=1.0)
     assert est.predict(56, 8) < est.predict(32, 8) and est.predict(120, 8) < est.predict(64, 8)
+
+
+# --- the prompt attention correction: a misprediction costs one tick --------------------------
+
+def _device(depth_growth: float = 0.0, narrow_x: float = 6.0):
+    """A device whose prompt attention the model knows nothing of: per 1000 attended positions
+    2 ms in a wide tick, narrow_x times that in a narrow one (the CPU's flash attention below
+    64 query rows), and dearer still deeper in (depth_growth per 1000 positions)."""
+    def cost(prefill: int, decode: int, depth: int) -> float:
+        rows = prefill + decode
+        price = 2.0 * (1 + depth_growth * depth / 1000.0) * (narrow_x if rows <= WIDE_ROWS else 1)
+        return 5.0 + 0.3 * prefill + 1.0 * decode + price * attended(depth, prefill) / 1000.0
+    return cost
+
+
+BELIEF = CostEstimate(fixed_ms=5.0, per_prefill_ms=0.3, per_decode_ms=1.0,
+                      per_prompt_kv_kpos_ms=0.04)  # attention 50-300x too cheap
+
+
+def _run_prompt(model: CostModel, device, budget_ms: float, length: int, decoders: int = 3
+                ) -> list[tuple[int, int, float, float]]:
+    """A prompt prefilled beside `decoders` decode rows, each chunk the largest the estimate
+    says fits the budget (at least one token): (depth, chunk, predicted, measured) a tick."""
+    ticks, depth = [], 0
+    while depth < length:
+        est = model.estimate
+        spare = budget_ms - est.predict(0, decoders)
+        chunk = min(length - depth, max(1, est.chunk_tokens(spare, depth, decoders)))
+        predicted = est.predict(chunk, decoders, 0, attended(depth, chunk))
+        measured = device(chunk, decoders, depth)
+        model.observe(chunk, decoders, 0, measured, attended(depth, chunk))
+        ticks.append((depth, chunk, predicted, measured))
+        depth += chunk
+    return ticks
+
+
+@pytest.mark.parametrize("depth_growth", [0.0, 0.5])
+@pytest.mark.parametrize("narrow_x", [1.0, 6.0, 50.0])
+def test_an_attention_misprediction_costs_one_tick_per_path_never_a_streak(depth_growth,
+                                                                            narrow_x):
+    budget = 40.0
+    ticks = _run_prompt(CostModel(BELIEF), _device(depth_growth, narrow_x), budget, 3000)
+    # the first chunk deep enough to show the error runs long, once per path at most; after
+    # it every chunk is priced at what the last one really cost
+    wrong = [t for t in ticks if t[3] > 1.5 * t[2]]
+    assert len(wrong) <= 2, wrong[:5]
+    assert sum(chunk for _, chunk, _, _ in ticks) == 3000
+    if depth_growth == 0 and narrow_x <= 6:  # where one token fits the budget at every depth,
+        late = ticks[len(ticks) // 4:]  # every chunk does
+        assert max(measured for *_, measured in late) <= 1.5 * budget
+
+
+def test_the_correction_is_what_would_have_predicted_the_overrun_and_eases_back_slowly():
+    model = CostModel(BELIEF)
+    device = _device(narrow_x=6.0)
+    depth, chunk = 2000, 20
+    measured = device(chunk, 3, depth)
+    model.observe(chunk, 3, 0, measured, attended(depth, chunk))
+    again = model.estimate.predict(chunk, 3, 0, attended(depth, chunk))
+    assert again == pytest.approx(measured, rel=0.05)  # the next such chunk is priced right
+    extra = model.attention_extra[0]
+    assert extra > 0 and model.attention_extra[1] == 0  # the narrow path's alone
+    cheaper = _device(narrow_x=3.0)(chunk, 3, depth)
+    model.observe(chunk, 3, 0, cheaper, attended(depth, chunk))
+    assert 0.8 * extra < model.attention_extra[0] < extra  # down, but slowly
+    for _ in range(200):
+        model.observe(chunk, 3, 0, cheaper, attended(depth, chunk))
+    assert model.estimate.predict(chunk, 3, 0, attended(depth, chunk)) \
+        == pytest.approx(cheaper, rel=0.1)
+
+
+def test_an_overrun_without_prompt_attention_leaves_the_correction_alone():
+    model = CostModel(BELIEF)
+    model.observe(0, 3, 0, 500.0)  # a decode tick stalled (a page fault)
+    model.observe(16, 3, 0, 500.0, attended(0, 16))  # a shallow chunk: 136 positions...
+    assert model.attention_extra[1] == 0
+    # ...is still prompt attention: an overrun there is put down to it (it may be the path)
+    assert model.attention_extra[0] > 0

@@ -62,11 +62,23 @@ drifted to 283 ms per prompt token and held every prompt back. Residuals are cli
 (Huber-like) so one stalled tick, a page fault or a preempted thread, does not drag the fit.
 Policies get a frozen `CostEstimate` to predict a plan's time before running it; the executor
 feeds back what each tick really took.
+
+The fit learns slowly by design, and a prompt chunk's attention is what it gets most wrong: its
+price moves with the depth a chunk runs at and with the kernel path (the CPU's flash attention
+below 64 query rows), and the clipped residuals let one 1,500 ms tick predicted at 20 ms move
+the fit as if it had taken 40. So the estimate carries a correction on top of the fit, per
+attention path (narrow, wide): an extra price per 1000 KV positions prompt tokens attend. A
+tick with prompt attention that overran its prediction (beyond the usual error) raises its
+path's extra at once to what would have predicted it; ticks whose attention is a fair part of
+their time and that came in under let it back down slowly, never below 0. A misprediction of
+prompt attention costs one tick; the next chunk of that kind is priced at what the last one
+really cost, and grows back only as ticks prove it.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -323,6 +335,10 @@ class CostModel:
         self._lambda = forgetting
         self._samples = 0
         self.error_ewma_ms = 0.0  # mean absolute prediction error, smoothed
+        # the prompt attention correction, by path [narrow, wide]: ms per 1000 attended KV
+        # positions on top of the fit's price (the module's docstring)
+        self.attention_extra = [0.0, 0.0]
+        self._base = prior  # the fit's own estimate, before the correction
         self._estimate = prior
         self._theta = self._prior.copy()
 
@@ -349,15 +365,25 @@ class CostModel:
                 break
         return theta
 
-    def _freeze(self) -> CostEstimate:
+    def _freeze(self) -> None:
         t = self._theta * self._SCALE
-        return CostEstimate(fixed_ms=float(t[0]), per_prefill_ms=max(float(t[1]), 1e-4),
-                            per_decode_ms=float(t[2]), per_kv_kpos_ms=float(t[3]),
-                            per_prompt_kv_kpos_ms=float(t[4]),
-                            per_prompt_kv_wide_kpos_ms=float(t[5]),
-                            row_steps_ms=tuple(float(v) for v in t[self._STEPS:self._RAGGED]),
-                            ragged_ms=tuple(float(v) for v in t[self._RAGGED:]),
-                            samples=self._samples)
+        self._base = CostEstimate(
+            fixed_ms=float(t[0]), per_prefill_ms=max(float(t[1]), 1e-4),
+            per_decode_ms=float(t[2]), per_kv_kpos_ms=float(t[3]),
+            per_prompt_kv_kpos_ms=float(t[4]), per_prompt_kv_wide_kpos_ms=float(t[5]),
+            row_steps_ms=tuple(float(v) for v in t[self._STEPS:self._RAGGED]),
+            ragged_ms=tuple(float(v) for v in t[self._RAGGED:]), samples=self._samples)
+        self._corrected()
+
+    def _corrected(self) -> None:
+        """The estimate policies get: the fit's, its prompt attention prices scaled."""
+        base = self._base
+        narrow, wide = self.attention_extra
+        wide_price = base.per_prompt_kv_kpos_ms if base.per_prompt_kv_wide_kpos_ms is None \
+            else base.per_prompt_kv_wide_kpos_ms
+        self._estimate = base if narrow == wide == 0.0 else dataclasses.replace(
+            base, per_prompt_kv_kpos_ms=base.per_prompt_kv_kpos_ms + narrow,
+            per_prompt_kv_wide_kpos_ms=wide_price + wide)
 
     @property
     def estimate(self) -> CostEstimate:
@@ -378,32 +404,64 @@ class CostModel:
             # knows nothing of its price, and the generic prior's would be free
             self._prior[5] = self._prior[4]
         self._theta = self._prior.copy()
-        self._estimate = self._freeze()
+        self._freeze()
 
     def observe(self, prefill_tokens: int, decode_tokens: int, kv_positions: int,
                 measured_ms: float, prompt_kv_positions: int = 0) -> float:
         """Learns from one tick (kv_positions: the cache positions it reads;
         prompt_kv_positions: what its prompt tokens attend); returns the prediction error
         (measured - predicted) in ms."""
-        predicted = self._estimate.predict(prefill_tokens, decode_tokens, kv_positions,
-                                           prompt_kv_positions)
-        error = measured_ms - predicted
+        shape = (prefill_tokens, decode_tokens, kv_positions, prompt_kv_positions)
+        error = measured_ms - self._estimate.predict(*shape)
+        overran = error > max(1.0, 2.0 * self.error_ewma_ms)
         self.error_ewma_ms += 0.1 * (abs(error) - self.error_ewma_ms)
-        # Huber-like: a residual far beyond the usual error moves the fit only so far (a page
-        # fault, a preempted thread). A tick with prompt tokens that ran long may say the
-        # model is wrong about prompt cost, so it counts up to twice its prediction, not
-        # without limit: unclipped stalls of prompt ticks alone had put a 5 ms step into a CPU
-        # fit whose prompt tokens cost 1 ms and whose real step is near zero.
+        # The fit learns against its own prediction, without the correction. Huber-like: a
+        # residual far beyond the usual error moves the fit only so far (a page fault, a
+        # preempted thread). A tick with prompt tokens that ran long may say the model is
+        # wrong about prompt cost, so it counts up to twice its prediction, not without
+        # limit: unclipped stalls of prompt ticks alone had put a 5 ms step into a CPU fit
+        # whose prompt tokens cost 1 ms and whose real step is near zero.
+        predicted = self._base.predict(*shape)
         bound = max(4.0 * self.error_ewma_ms, 0.5 * predicted, 1.0)
         upper = max(bound, predicted) if prefill_tokens else bound
-        y = predicted + min(max(error, -bound), upper)
-        x = self._features(prefill_tokens, decode_tokens, kv_positions, prompt_kv_positions)
+        y = predicted + min(max(measured_ms - predicted, -bound), upper)
+        x = self._features(*shape)
         self._a = self._lambda * self._a + np.outer(x, x)
         self._b = self._lambda * self._b + x * y
         self._samples += 1
         self._theta = self._solve()
-        self._estimate = self._freeze()
+        self._freeze()
+        if prefill_tokens and prompt_kv_positions:
+            self._correct(shape, measured_ms, overran)
         return error
+
+    # A tick's predicted prompt attention must be at least this share of its prediction (and
+    # 0.5 ms) for an error under it to be put down to attention: in a shallow chunk it is noise.
+    _ATTRIBUTABLE = 0.05
+    _EASE = 0.1  # how far a tick that came in under moves the extra back, per tick
+
+    def _correct(self, shape: tuple[int, int, int, int], measured_ms: float,
+                 overran: bool) -> None:
+        """Moves the extra attention price of the tick's path (against the fit as it now is)
+        towards the one that would have predicted the tick: at once after an overrun beyond
+        the usual error, slowly where the tick came in under and its prompt attention is a
+        fair share of it."""
+        prefill_tokens, decode_tokens, _, prompt_kv_positions = shape
+        rows = prefill_tokens + decode_tokens
+        path = int(rows > WIDE_ROWS)
+        kpos = prompt_kv_positions / 1000.0
+        now = self._estimate.predict(*shape)
+        error = measured_ms - now
+        extra = self.attention_extra[path]
+        if overran and error > 0:
+            extra += error / kpos
+        elif error < 0 and self._estimate.prompt_kv_ms(rows) * kpos \
+                >= max(0.5, self._ATTRIBUTABLE * now):
+            extra = max(0.0, extra + self._EASE * error / kpos)
+        else:
+            return
+        self.attention_extra[path] = extra
+        self._corrected()
 
     def _features(self, prefill_tokens: int, decode_tokens: int, kv_positions: int,
                   prompt_kv_positions: int) -> np.ndarray:
