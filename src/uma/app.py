@@ -1,6 +1,7 @@
 """App identity: who sent a request, for fair share between apps (uma.sched.fair) and the
-per-app metrics. A name is what an app declares (the socket's `app` field, HTTP's `user` or
-`X-App`, `Engine.submit(app=...)`), else its connection's; a weight scales its share."""
+per-app metrics. A name is what an app declares (the socket's `app` field, HTTP's `X-App` or
+`user`, `Engine.submit(app=...)`), else its process's (uma.server.peers: 'python3:4242'), else
+its connection's; a weight scales its share."""
 
 from __future__ import annotations
 

@@ -1,14 +1,14 @@
 """Fair share between apps: which queued request gets a free KV sequence, and which running
 one to park so that an app that just arrived does not wait behind another's flood.
 
-Every request carries its app (the socket's `app` field or its connection, HTTP's `user` or
-`X-App`, `Engine.submit(app=...)`) and the app's weight. What each app has received is kept
-in the scheduler's own unit, tick time: each tick's measured time is shared out among the
-apps as the cost model prices their rows (prompt tokens and decode rows), divided by the
-app's weight (the `Ledger`; the virtual token counter of Sheng et al., OSDI 2024, in
-milliseconds rather than tokens). An app that had no request running or queued starts no
-lower than the least served of the apps that have: an idle app banks no credit, and a
-newcomer starts level with the apps it now shares the ticks with.
+Every request carries its app (the socket's `app` field, HTTP's `X-App` or `user`,
+`Engine.submit(app=...)`, else the process that sent it: uma.server.peers) and the app's
+weight. What each app has received is kept in the scheduler's own unit, tick time: each tick's
+measured time is shared out among the apps as the cost model prices their rows (prompt tokens
+and decode rows), divided by the app's weight (the `Ledger`; the virtual token counter of Sheng
+et al., OSDI 2024, in milliseconds rather than tokens). An app that had no request running or
+queued starts no lower than the least served of the apps that have: an idle app banks no
+credit, and a newcomer starts level with the apps it now shares the ticks with.
 
 * Admission: within a class (interactive before background, as before), each free sequence
   goes to the least served app per unit of weight, counting the prompts it is given this tick

@@ -19,7 +19,6 @@ import os
 import selectors
 import socket
 import stat
-import struct
 import sys
 import tempfile
 import time
@@ -37,6 +36,7 @@ from uma.priority import Priority
 from uma.server import protocol as P
 from uma.server.connections import Caps, Held, admit
 from uma.server.framing import FrameDecoder, FrameError, encode
+from uma.server.peers import peer_process, socket_app
 
 log = logging.getLogger("uma.daemon")
 
@@ -87,7 +87,7 @@ class _Connection:
         self.closing = False  # close once the output buffer is sent
         self.peer_gone = False
         self.default_priority = Priority.INTERACTIVE  # for requests that name none (configure)
-        self.app = app  # for requests that name none: the connection's, or what configure said
+        self.app = app  # for requests that name none: its process's or what configure said
         self.reserved = 0  # bytes of the input budget held for the frame in progress
         self.paused = False  # not read until the input budget has room for its frame
         self.frame_started = 0.0  # when the frame in progress began (or was resumed)
@@ -247,8 +247,10 @@ class Daemon:
                 self._fail(self._conns[admission.close], P.E_IDLE_001,
                            f"closed to make room for a new connection: this one had no request "
                            f"in flight, and {self._limits()}")
-            conn = _Connection(sock, self.config.max_frame_bytes,
-                               app=f"conn{int(self.stats.accepted.value)}", peer=peer)
+            # Requests that name no app are their process's (uma.server.peers), else this
+            # connection's: one process's many connections are one app to fair share.
+            app = socket_app(peer) or f"conn{int(self.stats.accepted.value)}"
+            conn = _Connection(sock, self.config.max_frame_bytes, app=app, peer=peer)
             self._conns[sock.fileno()] = conn
             self._sel.register(sock, selectors.EVENT_READ, conn)
             if admission.verdict == "reserve":
@@ -838,24 +840,6 @@ def _inside(path: str, root: str) -> bool:
     root = os.path.realpath(root)
     return os.path.commonpath([os.path.realpath(path), root]) == root and \
         os.path.realpath(path) != root
-
-
-def peer_process(sock: socket.socket) -> int | None:
-    """The id of the process at the other end of a Unix socket connection: SO_PEERCRED on
-    Linux, LOCAL_PEERPID on macOS; None where the OS does not tell (each such connection then
-    counts as a client of its own)."""
-    try:
-        if hasattr(socket, "SO_PEERCRED"):
-            pid, _, _ = struct.unpack("3i", sock.getsockopt(
-                socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
-        elif sys.platform == "darwin":
-            # SOL_LOCAL and LOCAL_PEERPID from <sys/un.h>; Python names neither
-            pid = struct.unpack("i", sock.getsockopt(0, 0x002, 4))[0]
-        else:
-            return None
-    except OSError:
-        return None
-    return pid or None  # 0: a process outside this one's PID namespace
 
 
 def _make_waker() -> tuple[int, int]:

@@ -149,7 +149,8 @@ class _Api:
                                       default_priority=_header_priority(request))
             api_req = await asyncio.to_thread(parse) if off_loop else parse()
             gen = api_req.generate
-            app = _header_app(request) or api_req.user or _connection_app(request)
+            app = _header_app(request) or api_req.user or await _peer_app(request) \
+                or _connection_app(request)
             try:
                 submit = functools.partial(
                     self.engine.submit, gen.engine_prompt, gen.params, priority=gen.priority,
@@ -605,8 +606,16 @@ def _header_app(request: Request) -> str | None:
         raise ApiError(400, str(exc), param="X-App") from None
 
 
+async def _peer_app(request: Request) -> str | None:
+    """An app that names itself nowhere is its process, where the connection comes from this
+    machine and the OS tells which (uma.server.peers; the gateway's connections carry it)."""
+    peer = request.scope.get("uma.peer")
+    return await peer.app() if peer is not None else None
+
+
 def _connection_app(request: Request) -> str:
-    """An app that names itself nowhere is its connection."""
+    """An app named nowhere whose process is not known (a client elsewhere; not Linux) is
+    its connection."""
     client = request.client
     return f"http:{client.port}" if client is not None else "http"
 

@@ -8,7 +8,8 @@ doors: connections are admitted by the connection policy (uma.server.connections
 peer address, an idle connection closed to make room, a reserve for /health and /metrics),
 and one whose next request's headers are not in within the header timeout is answered 408 and
 closed. The body's own time limit is the app's (uma.server.http reads it under
-http_body_timeout_s).
+http_body_timeout_s). Being the one object a connection has, it also carries who is at the
+other end (uma.server.peers) to the app, for the app of requests that name none.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from uma.metrics import Counter
 from uma.server.connections import Caps, Held, admit
+from uma.server.peers import TcpPeer
 
 SPARE_PATHS = ("/health", "/metrics")  # what a connection in the reserve may ask for
 
@@ -76,6 +78,8 @@ class LimitedH11Protocol(H11Protocol):
             self.app = _SpareOnly(self.app, f"{self._full(admission.full)}: this connection, "
                                             f"beyond the limit, is served /health and /metrics "
                                             f"only", self._refused)
+        else:
+            self.app = _WithPeer(self.app, TcpPeer(self.client, self.server))
         self._await_headers()
 
     def data_received(self, data: bytes) -> None:
@@ -150,6 +154,19 @@ class LimitedH11Protocol(H11Protocol):
                     f"no complete request headers within {self._header_timeout_s:g} s",
                     "request_timeout"))
             self.transport.close()
+
+
+class _WithPeer:
+    """The app of a regular connection: each request's scope carries the connection's client
+    process as scope["uma.peer"] (a uma.server.peers.TcpPeer, looked up once)."""
+
+    def __init__(self, app, peer: TcpPeer) -> None:
+        self.app = app
+        self._peer = peer
+
+    async def __call__(self, scope, receive, send) -> None:
+        scope["uma.peer"] = self._peer
+        await self.app(scope, receive, send)
 
 
 class _SpareOnly:

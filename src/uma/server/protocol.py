@@ -205,7 +205,8 @@ class PriorityRequest:
 class ConfigureRequest:
     """Set this connection's defaults: generate requests that name no priority get its class
     (an app that only runs background jobs says so once, not on every request), and those
-    that name no app its app name (else the connection's own, e.g. 'conn3')."""
+    that name no app its app name (else the connecting process's, e.g. 'python3:4242', or
+    where the OS does not tell it the connection's own, e.g. 'conn3')."""
 
     priority: Priority | None = None
     app: str | None = None
