@@ -11,19 +11,25 @@ TTFT after start, B's TTFT alone (the same question again, warm, on an idle serv
 and tokens/s during the flood, and A's aggregate tokens/s
 (all of A's tokens over the time from its first request to its last token). Each side runs on a
 fresh server, --repeat times, in alternating order. llama-server has no notion of apps: it
-serves first come, first served.
+serves first come, first served. With --anonymous no request names its app and B asks from a
+process of its own, as two unconfigured apps on one machine would: UMA Serve then tells them
+apart by their processes.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
 
 from servers import (  # noqa: E402
     Server,
@@ -39,39 +45,55 @@ from uma import synth  # noqa: E402
 SLOTS = 4
 
 
-def ask(server: Server, user: str, prompt: str, tokens: int) -> Stream:
+def ask(server: Server, user: str | None, prompt: str, tokens: int,
+        elsewhere: bool = False) -> Stream | types.SimpleNamespace:
+    """One streamed completion; user None names no app; elsewhere: sent from a process of
+    its own (its ttft_s and token times come back)."""
     body = {"prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
-            "user": user, **(server.extra or {})}
-    s = sse_completion(server.port, body, label=user)
+            **({} if user is None else {"user": user}), **(server.extra or {})}
+    if elsewhere:
+        code = (f"import json, sys; sys.path.insert(0, {str(HERE)!r}); "
+                f"from streams import sse_completion; "
+                f"s = sse_completion({server.port}, {body!r}, label='b'); "
+                f"print(json.dumps({{'ttft_s': s.ttft_s, 'times': s.times, "
+                f"'completion_tokens': s.completion_tokens}}))")
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=600, check=True)
+        s = types.SimpleNamespace(**json.loads(done.stdout.splitlines()[-1]))
+    else:
+        s = sse_completion(server.port, body, label=user or "anonymous")
     if s.completion_tokens != tokens:
         raise RuntimeError(f"{server.name}: {s.completion_tokens} of {tokens} tokens")
     return s
 
 
 def flood(server: Server, ns: argparse.Namespace) -> dict:
-    first = ask(server, "editor", "What is a lighthouse? Say it briefly.", ns.question_tokens)
-    alone = ask(server, "editor", "What is a lighthouse? Say it briefly.", ns.question_tokens)
+    a, b = (None, None) if ns.anonymous else ("batch", "editor")
+    question = functools.partial(ask, server, b, "What is a lighthouse? Say it briefly.",
+                                 ns.question_tokens, elsewhere=ns.anonymous)
+    first = question()
+    alone = question()
     streams: list[Stream | None] = [None] * ns.flood
     start = time.perf_counter()
 
     def job(k: int) -> None:
-        streams[k] = ask(server, "batch", f"Job {k}: summarise the day's harbour log. " * 4,
+        streams[k] = ask(server, a, f"Job {k}: summarise the day's harbour log. " * 4,
                          ns.flood_tokens)
 
     threads = [threading.Thread(target=job, args=(k,)) for k in range(ns.flood)]
     for th in threads:
         th.start()
     time.sleep(ns.delay_s)  # the question's arrival time, a workload parameter
-    question = ask(server, "editor", "What is a lighthouse? Say it briefly.", ns.question_tokens)
+    asked = question()
     for th in threads:
         th.join()
     done = [s for s in streams if s is not None]
     end = max(s.times[-1] for s in done)
-    decode_s = question.times[-1] - question.times[0]
+    decode_s = asked.times[-1] - asked.times[0]
     return {"first_request_ttft_ms": 1e3 * first.ttft_s,
             "question_alone_ttft_ms": 1e3 * alone.ttft_s,
-            "question_ttft_ms": 1e3 * question.ttft_s,
-            "question_tps": (len(question.times) - 1) / decode_s if decode_s > 0 else 0.0,
+            "question_ttft_ms": 1e3 * asked.ttft_s,
+            "question_tps": (len(asked.times) - 1) / decode_s if decode_s > 0 else 0.0,
             "flood_tps": sum(len(s.times) for s in done) / (end - start)}
 
 
@@ -84,13 +106,15 @@ def main() -> int:
     ap.add_argument("--delay-s", type=float, default=0.5, help="B's question after A's flood")
     add_fair_sides_arg(ap)
     ap.add_argument("--repeat", type=int, default=1, help="runs a side, alternating order")
+    ap.add_argument("--anonymous", action="store_true",
+                    help="no request names its app; B asks from a process of its own")
     ap.add_argument("--out", type=Path, default=None)
     ns = ap.parse_args()
     path = Path(ns.model) if Path(ns.model).exists() else synth.cached_model(ns.model)
     runs = run_sides(fair_sides(ns, path, SLOTS), ns.repeat, lambda server: flood(server, ns))
     report: dict = {"model": str(path), "threads": ns.threads, "flood": ns.flood,
                     "flood_tokens": ns.flood_tokens, "question_tokens": ns.question_tokens,
-                    "delay_s": ns.delay_s, "runs": runs}
+                    "delay_s": ns.delay_s, "anonymous": ns.anonymous, "runs": runs}
     for name, med in medians(runs).items():
         report[f"{name} median"] = med
     if ns.out:
