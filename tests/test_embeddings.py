@@ -71,6 +71,14 @@ def test_token_ids_embed_as_their_text_and_raw_vectors_are_not_unit(engine):
     np.testing.assert_allclose(raw / np.linalg.norm(raw), unit, atol=1e-5)
 
 
+def test_special_token_text_embeds_as_those_tokens_as_llama_server_reads_it(engine):
+    text = "</s> the end"  # the Llama-2 tokenizer's EOS, written out
+    tokens = engine.tokenize(text, parse_special=True)
+    assert engine.model.eos in tokens and len(tokens) < len(engine.tokenize(text))
+    np.testing.assert_allclose(engine.embed(text).vectors, engine.embed([tokens]).vectors,
+                               atol=1e-6)
+
+
 def test_an_input_longer_than_embedding_ctx_is_named(engine):
     with pytest.raises(InvalidRequestError, match=r"input\[1\] has \d+ tokens; an input takes "
                                                   r"1 to 64 \(embedding_ctx\)"):

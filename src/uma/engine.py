@@ -421,13 +421,15 @@ class Engine:
                           ) -> Future[Embeddings]:
         """Queues inputs (a text, token ids, or a list of either; OpenAI's forms) to be pooled
         into one vector each (uma.embeddings); the future gets the Embeddings. Each input is
-        tokenised as a prompt and must hold 1 to embedding_ctx tokens."""
+        tokenised as a prompt (special-token text as those tokens, as llama-server does) and
+        must hold 1 to embedding_ctx tokens."""
         if not isinstance(normalize, bool):
             raise InvalidRequestError("normalize must be a boolean")
         forms = inputs_of(inputs)
         limit = self.config.embedding_ctx
         with self._using_model():
-            tokens = [self.model.tokenize(x) if isinstance(x, str)
+            # special-token text read as those tokens, as llama-server reads embeddings input
+            tokens = [self.model.tokenize(x, parse_special=True) if isinstance(x, str)
                       else self.model._token_array(x) for x in forms]
         for i, t in enumerate(tokens):
             if not 0 < len(t) <= limit:
