@@ -404,3 +404,12 @@ def test_an_overrun_without_prompt_attention_leaves_the_correction_alone():
     assert model.attention_extra[1] == 0
     # ...is still prompt attention: an overrun there is put down to it (it may be the path)
     assert model.attention_extra[0] > 0
+
+
+def test_one_overrun_raises_an_attention_price_at_most_eightfold():
+    # a 2 s stall of a small chunk: what the correction adds is bounded, so one stall does not
+    # price prompts out for long (the correction's own step, the fit held still)
+    model = CostModel(BELIEF)
+    price = model.estimate.prompt_kv_ms(7)
+    model._correct((4, 3, 0, attended(500, 4)), 2000.0, overran=True)
+    assert 0 < model.estimate.prompt_kv_ms(7) <= 8 * max(price, BELIEF.per_prefill_ms) + 1e-9

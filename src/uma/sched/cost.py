@@ -69,10 +69,12 @@ below 64 query rows), and the clipped residuals let one 1,500 ms tick predicted 
 the fit as if it had taken 40. So the estimate carries a correction on top of the fit, per
 attention path (narrow, wide): an extra price per 1000 KV positions prompt tokens attend. A
 tick with prompt attention that overran its prediction (beyond the usual error) raises its
-path's extra at once to what would have predicted it; ticks whose attention is a fair part of
-their time and that came in under let it back down slowly, never below 0. A misprediction of
-prompt attention costs one tick; the next chunk of that kind is priced at what the last one
-really cost, and grows back only as ticks prove it.
+path's extra at once to what would have predicted it (at most 8x the path's price in one
+tick, so that a stall does not price prompts out for long); ticks whose attention is a fair part
+of their time and that came in under let it back down slowly, never below 0. A misprediction
+of prompt attention up to 8x costs one tick (a larger one a tick per factor of 8); the next
+chunk of that kind is priced at what the last one really cost, and grows back only as ticks
+prove it.
 """
 
 from __future__ import annotations
@@ -439,6 +441,7 @@ class CostModel:
     # 0.5 ms) for an error under it to be put down to attention: in a shallow chunk it is noise.
     _ATTRIBUTABLE = 0.05
     _EASE = 0.1  # how far a tick that came in under moves the extra back, per tick
+    _RAISE_MAX = 8.0  # how far one overrun may multiply a path's attention price
 
     def _correct(self, shape: tuple[int, int, int, int], measured_ms: float,
                  overran: bool) -> None:
@@ -454,7 +457,12 @@ class CostModel:
         error = measured_ms - now
         extra = self.attention_extra[path]
         if overran and error > 0:
-            extra += error / kpos
+            # at most RAISE_MAX times the path's price a tick (counted at no less than a prompt
+            # token's own price): a stalled tick (a page fault, a preempted thread) with few
+            # positions attended must not price every later chunk out for long
+            price = self._estimate.prompt_kv_ms(rows)
+            most = (self._RAISE_MAX - 1) * max(price, self._estimate.per_prefill_ms)
+            extra += min(error / kpos, most)
         elif error < 0 and self._estimate.prompt_kv_ms(rows) * kpos \
                 >= max(0.5, self._ATTRIBUTABLE * now):
             extra = max(0.0, extra + self._EASE * error / kpos)
