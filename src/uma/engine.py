@@ -402,9 +402,6 @@ class Engine:
         no FIM tokens."""
         with self._using_model():
             model = self.model
-            reason = uma_infill.unsupported(model.fim_tokens)
-            if reason is not None:
-                raise InvalidRequestError(reason)
 
             def tokenize(text: str) -> list[int]:
                 return [int(t) for t in model.tokenize(text, add_special=False)]
