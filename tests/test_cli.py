@@ -123,7 +123,7 @@ def test_run_help_lists_the_policy_knobs_in_their_own_section():
 def test_run_flags_reach_the_policy(monkeypatch):
     served = []
     monkeypatch.setattr(server_main, "serve", lambda conf, say: served.append(conf) or 0)
-    r = CliRunner().invoke(cli.app, ["run", "m.gguf", "--pause-factor", "2.5",
+    r = CliRunner().invoke(cli.app, ["run", "m.gguf", "--policy", "slo", "--pause-factor", "2.5",
                                      "--no-hold-on-decode-overrun", "--ttft-burst-tokens", "0",
                                      "--latency-cap", "1.5"])
     assert r.exit_code == 0, r.output
@@ -206,7 +206,7 @@ def test_config_shows_each_setting_and_where_it_came_from(tmp_path):
     assert shown["ctx"] == {"value": 2048, "from": f"ctx in {conf}"}
     assert shown["type_k"] == {"value": "q8_0", "from": f"kv_type in {conf}"}
     assert shown["parallel"] == {"value": 3, "from": "UMA_PARALLEL"}
-    assert shown["batch"] == {"value": 512, "from": "default"}
+    assert shown["batch"] == {"value": 2048, "from": "default"}
     assert shown["model"]["value"] == "built-in demo model"
     r = uma("config", env={"UMA_FLASH_ATTN": "on"})  # documented values are text, not booleans
     assert r.returncode == 0 and "flash_attn" in r.stdout and "on  (UMA_FLASH_ATTN)" in r.stdout

@@ -240,8 +240,14 @@ class EngineConfig:
     model: str
     n_ctx: int = 4096  # KV cache positions in all (shared by the sequences when kv_unified)
     n_seq_max: int = 8  # requests decoded at once; more wait in the queue
-    n_batch: int = 512  # most tokens in one decode call
-    n_ubatch: int | None = None  # most tokens in one physical compute step; None: n_batch
+    # most tokens in one decode call: as llama-server's, so that a long prompt with no stream
+    # to protect goes in whole, and a pause beside streams is as long as its time allows (at
+    # 512, a GPU's pauses were cut to a fraction of their time)
+    n_batch: int = 2048
+    # most tokens in one physical compute step (llama.cpp splits a decode call into these);
+    # None: the smaller of n_batch and 512, llama-server's default, which sizes the compute
+    # buffers
+    n_ubatch: int | None = None
     n_threads: int | None = None  # None: the cores this process may use (at most 16)
     n_threads_batch: int | None = None
     n_gpu_layers: int = -1  # layers offloaded to the GPU when there is one; -1: all
@@ -256,9 +262,10 @@ class EngineConfig:
     # publish a tick's tokens while the device runs the next decode: "auto" where the model
     # runs on a GPU (a decode call returns once queued there), "on" or "off"
     overlap: str = "auto"
-    policy: str = "slo"  # latency guard, QoS lanes, ΣBMT guard; or "baseline" (docs/SCHEDULING.md)
+    policy: str = "bound"  # the latency bound; "slo", the older guard; "baseline"
+    # (docs/SCHEDULING.md)
     tick_target_ms: float = 30.0  # the baseline policy's tick time budget
-    latency_cap: float = 1.20  # slo: interactive tick time allowed relative to their own
+    latency_cap: float = 1.20  # the streams' gap p95 allowed, relative to their own
     tick_budget_ms: float | None = None  # slo: a fixed tick budget instead of the cap
     bmt_budget_gbps: float | None = None  # memory bandwidth for ticks; None: probe on CPU, 0: off
     max_queue: int = 1024  # requests waiting beyond this are refused
@@ -374,8 +381,9 @@ class EngineConfig:
         if not 0 <= _integer("prefix_cache_ram_mb", self.prefix_cache_ram_mb) < 1 << 24:
             raise InvalidRequestError(
                 f"prefix_cache_ram_mb must be in [0, 2**24), not {self.prefix_cache_ram_mb}")
-        if self.policy not in ("slo", "baseline"):
-            raise InvalidRequestError(f"policy must be 'slo' or 'baseline', not {self.policy!r}")
+        if self.policy not in ("bound", "slo", "baseline"):
+            raise InvalidRequestError(
+                f"policy must be 'bound', 'slo' or 'baseline', not {self.policy!r}")
         if self.chat_template is not None and (not isinstance(self.chat_template, str)
                                                or not self.chat_template):
             raise InvalidRequestError("chat_template must be a built-in name or a file path")
@@ -394,6 +402,11 @@ class EngineConfig:
         from uma.sched.knobs import check_knobs
 
         object.__setattr__(self, "slo", check_knobs(self.slo))
+
+    @property
+    def ubatch(self) -> int:
+        """The physical step llama.cpp computes a decode call in (n_ubatch, its default)."""
+        return self.n_ubatch if self.n_ubatch is not None else min(self.n_batch, 512)
 
 
 def check_endpoint(value: object, field: str = "rpc") -> str:

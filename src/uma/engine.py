@@ -150,7 +150,7 @@ class Engine:
             self.tool_format = uma_tools.format_of(source) if uma_tools.takes_tools(source) \
                 else "generic"
             self.ctx = core.Context(
-                self.model, n_ctx=config.n_ctx, n_batch=config.n_batch, n_ubatch=config.n_ubatch,
+                self.model, n_ctx=config.n_ctx, n_batch=config.n_batch, n_ubatch=config.ubatch,
                 n_seq_max=config.n_seq_max + self._cache_seqs(config, core),
                 kv_unified=config.kv_unified, type_k=config.type_k,
                 type_v=config.type_v, flash_attn=config.flash_attn, n_threads=config.n_threads,
@@ -203,7 +203,7 @@ class Engine:
             return None
         ctx = core.Context(
             self.model, n_ctx=config.background_ctx, n_batch=config.n_batch,
-            n_ubatch=config.n_ubatch, n_seq_max=config.background_seqs,
+            n_ubatch=config.ubatch, n_seq_max=config.background_seqs,
             kv_unified=config.kv_unified, type_k=config.type_k, type_v=config.type_v,
             flash_attn=config.flash_attn, n_threads=config.n_threads,
             n_threads_batch=config.n_threads_batch)

@@ -400,10 +400,15 @@ def test_the_correction_is_what_would_have_predicted_the_overrun_and_eases_back_
 def test_an_overrun_without_prompt_attention_leaves_the_correction_alone():
     model = CostModel(BELIEF)
     model.observe(0, 3, 0, 500.0)  # a decode tick stalled (a page fault)
-    model.observe(16, 3, 0, 500.0, attended(0, 16))  # a shallow chunk: 136 positions...
-    assert model.attention_extra[1] == 0
-    # ...is still prompt attention: an overrun there is put down to it (it may be the path)
-    assert model.attention_extra[0] > 0
+    # a shallow chunk (136 positions: a sliver of its predicted time) stalled just the same:
+    # nothing says attention did it, and raising its price for a stall priced the one-token
+    # chunks of a CPU storm out of every tick
+    model.observe(16, 3, 0, 500.0, attended(0, 16))
+    assert model.attention_extra == [0.0, 0.0]
+    # a chunk whose attention is a fair share of its time: the overrun is put down to it
+    model = CostModel(BELIEF)
+    model.observe(16, 3, 0, 500.0, attended(3000, 16))
+    assert model.attention_extra[0] > 0 and model.attention_extra[1] == 0
 
 
 def test_one_overrun_raises_an_attention_price_at_most_eightfold():

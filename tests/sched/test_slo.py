@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from uma.sched.bmt import BmtModel
 from uma.sched.cost import CostEstimate, row_steps
-from uma.sched.slo import SloMemory, SloPolicy, ttft_chunk_ms
+from uma.sched.policy import ttft_chunk_ms
+from uma.sched.slo import SloMemory, SloPolicy
 from uma.sched.state import Phase, Plan, Priority, SchedulerState, SessionView
 
 # A CPU-like machine: a decode step of n sequences costs 10 + 1·n ms, a prompt token 0.5 ms.

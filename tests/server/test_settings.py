@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from uma.errors import InvalidRequestError
+from uma.sched.bound import BoundPolicy
 from uma.sched.knobs import KNOBS
 from uma.sched.policies import create_policy
 from uma.sched.slo import SloPolicy
@@ -84,7 +85,8 @@ def test_a_knob_from_file_environment_or_flag_reaches_the_policy(tmp_path):
     conf = tmp_path / "uma.toml"
     conf.write_text('pause_window = 50\nbackground_share = 0.3\nhold_on_decode_overrun = false\n')
     env = settings.from_environment({"UMA_BACKGROUND_SHARE": "0.4", "UMA_PAUSE_FACTOR": "2"})
-    s = settings.resolve([settings.read_file(conf), env, {"ttft_burst_tokens": 0}])
+    s = settings.resolve([settings.read_file(conf), env,
+                          {"ttft_burst_tokens": 0, "policy": "slo"}])
     policy = create_policy(s.engine.policy, s.engine)
     assert isinstance(policy, SloPolicy)
     assert (policy.pause_window, policy.background_share, policy.pause_factor) == (50, 0.4, 2.0)
@@ -152,3 +154,13 @@ def test_a_bad_knob_flag_names_the_flag():
     with pytest.raises(InvalidRequestError) as info:
         settings.resolve([{"rescue_slack": 0.9}])
     assert str(info.value) == "invalid --rescue-slack: must be >= 1, not 0.9"
+
+
+def test_the_knobs_the_bound_policy_has_reach_it_and_the_rest_are_the_older_guards():
+    env = settings.from_environment({"UMA_BACKGROUND_SHARE": "0.25", "UMA_PAUSE_FACTOR": "2"})
+    s = settings.resolve([env, {"ttft_burst_tokens": 0, "latency_cap": 1.5}])
+    policy = create_policy(s.engine.policy, s.engine)
+    assert isinstance(policy, BoundPolicy)
+    assert (policy.background_share, policy.ttft_burst_tokens, policy.latency_cap) \
+        == (0.25, 0, 1.5)
+

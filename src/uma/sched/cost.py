@@ -456,15 +456,16 @@ class CostModel:
         now = self._estimate.predict(*shape)
         error = measured_ms - now
         extra = self.attention_extra[path]
-        if overran and error > 0:
+        attributable = self._estimate.prompt_kv_ms(rows) * kpos \
+            >= max(0.5, self._ATTRIBUTABLE * now)
+        if overran and error > 0 and attributable:
             # at most RAISE_MAX times the path's price a tick (counted at no less than a prompt
             # token's own price): a stalled tick (a page fault, a preempted thread) with few
             # positions attended must not price every later chunk out for long
             price = self._estimate.prompt_kv_ms(rows)
             most = (self._RAISE_MAX - 1) * max(price, self._estimate.per_prefill_ms)
             extra += min(error / kpos, most)
-        elif error < 0 and self._estimate.prompt_kv_ms(rows) * kpos \
-                >= max(0.5, self._ATTRIBUTABLE * now):
+        elif error < 0 and attributable:
             extra = max(0.0, extra + self._EASE * error / kpos)
         else:
             return

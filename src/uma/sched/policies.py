@@ -7,11 +7,12 @@ from typing import Any
 from uma.config import EngineConfig
 from uma.errors import InvalidRequestError
 from uma.sched.baseline import BaselinePolicy
+from uma.sched.bound import BoundPolicy
 from uma.sched.policy import BatchPolicy
 from uma.sched.slo import SloPolicy
 
-POLICIES: dict[str, type[BaselinePolicy] | type[SloPolicy]] = {
-    "baseline": BaselinePolicy, "slo": SloPolicy}
+POLICIES: dict[str, type[BaselinePolicy] | type[BoundPolicy] | type[SloPolicy]] = {
+    "baseline": BaselinePolicy, "bound": BoundPolicy, "slo": SloPolicy}
 
 
 def create_policy(name: str, config: EngineConfig | None = None,

@@ -4,12 +4,15 @@ A policy is a pure function from a SchedulerState to a Plan: it never touches th
 clock or any mutable state of its own; anything it needs to remember between ticks (cost
 estimates, tick count) arrives in the snapshot. That makes every decision reproducible from the
 snapshot alone, which is how the tests check them. The policies themselves are in
-uma.sched.baseline and uma.sched.slo; uma.sched.policies names them.
+uma.sched.bound (the default), uma.sched.slo and uma.sched.baseline; uma.sched.policies names
+them.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -124,3 +127,45 @@ def chunk_prefills(sessions: Sequence[SessionView], budget: int) -> list[BatchIt
         items.append(prompt_chunk(s, n))
         budget -= n
     return items
+
+
+def ttft_chunk_ms(work_ms: float, overhead_ms: float, beside_ms: float,
+                  left_ms: float) -> float:
+    """The shortest chunk (ms) that finishes a prompt's work_ms within left_ms. In chunks of
+    c ms, each paying overhead_ms (its read of the cache) and each in a tick with beside_ms of
+    other work, it takes work / (c - overhead) ticks of beside + c ms: at most left_ms where
+    c >= (work × beside + left × overhead) / (left - work). Infinite (in whole) with nothing
+    beside it to protect, or where even in whole it is due."""
+    if beside_ms <= 0.0 or left_ms <= work_ms + overhead_ms + beside_ms:
+        return math.inf
+    return (work_ms * beside_ms + left_ms * overhead_ms) / (left_ms - work_ms)
+
+
+def bmt_room(state: SchedulerState, budget_ms: float, decoders: Sequence[SessionView],
+             allowance: int) -> int:
+    """The ΣBMT guard: the most of `allowance` prompt tokens whose tick, beside `decoders`,
+    moves no more bytes than bandwidth × budget_ms."""
+    if not state.bmt or state.bmt_budget_gbps <= 0 or allowance <= 0:
+        return allowance
+    limit = state.bmt_budget_gbps * 1e6 * budget_ms  # GB/s × ms = 1e6 bytes
+    kv = sum(s.n_past for s in decoders)
+    lo, hi = 0, allowance
+    while lo < hi:  # the largest allowance whose bytes fit
+        mid = (lo + hi + 1) // 2
+        if state.bmt.tick_bytes(len(decoders) + mid, kv) <= limit:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def free_tail_share(state: SchedulerState, cap: float, quantile: float, margin: float) -> float:
+    """The share of ticks that may run past the p95 line without moving the streams' p95
+    past `cap` × its value alone: 1 - quantile, less their own ticks past that line while no
+    background work existed (state.alone_ratios: new prompts, stalls), less `margin`. None
+    (1 - quantile - margin) where nothing was measured alone yet."""
+    ratios = state.alone_ratios
+    tail = 1 - bisect.bisect_right(ratios, cap * state.alone_p95_ratio) / len(ratios) \
+        if ratios else 0.0
+    return 1 - quantile - tail - margin
+

@@ -51,7 +51,6 @@ SloMemory: the executor hands back the plan's memory in the next snapshot.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import itertools
 import math
@@ -63,12 +62,15 @@ from uma.config import EngineConfig
 from uma.sched.cost import CostEstimate, next_even_rows
 from uma.sched.policy import (
     admit_by_class,
+    bmt_room,
     decode_kv,
+    free_tail_share,
     prefill_rank,
     prompt_chunk,
     rotated,
     shed_for_room,
     shortest_background_first,
+    ttft_chunk_ms,
 )
 from uma.sched.state import (
     BatchItem,
@@ -234,32 +236,18 @@ class SloPolicy:
     def _bmt_room(self, state: SchedulerState, budget_ms: float, served: list[SessionView],
                   allowance: int) -> int:
         """The prompt allowance shrunk until the tick's bytes fit bandwidth × budget."""
-        if not state.bmt or state.bmt_budget_gbps <= 0 or allowance <= 0:
-            return allowance
-        limit = state.bmt_budget_gbps * 1e6 * budget_ms  # GB/s × ms = 1e6 bytes
-        kv = _cache_read(served)
-        lo, hi = 0, allowance
-        while lo < hi:  # the largest allowance whose bytes fit
-            mid = (lo + hi + 1) // 2
-            if state.bmt.tick_bytes(len(served) + mid, kv) <= limit:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        return bmt_room(state, budget_ms, served, allowance)
 
     def _pause_share(self, state: SchedulerState, cap: float) -> float:
         """The share of ticks background work may push past the p95 line. The streams' p95 may
         grow to `cap` (the tick's latency cap: Lanes.cap) × its value alone only if at most
         1 - quantile of their gaps are longer than that; their own long ticks (new prompts,
-        stalls: `tail`, measured while no background request exists) already take part of
-        that share. On the CPU mixed load 2 % of the gaps alone were that long, and 4 % of
-        pauses on top put the p95 at 1.20-1.26x."""
-        ratios = state.alone_ratios
-        if not ratios:
+        stalls, measured while no background request exists) already take part of that
+        share. On the CPU mixed load 2 % of the gaps alone were that long, and 4 % of pauses
+        on top put the p95 at 1.20-1.26x."""
+        if not state.alone_ratios:
             return self.pause_share
-        tail = 1 - bisect.bisect_right(ratios, cap * state.alone_p95_ratio) \
-            / len(ratios)
-        free = 1 - self.quantile - tail - self.tail_margin
+        free = free_tail_share(state, cap, self.quantile, self.tail_margin)
         return min(self.pause_share, max(self.min_pause_share, free))
 
     def _starving(self, mem: SloMemory) -> bool:
@@ -604,18 +592,6 @@ def first_tokens(policy: SloPolicy, state: SchedulerState, d: Lanes,
         used += n
         ms += cost.prefill_ms(n, s.n_past, at)
     return FirstTokens(tuple(items), ms)
-
-
-def ttft_chunk_ms(work_ms: float, overhead_ms: float, beside_ms: float,
-                  left_ms: float) -> float:
-    """The shortest chunk (ms) that finishes a prompt's work_ms within left_ms. In chunks of
-    c ms, each paying overhead_ms (its read of the cache) and each in a tick with beside_ms of
-    other work, it takes work / (c - overhead) ticks of beside + c ms: at most left_ms where
-    c >= (work × beside + left × overhead) / (left - work). Infinite (in whole) with nothing
-    beside it to protect, or where even in whole it is due."""
-    if beside_ms <= 0.0 or left_ms <= work_ms + overhead_ms + beside_ms:
-        return math.inf
-    return (work_ms * beside_ms + left_ms * overhead_ms) / (left_ms - work_ms)
 
 
 def prompt_chunks(policy: SloPolicy, state: SchedulerState, d: Lanes, a: Allowance, cap: int,

@@ -1,0 +1,389 @@
+"""The bound policy: every interactive gap bounded by construction, background work in the
+time the bound leaves.
+
+While an interactive stream decodes, every tick is planned within one of two limits
+(docs/SCHEDULING.md, "The latency bound"):
+
+- the *line*: latency_cap × the streams' p95 alone, less how far ticks stray past their
+  prediction. Ordinary ticks stay under it, so the streams' p95 moves at most to the cap.
+- the *gap bound*: the worst interactive gap allowed, max(gap_ms, gap_factor × the p95
+  alone), planned with the same margin. A tick may go past the line (a *pause*) only up to
+  it, and only one tick in as many as the p95 leaves free (pause_rate).
+
+Background work takes what the line leaves in every tick and, in a pause, the share of the
+streams' time it is owed (background_share over the ticks between two pauses). New
+interactive prompts come first, in chunks that keep their tick within the gap bound.
+
+The cost model prices every chunk at the depth it runs at; each tick's measured time then
+bounds the next tick of its kind: background chunks are priced at the cost model's price ×
+what the last background tick measured against it (`price`), which follows an overrun at
+once (shrink) and a tick that came in under by at most a fifth a tick (grow slowly). So a
+price the model got wrong, however wrong, costs one tick, not a streak. A slow start (a
+token cap doubling from min_prefill while used) bounds the first chunks, before any has
+been measured.
+
+With no stream decoding there is no one between two tokens to protect: new interactive
+prompts go in whole, and background work runs in ticks of idle_budget_ms (a newcomer waits
+for at most one), stretched deep into a long prompt until a chunk's work amortises its read
+of the cache.
+
+A pure function of the snapshot; what it remembers travels in BoundMemory (Plan.memory).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from uma.config import EngineConfig
+from uma.sched.policy import (
+    admit_by_class,
+    bmt_room,
+    decode_kv,
+    free_tail_share,
+    prefill_rank,
+    prompt_chunk,
+    rotated,
+    shed_for_room,
+    shortest_background_first,
+    ttft_chunk_ms,
+)
+from uma.sched.state import (
+    BatchItem,
+    Phase,
+    Plan,
+    PlanNotes,
+    Priority,
+    SchedulerState,
+    SessionView,
+    Shed,
+    Waiting,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BoundMemory:
+    """What the policy carries from one tick to the next."""
+
+    since_pause: int = 1 << 30  # ticks since the last pause
+    cap: int = 0  # most background prompt tokens a tick may carry (0: not yet set)
+    planned_ms: float = 0.0  # the last plan's predicted time
+    decode_ms: float = 0.0  # ... of which all but its background prompt chunks
+    back_tokens: int = 0  # background prompt tokens it carried
+    price: float = 1.0  # background chunks' measured time / the cost model's, lately
+    overruns: int = 0  # background ticks that ran past their plan, in all
+
+
+@dataclass(frozen=True, slots=True)
+class BoundPolicy:
+    latency_cap: float = 1.20  # the streams' gap p95 allowed, × their p95 alone
+    tick_budget_ms: float | None = None  # an explicit line instead of the cap
+    background_share: float = 0.15  # the streams' time owed to background work (0: only
+    # what the line leaves)
+    gap_ms: float = 100.0  # the worst interactive gap allowed is the larger of this...
+    gap_factor: float = 4.0  # ... and this × the streams' p95 alone
+    idle_budget_ms: float = 100.0  # a tick's time while no stream decodes
+    # internal constants (the [slo] table of the config file)
+    gap_margin: float = 1.25  # a pause is planned to the gap bound / this, at least
+    quantile: float = 0.95  # the percentile latency_cap is judged at
+    tail_margin: float = 0.005  # share of ticks kept free of pauses below 1 - quantile
+    max_pause_rate: float = 0.04  # most ticks that may be pauses
+    min_pause_rate: float = 0.01  # ... however much of the tail the streams take alone
+    min_prefill: int = 16  # the slow start's first background chunk
+    ttft_burst_tokens: int = 128  # a new interactive prompt of at most this many new
+    # tokens goes in whole (within the gap bound)
+    ttft_stretch: float = 1.25  # a longer one's first token comes within this × its time
+    # in whole
+    idle_amortise: float = 4.0  # with no stream decoding, a background chunk's work is at
+    # least this × its read of the cache
+    name: str = "bound"
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> BoundPolicy:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        options = {k: v for k, v in dict(config.slo).items() if k in fields}
+        return cls(latency_cap=config.latency_cap, tick_budget_ms=config.tick_budget_ms,
+                   **options)  # type: ignore[arg-type]
+
+    def admit(self, waiting: Sequence[Waiting], free: int) -> tuple[int, ...]:
+        return admit_by_class(waiting, free)
+
+    def shed(self, plan: Plan, sessions: Sequence[SessionView]) -> Shed:
+        return shed_for_room(plan, sessions)
+
+    def schedule_tick(self, state: SchedulerState) -> Plan:
+        mem = remembered(self, state)
+        limits = tick_limits(self, state, mem)
+        decoders = served_decoders(self, state, limits)
+        first = first_tokens(self, state, limits, decoders)
+        back = background_chunks(self, state, limits, decoders, first, mem)
+        return settled(self, state, limits, decoders, first + back, mem)
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """One tick's limits (ms, predicted)."""
+
+    streams: bool  # an interactive stream decodes: there is a gap to bound
+    solo_ms: float  # the interactive decoders alone
+    line_ms: float  # what an ordinary tick may take
+    gap_ms: float  # what any tick may take (the gap bound, with its margin)
+    target_ms: float  # latency_cap × the streams' p95 alone (0: no stream decodes)
+    pause: bool  # this tick may go past the line to give background work its share
+    pause_ms: float  # a pause's time past the decode rows (0: no pause)
+    back_ids: frozenset[int]  # the background sessions' sequences
+
+
+def remembered(policy: BoundPolicy, state: SchedulerState) -> BoundMemory:
+    """The memory, updated with what the last tick measured. Where it carried background
+    prompt work that was a fair part of it (a quarter of its plan, or 5 ms: less, and the
+    decode rows' noise decides the ratio), `price` becomes the ratio of that work's measured
+    time to its plan: at once where it ran over, by at most a fifth a tick where it ran
+    under. A tick that used at least half the slow start's cap and held doubles the cap."""
+    mem = state.memory if isinstance(state.memory, BoundMemory) else BoundMemory()
+    if mem.cap == 0:
+        mem = dataclasses.replace(mem, cap=policy.min_prefill)
+    mem = dataclasses.replace(mem, since_pause=mem.since_pause + 1)
+    n = mem.back_tokens
+    if n == 0 or state.last_tick_ms <= 0:
+        return mem
+    planned = mem.planned_ms - mem.decode_ms  # the background chunks' part, at its price
+    took = state.last_tick_ms - mem.decode_ms
+    if planned >= max(5.0, 0.25 * mem.planned_ms):
+        ratio = min(max(mem.price * took / planned, MIN_PRICE), MAX_PRICE)
+        price = ratio if ratio > mem.price else max(ratio, 0.8 * mem.price)
+        over = ratio > mem.price * max(1.1, state.decode_noise)
+        mem = dataclasses.replace(mem, price=price, overruns=mem.overruns + over)
+        if over:
+            return mem
+    if 2 * n >= mem.cap:
+        return dataclasses.replace(mem, cap=min(2 * mem.cap, max(state.n_batch, 1)))
+    return mem
+
+
+MIN_PRICE, MAX_PRICE = 0.25, 64.0  # how far the measured price may part from the model's
+
+
+def pause_rate(policy: BoundPolicy, state: SchedulerState, cap: float) -> float:
+    """The share of ticks that may be pauses: what the streams' p95 leaves free above the
+    line, less a margin (uma.sched.policy.free_tail_share); between min_pause_rate and
+    max_pause_rate."""
+    if not state.alone_ratios:
+        return policy.max_pause_rate
+    free = free_tail_share(state, cap, policy.quantile, policy.tail_margin)
+    return min(policy.max_pause_rate, max(policy.min_pause_rate, free))
+
+
+def tick_limits(policy: BoundPolicy, state: SchedulerState, mem: BoundMemory) -> Limits:
+    cost = state.cost
+    inter = [s for s in state.sessions if s.priority is Priority.INTERACTIVE]
+    inter_dec = [s for s in inter if s.phase is Phase.DECODE]
+    back = [s for s in state.sessions if s.priority is Priority.BACKGROUND]
+    back_ids = frozenset(s.seq_id for s in back)
+    solo_ms = cost.predict(0, len(inter_dec), decode_kv(inter_dec))
+    if not inter_dec:
+        # Deep into a long prompt a chunk's read of the cache grows to tens of ms on a CPU;
+        # the tick stretches until its work amortises that read (a newcomer waits as long).
+        prompts = [s for s in back if s.phase is Phase.PREFILL]
+        read_ms = cost.chunk_overhead_ms(min(prompts, key=prefill_rank).n_past) \
+            if prompts else 0.0
+        idle = max(policy.idle_budget_ms, (1 + policy.idle_amortise) * read_ms)
+        return Limits(False, solo_ms, idle, idle, 0.0, False, 0.0, back_ids)
+    # An app's own latency cap: every stream shares the tick, the most demanding one sets it.
+    cap = min((s.latency_cap or policy.latency_cap for s in inter_dec),
+              default=policy.latency_cap)
+    alone = max(state.alone_p95_ratio, state.decode_noise, 1.0)
+    # the streams' p95 alone, as a time: every interactive sequence as a decode row (as the
+    # executor measures it alone, new prompts' ticks among them)
+    alone_ms = alone * cost.predict(0, len(inter), decode_kv(inter))
+    target_ms = cap * alone_ms
+    margin = max(state.prompt_noise, state.decode_noise, 1.0)
+    if policy.tick_budget_ms is not None:
+        line_ms = max(policy.tick_budget_ms, solo_ms)
+    else:
+        line_ms = max(cap * solo_ms, target_ms / margin)
+    gap_ms = max(line_ms, max(policy.gap_ms, policy.gap_factor * alone_ms)
+                 / max(margin, policy.gap_margin))
+    rate = pause_rate(policy, state, cap)
+    spacing = math.ceil(1 / rate) if rate > 0 else math.inf
+    waiting = any(s.phase is Phase.PREFILL or s.phase is Phase.DECODE for s in back)
+    pause = policy.background_share > 0 and waiting and mem.since_pause >= spacing
+    pause_ms = 0.0
+    if pause:
+        # the share owed over the ticks between two pauses (T of them, d ms each): a pause
+        # of P ms past them gives P / (T d + P) = share
+        share = min(policy.background_share, 0.9)
+        pause_ms = min(gap_ms - solo_ms, share * spacing * solo_ms / (1 - share)
+                       + (line_ms - solo_ms))
+    return Limits(True, solo_ms, line_ms, gap_ms, target_ms, pause, pause_ms, back_ids)
+
+
+def served_decoders(policy: BoundPolicy, state: SchedulerState,
+                    lim: Limits) -> tuple[SessionView, ...]:
+    """Every interactive decoder; background decoders, rotated so each is left out equally
+    often, while the tick stays within the line (a pause's time, in a pause). The first
+    decoder of a tick goes in whatever the prediction says: with nobody else in the tick
+    there is no one to protect, and a model that had learned a 191 ms step on an overloaded
+    CPU once parked a lone background request for good."""
+    cost = state.cost
+    served = [s for s in state.sessions
+              if s.priority is Priority.INTERACTIVE and s.phase is Phase.DECODE]
+    limit_ms = lim.solo_ms + lim.pause_ms if lim.pause else lim.line_ms
+    back_dec = [s for s in state.sessions
+                if s.priority is Priority.BACKGROUND and s.phase is Phase.DECODE]
+    kv = decode_kv(served)
+    for s in rotated(back_dec, state.tick):
+        if len(served) >= state.n_batch:
+            break
+        kv += decode_kv((s,))
+        if served and cost.predict(0, len(served) + 1, kv) > limit_ms:
+            break
+        served.append(s)
+    return tuple(served[:state.n_batch])
+
+
+def first_tokens(policy: BoundPolicy, state: SchedulerState, lim: Limits,
+                 decoders: tuple[SessionView, ...]) -> tuple[BatchItem, ...]:
+    """New interactive prompts, before any background work. With no stream decoding each
+    goes in whole. Beside streams, one with at most ttft_burst_tokens new tokens goes in
+    whole where that keeps the tick within the gap bound; a longer one takes the chunk that
+    brings its first token within ttft_stretch × its time in whole (counted from its
+    arrival), at least what the line leaves, at most what the gap bound leaves, and at least
+    one token."""
+    cost = state.cost
+    rows = len(decoders)
+    decode_ms = cost.predict(0, rows, decode_kv(decoders))
+    items: list[BatchItem] = []
+    used, ms = 0, 0.0
+    waiting = [s for s in shortest_background_first(state.sessions)
+               if s.phase is Phase.PREFILL and s.priority is Priority.INTERACTIVE]
+    for s in waiting:
+        at = rows + used
+        room = state.n_batch - at
+        gap_left = lim.gap_ms - decode_ms - ms
+        if not lim.streams or s.n_prompt - s.n_cached <= policy.ttft_burst_tokens \
+                and cost.prefill_ms(s.prefill_left, s.n_past, at) <= gap_left:
+            n = s.prefill_left
+        else:
+            new = s.n_prompt - s.n_cached
+            beside_ms = decode_ms + ms
+            due_ms = policy.ttft_stretch * (cost.prefill_ms(new, s.n_cached, at) + beside_ms)
+            left_ms = due_ms - (state.now_ns - s.arrival_ns) / 1e6
+            chunk_ms = ttft_chunk_ms(cost.work_ms(s.prefill_left, s.n_past, at),
+                                     cost.chunk_overhead_ms(s.n_past, at), beside_ms, left_ms)
+            chunk_ms = min(gap_left, max(lim.line_ms - decode_ms - ms, chunk_ms))
+            n = max(cost.chunk_tokens(chunk_ms, s.n_past, at), 0 if items else 1)
+        n = min(s.prefill_left, room, n)
+        if n <= 0:
+            break
+        items.append(prompt_chunk(s, n))
+        used += n
+        ms += cost.prefill_ms(n, s.n_past, at)
+    return tuple(items)
+
+
+def background_chunks(policy: BoundPolicy, state: SchedulerState, lim: Limits,
+                      decoders: tuple[SessionView, ...], first: tuple[BatchItem, ...],
+                      mem: BoundMemory) -> tuple[BatchItem, ...]:
+    """Background prompt chunks, shortest prompt first, each priced at its own depth, in what
+    the tick's limit leaves after the decoders and the first tokens: the line's, or a
+    pause's. At most the cap (the measured bound) and the bandwidth guard's tokens. A pause,
+    and a tick with nothing else in it, moves at least one token (the cost model may
+    overprice a deep prompt; what one token really costs then corrects it)."""
+    cost = state.cost
+    prompts = [s for s in shortest_background_first(state.sessions)
+               if s.phase is Phase.PREFILL and s.seq_id in lim.back_ids]
+    if not prompts:
+        return ()
+    rows = len(decoders)
+    by_seq = {s.seq_id: s for s in state.sessions}
+    used = sum(i.n_tokens for i in first)
+    spent_ms = cost.predict(0, rows, decode_kv(decoders)) + sum(
+        cost.prefill_ms(i.n_tokens, by_seq[i.seq_id].n_past, rows + k)
+        for k, i in zip(_starts(first), first, strict=True))
+    limit_ms = lim.solo_ms + lim.pause_ms if lim.pause else lim.line_ms
+    spare_ms = limit_ms - spent_ms
+    cap = min(mem.cap, bmt_room(state, limit_ms, decoders, state.n_batch - rows - used))
+    must = lim.pause or (not lim.streams and not first)
+    items: list[BatchItem] = []
+    for s in prompts:
+        at = rows + used
+        n = fitting(state, spare_ms / mem.price, s.n_past, at,
+                    min(s.prefill_left, cap - sum(i.n_tokens for i in items),
+                        state.n_batch - at))
+        if n <= 0 and must and not items:
+            n = min(1, s.prefill_left, state.n_batch - at)
+        if n <= 0:
+            break
+        items.append(prompt_chunk(s, n))
+        spare_ms -= mem.price * cost.prefill_ms(n, s.n_past, at)
+        used += n
+    return tuple(items)
+
+
+def fitting(state: SchedulerState, ms: float, depth: int, rows: int, most: int) -> int:
+    """The most prompt tokens, at most `most`, a chunk at `depth` may take within ms. The
+    largest chunk the time buys may be past WIDE_ROWS, where attention is cheaper; cut to
+    `most` it may fall back below, where the same tokens cost more: then the largest that
+    fits below (the price grows with the tokens within one path)."""
+    cost = state.cost
+    n = min(most, cost.chunk_tokens(ms, depth, rows))
+    if n <= 0 or cost.prefill_ms(n, depth, rows) <= ms + 1e-9:
+        return max(n, 0)
+    lo, hi = 0, n - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if cost.prefill_ms(mid, depth, rows) <= ms + 1e-9:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _starts(items: tuple[BatchItem, ...]) -> list[int]:
+    """Each item's offset in rows from the first item."""
+    out, at = [], 0
+    for i in items:
+        out.append(at)
+        at += i.n_tokens
+    return out
+
+
+def settled(policy: BoundPolicy, state: SchedulerState, lim: Limits,
+            decoders: tuple[SessionView, ...], prefill: tuple[BatchItem, ...],
+            mem: BoundMemory) -> Plan:
+    """The plan, its figures, and what the next tick must remember."""
+    cost = state.cost
+    by_seq = {s.seq_id: s for s in state.sessions}
+    rows = len(decoders)
+    decode_ms = predicted = cost.predict(0, rows, decode_kv(decoders))
+    for k, i in zip(_starts(prefill), prefill, strict=True):
+        ms = cost.prefill_ms(i.n_tokens, by_seq[i.seq_id].n_past, rows + k)
+        if i.seq_id in lim.back_ids:
+            predicted += mem.price * ms
+        else:
+            decode_ms += ms
+            predicted += ms
+    back_tokens = sum(i.n_tokens for i in prefill if i.seq_id in lim.back_ids)
+    back_decoders = frozenset(s.seq_id for s in decoders if s.seq_id in lim.back_ids)
+    paused = lim.pause and (back_tokens > 0 or bool(back_decoders)) \
+        and predicted > lim.line_ms + 1e-9
+    mem = dataclasses.replace(mem, since_pause=0 if paused else mem.since_pause,
+                              planned_ms=predicted, decode_ms=decode_ms,
+                              back_tokens=back_tokens)
+    served = {s.seq_id for s in decoders}
+    parked = frozenset(s.seq_id for s in state.sessions
+                       if s.phase is Phase.DECODE and s.seq_id not in served)
+    notes = PlanNotes(
+        budget_ms=lim.solo_ms + lim.pause_ms if paused else lim.line_ms,
+        predicted_ms=predicted, line_ms=lim.line_ms, target_ms=lim.target_ms,
+        pause_ms=lim.pause_ms, served_decoders=rows, parked=len(parked), parked_seqs=parked,
+        chunk_cap=mem.cap, overruns=mem.overruns,
+        bmt_bytes=state.bmt.tick_bytes(rows + sum(i.n_tokens for i in prefill),
+                                       sum(s.n_past for s in decoders)) if state.bmt else 0.0,
+        background=back_decoders | frozenset(i.seq_id for i in prefill
+                                             if i.seq_id in lim.back_ids))
+    items = [BatchItem(s.seq_id, Phase.DECODE, 1, logits=True) for s in decoders] + list(prefill)
+    return Plan(items=tuple(items), token_budget=rows + mem.cap, notes=notes, memory=mem)
