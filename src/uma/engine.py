@@ -208,7 +208,8 @@ class Engine:
             flash_attn=config.flash_attn, n_threads=config.n_threads,
             n_threads_batch=config.n_threads_batch)
         knobs = SliceKnobs(ride=config.background_ride, **{
-            k: getattr(policy, k) for k in ("background_share", "pause_factor", "pause_share")
+            k: getattr(policy, k) for k in ("background_share", "pause_factor", "pause_share",
+                                            "gap_ms", "gap_factor", "gap_margin")
             if hasattr(policy, k)})
         self.metrics.gauge("background_kv_cells_total",
                            "KV positions of the background context").set(ctx.n_ctx)

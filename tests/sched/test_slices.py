@@ -99,3 +99,19 @@ def test_owed_time_accrues_with_the_streams_and_is_bounded():
     assert owed_after(5.0, 10.0, 4.0, KNOBS, cap_ms=100.0) == pytest.approx(2.5)
     assert owed_after(99.0, 100.0, 0.0, KNOBS, cap_ms=100.0) == 100.0
     assert owed_after(0.0, 0.0, 500.0, KNOBS, cap_ms=100.0) == -100.0
+
+
+def test_under_the_gap_bound_no_slice_makes_a_gap_past_it():
+    # the bound policy's gap bound: max(100 ms, 4 x the p95 alone) / 1.25
+    bound = SliceKnobs(ride=4.0, ride_cap=2.0, gap_ms=100.0, gap_factor=4.0, gap_margin=1.25)
+    # a CPU's long prompt tick: the ride alone would make 4 x (2 x 30) = 240 ms
+    tick = dict(prompt_next=True, tick_ms=60.0, alone_p95_ms=30.0)
+    assert background_slice(view(**tick), SliceKnobs()).ms == pytest.approx(180.0)
+    assert background_slice(view(**tick), bound) == Slice(pytest.approx(96.0 - 60.0), "ride")
+    # where the p95 alone is long, the bound is 4x it: 4 x 40 / 1.25 = 128 ms
+    long = dict(prompt_next=True, tick_ms=60.0, alone_p95_ms=40.0)
+    assert background_slice(view(**long), bound).ms == pytest.approx(128.0 - 60.0)
+    # a pause, too, ends at the bound (a large pause_factor would take it past)
+    wide = SliceKnobs(pause_factor=10.0, gap_ms=100.0)
+    owed = view(owed_ms=500.0, since_slice=2 * SPACING, tick_ms=20.0, alone_p95_ms=20.0)
+    assert background_slice(owed, wide) == Slice(pytest.approx(80.0 - 20.0), "pause")

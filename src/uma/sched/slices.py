@@ -48,6 +48,11 @@ class SliceKnobs:
     pause_factor: float = 1.8  # a pause stretches the gap up to this × the p95 alone
     pause_share: float = 0.04  # most ticks preceded by a slice (0: none while streams run)
     idle_ms: float = 100.0  # a background tick's time while no interactive request is in
+    # the gap bound (uma.sched.bound): no slice makes a gap past the larger of gap_ms and
+    # gap_factor x the p95 alone, divided by gap_margin (gap_ms 0: no bound)
+    gap_ms: float = 0.0
+    gap_factor: float = 4.0
+    gap_margin: float = 1.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,12 +98,20 @@ def background_slice(view: SliceView, knobs: SliceKnobs) -> Slice:
         # tick does not move. At most ride_cap x the p95 alone: on a CPU a new prompt's tick
         # can be several times the p95, and 4x it made a 662 ms gap (134M, 2 cores).
         unit = max(line, min(view.tick_ms, knobs.ride_cap * line))
-        ride = knobs.ride * unit - view.tick_ms
+        ride = min(knobs.ride * unit, gap_bound(view, knobs, line)) - view.tick_ms
         return Slice(ride, "ride") if ride >= view.min_ms else NONE
-    pause = max(knobs.pause_factor * line - view.tick_ms, view.min_ms)
+    pause = max(min(knobs.pause_factor * line, gap_bound(view, knobs, line)) - view.tick_ms,
+                view.min_ms)
     if knobs.background_share > 0 and view.owed_ms >= pause and view.since_slice >= 2 * spacing:
         return Slice(pause, "pause")
     return NONE
+
+
+def gap_bound(view: SliceView, knobs: SliceKnobs, line: float) -> float:
+    """The longest gap a slice may make, its tick included (inf: no bound)."""
+    if knobs.gap_ms <= 0:
+        return math.inf
+    return max(knobs.gap_ms, knobs.gap_factor * line) / knobs.gap_margin
 
 
 def owed_after(owed_ms: float, streams_ms: float, background_ms: float, knobs: SliceKnobs,
