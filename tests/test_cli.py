@@ -112,9 +112,9 @@ def test_shell_completion_is_offered():
 
 def test_run_help_lists_the_policy_knobs_in_their_own_section():
     r = uma("run", "--help")
-    main, knobs = r.stdout.split("Scheduling policy (slo):\n")
+    main, knobs = r.stdout.split("Scheduling policy:\n")
     options = {s.option for s in settings.SETTINGS if s.flag and s.config == "slo"}
-    assert options == {"--" + k.name.replace("_", "-") for k in KNOBS}
+    assert options == {"--" + k.name.replace("_", "-") for k in KNOBS if k.flag}
     assert all(re.search(rf"^  {o}\b", knobs, re.M) for o in options)
     assert not any(o in main for o in options)
     assert "--ctx" in main and "--latency-cap" in main and "--ctx" not in knobs
@@ -123,9 +123,10 @@ def test_run_help_lists_the_policy_knobs_in_their_own_section():
 def test_run_flags_reach_the_policy(monkeypatch):
     served = []
     monkeypatch.setattr(server_main, "serve", lambda conf, say: served.append(conf) or 0)
-    r = CliRunner().invoke(cli.app, ["run", "m.gguf", "--policy", "slo", "--pause-factor", "2.5",
-                                     "--no-hold-on-decode-overrun", "--ttft-burst-tokens", "0",
-                                     "--latency-cap", "1.5"])
+    # the older guard's knobs are for experts: the file or the environment, not flags
+    r = CliRunner().invoke(cli.app, ["run", "m.gguf", "--policy", "slo", "--ttft-burst-tokens",
+                                     "0", "--latency-cap", "1.5"],
+                           env={"UMA_PAUSE_FACTOR": "2.5", "UMA_HOLD_ON_DECODE_OVERRUN": "off"})
     assert r.exit_code == 0, r.output
     policy = create_policy(served[0].engine.policy, served[0].engine)
     assert isinstance(policy, SloPolicy)
@@ -221,7 +222,8 @@ def test_config_shows_each_setting_and_where_it_came_from(tmp_path):
     (("run", "--bogus"), {}, 4, "No such option"),
     (("run",), {"UMA_GRACE": "-1"}, 4, "invalid UMA_GRACE: must be > 0"),
     (("run",), {"UMA_KV_UNIFIED": "maybe"}, 4, "invalid UMA_KV_UNIFIED: must be true or false"),
-    (("run", "--pause-factor", "0.5"), {}, 4, "invalid --pause-factor: must be >= 1, not 0.5"),
+    (("run", "--gap-ms", "0"), {}, 4, "invalid --gap-ms: must be > 0, not 0"),
+    (("run",), {"UMA_PAUSE_FACTOR": "0.5"}, 4, "invalid UMA_PAUSE_FACTOR: must be >= 1, not 0.5"),
     (("run",), {"UMA_BACKGROUND_SHARE": "1"}, 4,
      "invalid UMA_BACKGROUND_SHARE: must be in [0, 0.9], not 1.0"),
     (("generate",), {}, 4, "Missing option"),
@@ -396,3 +398,12 @@ def test_the_launch_agent_is_a_valid_plist():
     agent = service.launch_agent(["/usr/bin/python3", "-m", "uma", "run", "a & b.gguf"])
     parsed = plistlib.loads(agent.text.encode())
     assert parsed["ProgramArguments"][-1] == "a & b.gguf" and parsed["RunAtLoad"] is True
+
+
+def test_run_has_flags_for_the_few_scheduling_knobs_a_user_may_need():
+    text = CliRunner().invoke(cli.app, ["run", "--help"], env={"COLUMNS": "100"}).output
+    for flag in ("--background-share", "--gap-ms", "--ttft-burst-tokens", "--latency-cap"):
+        assert flag in text
+    for expert in ("--pause-factor", "--gap-factor", "--hold-ticks", "--climb-window"):
+        assert expert not in text
+

@@ -63,7 +63,7 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version, is
 
 
 # `uma run --help` sections beyond "Options", by the settings' config
-PANELS = {"slo": "Scheduling policy (slo)"}
+PANELS = {"slo": "Scheduling policy"}
 
 
 def _opt(name: str, *decls: str):
@@ -81,7 +81,7 @@ def _with_knob_options(command):
     signature = inspect.signature(command, eval_str=True)
     params = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
     for s in SETTINGS:
-        if s.config == "slo":
+        if s.config == "slo" and s.flag:
             decls = (f"{s.option}/--no-{s.option[2:]}",) if s.kind is bool else ()
             params.append(inspect.Parameter(s.name, inspect.Parameter.KEYWORD_ONLY,
                                             default=_opt(s.name, *decls),

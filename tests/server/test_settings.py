@@ -100,10 +100,11 @@ def test_a_knob_from_file_environment_or_flag_reaches_the_policy(tmp_path):
 def test_config_shows_each_knobs_effective_value_and_source():
     env = settings.from_environment({"UMA_TTFT_BURST_TOKENS": "64"})
     rows = {name: (value, where) for name, value, where in settings.resolve(
-        [env, {"pause_factor": 2.5}]).table()}
+        [env, {"gap_ms": 80.0}]).table()}
     assert rows["ttft_burst_tokens"] == (64, "UMA_TTFT_BURST_TOKENS")
-    assert rows["pause_factor"] == (2.5, "--pause-factor")
-    assert rows["background_share"] == (SloPolicy.background_share, "default")
+    assert rows["gap_ms"] == (80.0, "--gap-ms")
+    assert rows["background_share"] == (BoundPolicy().background_share, "default")
+    assert rows["pause_factor"] == (SloPolicy.pause_factor, "default")
     assert all(k.name in rows for k in KNOBS)
 
 
@@ -164,3 +165,22 @@ def test_the_knobs_the_bound_policy_has_reach_it_and_the_rest_are_the_older_guar
     assert (policy.background_share, policy.ttft_burst_tokens, policy.latency_cap) \
         == (0.25, 0, 1.5)
 
+
+
+def test_an_slo_table_in_the_file_holds_knobs_for_experts(tmp_path):
+    conf = tmp_path / "uma.toml"
+    conf.write_text('model = "m.gguf"\nbackground_share = 0.2\n[slo]\ngap_factor = 3\n'
+                    'max_pause_rate = 0.02\n')
+    s = settings.resolve([settings.read_file(conf)])
+    policy = create_policy(s.engine.policy, s.engine)
+    assert (policy.background_share, policy.gap_factor, policy.max_pause_rate) \
+        == (0.2, 3.0, 0.02)
+    conf.write_text('[slo]\nctx = 4096\n')
+    with pytest.raises(InvalidRequestError, match=r"\[slo\] holds scheduling knobs only, not ctx"):
+        settings.read_file(conf)
+    conf.write_text('gap_ms = 80\n[slo]\ngap_ms = 90\n')
+    with pytest.raises(InvalidRequestError, match="gap_ms given both"):
+        settings.read_file(conf)
+    conf.write_text('slo = 3\n')
+    with pytest.raises(InvalidRequestError, match="slo must be a table"):
+        settings.read_file(conf)

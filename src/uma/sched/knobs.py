@@ -1,12 +1,14 @@
-"""The SLO policy's knobs: every SloPolicy field a user may set, its valid range, and what
-raising it buys and costs.
+"""The scheduling policies' knobs: every policy field a user may set, its valid range, what
+raising it buys and costs, and whether it is a `uma run` flag.
 
-Each knob is a daemon setting of the same name (`--pause-factor`, UMA_PAUSE_FACTOR,
-`pause_factor` in uma.toml; docs/CONFIG.md, "Scheduling policy"), and EngineConfig.slo holds
-the ones given, checked by check_knobs. A knob's kind and default are read from SloPolicy
-itself, so the table cannot drift from the policy; a field without a row here fails
-tests/sched/test_knobs.py. latency_cap and tick_budget_ms are settings of their own
-(EngineConfig fields), and `name` is the policy's, not a knob.
+Each knob is a daemon setting of the same name (`background_share` in uma.toml, also in its
+`[slo]` table; UMA_BACKGROUND_SHARE; docs/CONFIG.md, "Scheduling policy"), and
+EngineConfig.slo holds the ones given, checked by check_knobs. The few a user may need are
+also flags (`--background-share`); the rest are for experts, in the file or the environment.
+A knob's kind and default are read from the policy that has the field (the bound policy
+first, then the older SLO guard), so the table cannot drift from them; a field without a row
+here fails tests/sched/test_knobs.py. latency_cap and tick_budget_ms are settings of their
+own (EngineConfig fields), and `name` is the policy's, not a knob.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 
 from uma.config import _integer, _number
 from uma.errors import InvalidRequestError
+from uma.sched.bound import BoundPolicy
 from uma.sched.slo import SloPolicy
 
 KnobValue = float | int | bool
@@ -51,25 +54,33 @@ class Range:
 
 @dataclass(frozen=True)
 class Knob:
-    name: str  # the SloPolicy field, and the setting's name
+    name: str  # the policy field, and the setting's name
     range: Range | None  # the values allowed (None: a switch)
     help: str  # what it does, and what raising it buys and costs (one line)
+    flag: bool = False  # also a `uma run` flag (the few a user may need)
 
     @property
     def kind(self) -> type:
-        """int, float or bool: the field's type in SloPolicy."""
+        """int, float or bool: the field's type in its policy."""
         kind: type = _FIELD_TYPES[self.name]
         return kind
 
     @property
     def default(self) -> KnobValue:
-        """SloPolicy's default: what the benchmarks were measured with."""
-        value: KnobValue = getattr(_DEFAULTS, self.name)
+        """Its policy's default: what the benchmarks were measured with."""
+        policy = _BOUND if self.name in _BOUND_FIELDS else _SLO
+        value: KnobValue = getattr(policy, self.name)
         return value
 
+    @property
+    def policy(self) -> str:
+        """The policy that reads it ("bound" also covers the fields both have)."""
+        return "bound" if self.name in _BOUND_FIELDS else "slo"
 
-_FIELD_TYPES = typing.get_type_hints(SloPolicy)
-_DEFAULTS = SloPolicy()
+
+_FIELD_TYPES = {**typing.get_type_hints(SloPolicy), **typing.get_type_hints(BoundPolicy)}
+_BOUND, _SLO = BoundPolicy(), SloPolicy()
+_BOUND_FIELDS = frozenset(_BOUND.__dataclass_fields__)
 
 COUNT = Range(0, MAX_COUNT)
 POSITIVE_COUNT = Range(1, MAX_COUNT)
@@ -79,7 +90,22 @@ FACTOR = Range(1)  # times something, never less than it
 KNOBS: tuple[Knob, ...] = (
     Knob("idle_budget_ms", Range(0, low_open=True),
          "tick budget in ms while no stream decodes: higher moves background work faster, "
-         "delays first tokens"),
+         "delays first tokens", flag=True),
+    Knob("gap_ms", Range(0, low_open=True),
+         "worst interactive gap in ms (or gap_factor x the p95 alone, if larger): higher "
+         "moves background sooner", flag=True),
+    Knob("gap_factor", FACTOR,
+         "worst interactive gap, x the streams' p95 alone (or gap_ms): higher moves "
+         "background sooner, longer stalls"),
+    Knob("gap_margin", FACTOR,
+         "pauses are planned to the worst gap / this at least: higher is safer against "
+         "mispredictions, shorter pauses"),
+    Knob("max_pause_rate", SHARE,
+         "most ticks that may run past the p95 line: higher moves background faster, risks "
+         "the p95"),
+    Knob("min_pause_rate", SHARE,
+         "pause rate kept when the streams' own tail uses up the p95's room: higher moves "
+         "background, risks p95"),
     Knob("pause_factor", FACTOR,
          "longest tick while streams decode, x their p95 alone: higher takes prompts in larger "
          "chunks, stalls longer"),
@@ -148,7 +174,7 @@ KNOBS: tuple[Knob, ...] = (
          "back later"),
     Knob("background_share", Range(0, 0.9),
          "least share of time owed to background prompts while streams decode (0: none): "
-         "higher is sooner, more pauses"),
+         "higher is sooner, more pauses", flag=True),
     Knob("ride_share", Range(0, 10),
          "background chunks ride in new prompts' ticks, adding at most this x the tick (0: "
          "off)"),
@@ -163,7 +189,7 @@ KNOBS: tuple[Knob, ...] = (
          "faster prompts, later TTFT"),
     Knob("ttft_burst_tokens", COUNT,
          "interactive prompts this short go in whole while streams decode (0: off): higher "
-         "is faster TTFT, longer pauses"),
+         "is faster TTFT, longer pauses", flag=True),
     Knob("ttft_stretch", Range(1),
          "longer interactive prompts' first token within this x their time in whole: lower "
          "is sooner, longer ticks"),

@@ -166,9 +166,11 @@ class SloPolicy:
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> SloPolicy:
-        # The knobs' values were checked against these fields' types (uma.sched.knobs).
+        # The knobs' values were checked against these fields' types (uma.sched.knobs); the
+        # bound policy's own knobs are not this policy's.
+        fields = {f.name for f in dataclasses.fields(cls)}
         return cls(latency_cap=config.latency_cap, tick_budget_ms=config.tick_budget_ms,
-                   **dict(config.slo))  # type: ignore[arg-type]
+                   **{k: v for k, v in config.slo if k in fields})  # type: ignore[arg-type]
 
     def admit(self, waiting: Sequence[Waiting], free: int) -> tuple[int, ...]:
         return admit_by_class(waiting, free)

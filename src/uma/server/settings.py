@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from uma.config import EngineConfig, ServerConfig, default_socket_path
 from uma.errors import InvalidRequestError
+from uma.sched.bound import BoundPolicy
 from uma.sched.knobs import KNOBS, Knob
 from uma.sched.slo import SloPolicy
 
@@ -71,13 +72,14 @@ def _s(name, kind, default, help, field="", flag=True):
 
 
 def _knob(knob: Knob) -> Setting:
-    """A scheduling-policy knob, shown with SloPolicy's default."""
+    """A scheduling-policy knob, shown with its policy's default; a flag only where the knob
+    is one a user may need (the rest: the file, its [slo] table, or the environment)."""
     value = knob.default
     if isinstance(value, bool):
         shown = "on" if value else "off"  # as the switches above show theirs
     else:
         shown = f"{value:g}" if isinstance(value, float) else str(value)
-    return Setting(knob.name, knob.kind, shown, knob.help, "slo", knob.name)
+    return Setting(knob.name, knob.kind, shown, knob.help, "slo", knob.name, knob.flag)
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -204,12 +206,13 @@ class Settings:
     def table(self) -> list[tuple[str, object, str]]:
         """(setting, effective value, where it came from) for every setting."""
         rows = []
-        policy = SloPolicy.from_config(self.engine)  # the knobs' effective values
+        # the knobs' effective values: each from the policy that has the field
+        policies = (BoundPolicy.from_config(self.engine), SloPolicy.from_config(self.engine))
         for s in SETTINGS:
             if s.name in ("kv_type", "api_key_file"):
                 continue  # shown as type_k/type_v and api_key
             if s.config == "slo":
-                value = getattr(policy, s.field)
+                value = next(getattr(p, s.field) for p in policies if hasattr(p, s.field))
             elif s.config:
                 value = getattr(self.engine if s.config == "engine" else self.server, s.field)
             else:
@@ -239,6 +242,7 @@ def read_file(path: str | os.PathLike) -> Source:
         raise InvalidRequestError(f"config file {path} is a directory") from None
     except tomllib.TOMLDecodeError as exc:
         raise InvalidRequestError(f"{path} is not valid TOML: {exc}") from None
+    data = _flattened_slo_table(data, path)
     unknown = sorted(set(data) - NAMES)
     if unknown:
         raise InvalidRequestError(
@@ -247,6 +251,26 @@ def read_file(path: str | os.PathLike) -> Source:
     for name, value in data.items():
         _check_kind(name, value, source)
     return source
+
+
+def _flattened_slo_table(data: dict[str, object], path: str | os.PathLike) -> dict[str, object]:
+    """The file's [slo] table (the scheduling policy's knobs, docs/CONFIG.md) read as if its
+    keys were at the top: only knobs may be in it, each given once."""
+    table = data.get("slo")
+    if table is None:
+        return data
+    if not isinstance(table, dict):
+        raise InvalidRequestError(f"{path}: slo must be a table of scheduling knobs")
+    knobs = {s.name for s in SETTINGS if s.config == "slo"}
+    wrong = sorted(set(table) - knobs)
+    if wrong:
+        raise InvalidRequestError(f"{path}: [slo] holds scheduling knobs only, not "
+                                  f"{', '.join(wrong)}; known: {', '.join(sorted(knobs))}")
+    twice = sorted(set(table) & set(data))
+    if twice:
+        raise InvalidRequestError(f"{path}: {', '.join(twice)} given both in [slo] and at "
+                                  f"the top")
+    return {**{k: v for k, v in data.items() if k != "slo"}, **table}
 
 
 def from_environment(environ: Mapping[str, str] = os.environ) -> Source:
