@@ -109,6 +109,17 @@ def test_draws_follow_the_distribution(sampler):
     np.testing.assert_allclose(freq, [0.5, 0.3, 0.2], atol=0.04)
 
 
+def test_rows_of_one_slot_draw_in_row_order_however_many(sampler):
+    # a job large enough for the row-parallel pool: rows sharing a slot must still take
+    # its RNG in row order (shared between threads they raced, and once crashed)
+    logits = np.random.default_rng(3).normal(size=(2000, VOCAB)).astype(np.float32)
+    sampler.configure(0, temperature=1.0, seed=11, repeat_penalty=1.1)
+    together = sampler.sample_array(logits, [0] * 2000)
+    sampler.configure(0, temperature=1.0, seed=11, repeat_penalty=1.1)
+    one_by_one = [int(sampler.sample_array(logits[i:i + 1], [0])[0]) for i in range(2000)]
+    assert list(together) == one_by_one
+
+
 def test_tempered_draws_follow_the_scaled_distribution_within_min_p(sampler):
     # temperature and min-p alone take the sampler's direct draw (no candidate list)
     logits = np.full(VOCAB, -30.0, dtype=np.float32)

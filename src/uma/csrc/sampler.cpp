@@ -417,10 +417,26 @@ void Sampler::sample_rows(Workspace & ws, const SampleJob & job, int32_t i) {
                                    mask);
 }
 
+bool Sampler::slots_repeat(const SampleJob & job) {
+    if (slot_job_.size() != slots_.size()) slot_job_.assign(slots_.size(), 0);
+    ++job_stamp_;
+    for (int32_t i = 0; i < job.n; ++i) {
+        uint64_t & stamp = slot_job_[static_cast<size_t>(job.slots[i])];
+        if (stamp == job_stamp_) return true;
+        stamp = job_stamp_;
+    }
+    return false;
+}
+
 void Sampler::sample(const SampleJob & job) {
-    // Below a few hundred thousand logits, waking threads costs more than it saves.
+    // Below a few hundred thousand logits, waking threads costs more than it saves. Rows that
+    // share a slot draw from its one RNG and grow its one penalty history, in row order: shared
+    // between threads they raced (a segfault, one run in a few hundred, when 4,000 rows of one
+    // slot were sampled together), so such a job runs on this thread alone. The engine's ticks
+    // have one row a slot.
     const bool parallel = ws_.size() > 1 && job.n > 1 &&
-                          static_cast<int64_t>(job.n) * n_vocab_ >= (1 << 18);
+                          static_cast<int64_t>(job.n) * n_vocab_ >= (1 << 18) &&
+                          !slots_repeat(job);
     if (!parallel) {
         for (int32_t i = 0; i < job.n; ++i) sample_rows(ws_[0], job, i);
         return;

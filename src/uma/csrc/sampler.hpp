@@ -141,6 +141,10 @@ private:
     int32_t n_vocab_;
     std::vector<Slot> slots_;
     std::vector<Workspace> ws_;   // ws_[0] for the calling thread, ws_[k] for pool thread k
+    // slot_job_[s] == job_stamp_: slot s already has a row in the job being checked
+    std::vector<uint64_t> slot_job_;
+    uint64_t job_stamp_ = 0;
+    bool slots_repeat(const SampleJob & job);
 
     // Row-parallel pool: threads take rows of pool_job_ through next_row_.
     std::vector<std::thread> pool_;
