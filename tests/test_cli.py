@@ -208,6 +208,7 @@ def test_config_shows_each_setting_and_where_it_came_from(tmp_path):
     assert shown["type_k"] == {"value": "q8_0", "from": f"kv_type in {conf}"}
     assert shown["parallel"] == {"value": 3, "from": "UMA_PARALLEL"}
     assert shown["batch"] == {"value": 2048, "from": "default"}
+    assert shown["ubatch"] == {"value": 512, "from": "default"}
     assert shown["model"]["value"] == "built-in demo model"
     r = uma("config", env={"UMA_FLASH_ATTN": "on"})  # documented values are text, not booleans
     assert r.returncode == 0 and "flash_attn" in r.stdout and "on  (UMA_FLASH_ATTN)" in r.stdout

@@ -219,6 +219,8 @@ class Settings:
                 value = self.log_level
             if s.name == "api_key" and value is not None:
                 value = "(set)"
+            elif s.name == "ubatch":
+                value = self.engine.ubatch  # the step llama.cpp is given, not "none"
             origin = self.origins.get(s.name, DEFAULT)
             where = "default" if origin.kind == "default" else origin.label(
                 _given_as(s.name, origin))
