@@ -36,6 +36,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from uma.config import EngineConfig
 from uma.sched.policy import (
@@ -43,6 +44,7 @@ from uma.sched.policy import (
     bmt_room,
     decode_kv,
     free_tail_share,
+    own_knobs,
     prefill_rank,
     prompt_chunk,
     rotated,
@@ -102,10 +104,8 @@ class BoundPolicy:
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> BoundPolicy:
-        fields = {f.name for f in dataclasses.fields(cls)}
-        options = {k: v for k, v in dict(config.slo).items() if k in fields}
         return cls(latency_cap=config.latency_cap, tick_budget_ms=config.tick_budget_ms,
-                   **options)  # type: ignore[arg-type]
+                   **own_knobs(cls, config.slo))  # type: ignore[arg-type]
 
     def admit(self, waiting: Sequence[Waiting], free: int) -> tuple[int, ...]:
         return admit_by_class(waiting, free)
@@ -117,9 +117,10 @@ class BoundPolicy:
         mem = remembered(self, state)
         limits = tick_limits(self, state, mem)
         decoders = served_decoders(self, state, limits)
-        first = first_tokens(self, state, limits, decoders)
-        back = background_chunks(self, state, limits, decoders, first, mem)
-        return settled(self, state, limits, decoders, first + back, mem)
+        decode_ms = state.cost.predict(0, len(decoders), decode_kv(decoders))
+        first = first_tokens(self, state, limits, decoders, decode_ms)
+        back = background_chunks(state, limits, decoders, decode_ms, first, mem)
+        return settled(state, limits, decoders, decode_ms, first, back, mem)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +135,18 @@ class Limits:
     pause: bool  # this tick may go past the line to give background work its share
     pause_ms: float  # a pause's time past the decode rows (0: no pause)
     back_ids: frozenset[int]  # the background sessions' sequences
+
+    @property
+    def tick_ms(self) -> float:
+        """What this tick may take: a pause's time, or the line's."""
+        return self.solo_ms + self.pause_ms if self.pause else self.line_ms
+
+
+class Chunks(NamedTuple):
+    """Prompt chunks of one kind, in batch order, and their time at the cost model's price."""
+
+    items: tuple[BatchItem, ...] = ()
+    ms: float = 0.0
 
 
 def remembered(policy: BoundPolicy, state: SchedulerState) -> BoundMemory:
@@ -230,7 +243,7 @@ def served_decoders(policy: BoundPolicy, state: SchedulerState,
     cost = state.cost
     served = [s for s in state.sessions
               if s.priority is Priority.INTERACTIVE and s.phase is Phase.DECODE]
-    limit_ms = lim.solo_ms + lim.pause_ms if lim.pause else lim.line_ms
+    limit_ms = lim.tick_ms
     back_dec = [s for s in state.sessions
                 if s.priority is Priority.BACKGROUND and s.phase is Phase.DECODE]
     kv = decode_kv(served)
@@ -245,7 +258,7 @@ def served_decoders(policy: BoundPolicy, state: SchedulerState,
 
 
 def first_tokens(policy: BoundPolicy, state: SchedulerState, lim: Limits,
-                 decoders: tuple[SessionView, ...]) -> tuple[BatchItem, ...]:
+                 decoders: tuple[SessionView, ...], decode_ms: float) -> Chunks:
     """New interactive prompts, before any background work. With no stream decoding each
     goes in whole. Beside streams, one with at most ttft_burst_tokens new tokens goes in
     whole where that keeps the tick within the gap bound; a longer one takes the chunk that
@@ -254,7 +267,6 @@ def first_tokens(policy: BoundPolicy, state: SchedulerState, lim: Limits,
     one token."""
     cost = state.cost
     rows = len(decoders)
-    decode_ms = cost.predict(0, rows, decode_kv(decoders))
     items: list[BatchItem] = []
     used, ms = 0, 0.0
     waiting = [s for s in shortest_background_first(state.sessions)
@@ -281,33 +293,29 @@ def first_tokens(policy: BoundPolicy, state: SchedulerState, lim: Limits,
         items.append(prompt_chunk(s, n))
         used += n
         ms += cost.prefill_ms(n, s.n_past, at)
-    return tuple(items)
+    return Chunks(tuple(items), ms)
 
 
-def background_chunks(policy: BoundPolicy, state: SchedulerState, lim: Limits,
-                      decoders: tuple[SessionView, ...], first: tuple[BatchItem, ...],
-                      mem: BoundMemory) -> tuple[BatchItem, ...]:
-    """Background prompt chunks, shortest prompt first, each priced at its own depth, in what
-    the tick's limit leaves after the decoders and the first tokens: the line's, or a
-    pause's. At most the cap (the measured bound) and the bandwidth guard's tokens. A pause,
-    and a tick with nothing else in it, moves at least one token (the cost model may
-    overprice a deep prompt; what one token really costs then corrects it)."""
+def background_chunks(state: SchedulerState, lim: Limits, decoders: tuple[SessionView, ...],
+                      decode_ms: float, first: Chunks, mem: BoundMemory) -> Chunks:
+    """Background prompt chunks, shortest prompt first, each priced at its own depth (× the
+    measured price), in what the tick's limit leaves after the decoders and the first
+    tokens: the line's, or a pause's. At most the cap (the slow start) and the bandwidth
+    guard's tokens. A pause, and a tick with nothing else in it, moves at least one token
+    (the cost model may overprice a deep prompt; what one token really costs then corrects
+    it). Their time is returned at the model's price, unmeasured."""
     cost = state.cost
     prompts = [s for s in shortest_background_first(state.sessions)
                if s.phase is Phase.PREFILL and s.seq_id in lim.back_ids]
     if not prompts:
-        return ()
+        return Chunks()
     rows = len(decoders)
-    by_seq = {s.seq_id: s for s in state.sessions}
-    used = sum(i.n_tokens for i in first)
-    spent_ms = cost.predict(0, rows, decode_kv(decoders)) + sum(
-        cost.prefill_ms(i.n_tokens, by_seq[i.seq_id].n_past, rows + k)
-        for k, i in zip(_starts(first), first, strict=True))
-    limit_ms = lim.solo_ms + lim.pause_ms if lim.pause else lim.line_ms
-    spare_ms = limit_ms - spent_ms
-    cap = min(mem.cap, bmt_room(state, limit_ms, decoders, state.n_batch - rows - used))
-    must = lim.pause or (not lim.streams and not first)
+    used = sum(i.n_tokens for i in first.items)
+    spare_ms = lim.tick_ms - decode_ms - first.ms
+    cap = min(mem.cap, bmt_room(state, lim.tick_ms, decoders, state.n_batch - rows - used))
+    must = lim.pause or (not lim.streams and not first.items)
     items: list[BatchItem] = []
+    ms = 0.0
     for s in prompts:
         at = rows + used
         n = fitting(state, spare_ms / mem.price, s.n_past, at,
@@ -318,9 +326,11 @@ def background_chunks(policy: BoundPolicy, state: SchedulerState, lim: Limits,
         if n <= 0:
             break
         items.append(prompt_chunk(s, n))
-        spare_ms -= mem.price * cost.prefill_ms(n, s.n_past, at)
+        chunk_ms = cost.prefill_ms(n, s.n_past, at)
+        spare_ms -= mem.price * chunk_ms
+        ms += chunk_ms
         used += n
-    return tuple(items)
+    return Chunks(tuple(items), ms)
 
 
 def fitting(state: SchedulerState, ms: float, depth: int, rows: int, most: int) -> int:
@@ -342,48 +352,30 @@ def fitting(state: SchedulerState, ms: float, depth: int, rows: int, most: int) 
     return lo
 
 
-def _starts(items: tuple[BatchItem, ...]) -> list[int]:
-    """Each item's offset in rows from the first item."""
-    out, at = [], 0
-    for i in items:
-        out.append(at)
-        at += i.n_tokens
-    return out
-
-
-def settled(policy: BoundPolicy, state: SchedulerState, lim: Limits,
-            decoders: tuple[SessionView, ...], prefill: tuple[BatchItem, ...],
-            mem: BoundMemory) -> Plan:
+def settled(state: SchedulerState, lim: Limits, decoders: tuple[SessionView, ...],
+            decode_ms: float, first: Chunks, back: Chunks, mem: BoundMemory) -> Plan:
     """The plan, its figures, and what the next tick must remember."""
-    cost = state.cost
-    by_seq = {s.seq_id: s for s in state.sessions}
     rows = len(decoders)
-    decode_ms = predicted = cost.predict(0, rows, decode_kv(decoders))
-    for k, i in zip(_starts(prefill), prefill, strict=True):
-        ms = cost.prefill_ms(i.n_tokens, by_seq[i.seq_id].n_past, rows + k)
-        if i.seq_id in lim.back_ids:
-            predicted += mem.price * ms
-        else:
-            decode_ms += ms
-            predicted += ms
-    back_tokens = sum(i.n_tokens for i in prefill if i.seq_id in lim.back_ids)
+    own_ms = decode_ms + first.ms  # all but the background chunks
+    predicted = own_ms + mem.price * back.ms
+    back_tokens = sum(i.n_tokens for i in back.items)
     back_decoders = frozenset(s.seq_id for s in decoders if s.seq_id in lim.back_ids)
     paused = lim.pause and (back_tokens > 0 or bool(back_decoders)) \
         and predicted > lim.line_ms + 1e-9
     mem = dataclasses.replace(mem, since_pause=0 if paused else mem.since_pause,
-                              planned_ms=predicted, decode_ms=decode_ms,
+                              planned_ms=predicted, decode_ms=own_ms,
                               back_tokens=back_tokens)
     served = {s.seq_id for s in decoders}
     parked = frozenset(s.seq_id for s in state.sessions
                        if s.phase is Phase.DECODE and s.seq_id not in served)
+    prefill = first.items + back.items
     notes = PlanNotes(
-        budget_ms=lim.solo_ms + lim.pause_ms if paused else lim.line_ms,
+        budget_ms=lim.tick_ms if paused else lim.line_ms,
         predicted_ms=predicted, line_ms=lim.line_ms, target_ms=lim.target_ms,
         pause_ms=lim.pause_ms, served_decoders=rows, parked=len(parked), parked_seqs=parked,
         chunk_cap=mem.cap, overruns=mem.overruns,
         bmt_bytes=state.bmt.tick_bytes(rows + sum(i.n_tokens for i in prefill),
                                        sum(s.n_past for s in decoders)) if state.bmt else 0.0,
-        background=back_decoders | frozenset(i.seq_id for i in prefill
-                                             if i.seq_id in lim.back_ids))
+        background=back_decoders | frozenset(i.seq_id for i in back.items))
     items = [BatchItem(s.seq_id, Phase.DECODE, 1, logits=True) for s in decoders] + list(prefill)
     return Plan(items=tuple(items), token_budget=rows + mem.cap, notes=notes, memory=mem)

@@ -72,11 +72,6 @@ class Knob:
         value: KnobValue = getattr(policy, self.name)
         return value
 
-    @property
-    def policy(self) -> str:
-        """The policy that reads it ("bound" also covers the fields both have)."""
-        return "bound" if self.name in _BOUND_FIELDS else "slo"
-
 
 _FIELD_TYPES = {**typing.get_type_hints(SloPolicy), **typing.get_type_hints(BoundPolicy)}
 _BOUND, _SLO = BoundPolicy(), SloPolicy()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 from uma.sched.cost import attended
@@ -127,6 +127,13 @@ def chunk_prefills(sessions: Sequence[SessionView], budget: int) -> list[BatchIt
         items.append(prompt_chunk(s, n))
         budget -= n
     return items
+
+
+def own_knobs(policy: type, knobs: Iterable[tuple[str, object]]) -> dict[str, object]:
+    """The knobs given (EngineConfig.slo, checked by uma.sched.knobs) that are fields of this
+    policy dataclass: each policy reads its own and leaves the other's."""
+    fields = {f.name for f in dataclasses.fields(policy)}
+    return {name: value for name, value in knobs if name in fields}
 
 
 def ttft_chunk_ms(work_ms: float, overhead_ms: float, beside_ms: float,

@@ -65,6 +65,7 @@ from uma.sched.policy import (
     bmt_room,
     decode_kv,
     free_tail_share,
+    own_knobs,
     prefill_rank,
     prompt_chunk,
     rotated,
@@ -166,11 +167,8 @@ class SloPolicy:
 
     @classmethod
     def from_config(cls, config: EngineConfig) -> SloPolicy:
-        # The knobs' values were checked against these fields' types (uma.sched.knobs); the
-        # bound policy's own knobs are not this policy's.
-        fields = {f.name for f in dataclasses.fields(cls)}
         return cls(latency_cap=config.latency_cap, tick_budget_ms=config.tick_budget_ms,
-                   **{k: v for k, v in config.slo if k in fields})  # type: ignore[arg-type]
+                   **own_knobs(cls, config.slo))  # type: ignore[arg-type]
 
     def admit(self, waiting: Sequence[Waiting], free: int) -> tuple[int, ...]:
         return admit_by_class(waiting, free)
@@ -234,11 +232,6 @@ class SloPolicy:
             used += n
             spare_ms -= cost.prefill_ms(n, s.n_past, at)
         return items
-
-    def _bmt_room(self, state: SchedulerState, budget_ms: float, served: list[SessionView],
-                  allowance: int) -> int:
-        """The prompt allowance shrunk until the tick's bytes fit bandwidth × budget."""
-        return bmt_room(state, budget_ms, served, allowance)
 
     def _pause_share(self, state: SchedulerState, cap: float) -> float:
         """The share of ticks background work may push past the p95 line. The streams' p95 may
@@ -551,8 +544,7 @@ def bmt_guard(policy: SloPolicy, state: SchedulerState, d: Lanes, b: Budget, dec
     """The ΣBMT guard and the slow start: the most background prompt tokens, capped where the
     tick's bytes would pass bandwidth × budget, and at twice the largest chunk last run in
     budget."""
-    return min(a.room, d.mem.chunk_cap, policy._bmt_room(state, b.budget_ms, list(dec.served),
-                                                          a.room))
+    return min(a.room, d.mem.chunk_cap, bmt_room(state, b.budget_ms, dec.served, a.room))
 
 
 def first_tokens(policy: SloPolicy, state: SchedulerState, d: Lanes,
