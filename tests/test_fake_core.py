@@ -779,7 +779,6 @@ def test_a_snapshot_does_not_hold_up_a_queued_request():
     # running, but B waiting: an untimed snapshot (a GPU's first) would delay B's admission by
     # its whole copy, so that entry leaves unsaved; B's end, with nobody waiting, snapshots.
     with make_engine(n_ctx=16384, n_seq_max=1, prefix_cache=1, prefix_cache_ram_mb=64) as e:
-        e._executor.prefix.snapshot_ms_per_token = None
         rng = np.random.default_rng(7)
         prompts = [rng.integers(100, 500, 40).astype(np.int32) for _ in range(3)]
         e.generate(prompts[0], max_tokens=4, ignore_eos=True)  # kept; nothing pushed out
@@ -792,12 +791,10 @@ def test_a_snapshot_does_not_hold_up_a_queued_request():
     assert snap["prefix_cache_unsaved_total"] == 1 and snap["prefix_cache_ram_bytes"] > 0
 
 
-def test_an_untimed_snapshot_waits_for_an_idle_moment():
-    """Where snapshots were never timed (a GPU's prefix cache has no prior), entries pushed out
-    while another request decodes leave unsaved and are counted; the first one pushed out
-    with nothing running is snapshotted and timed."""
+def test_an_entry_that_must_leave_at_once_waits_for_an_idle_moment():
+    """One spare sequence: entries pushed out for it while another request decodes leave
+    unsaved and are counted; the first one pushed out with nothing running is snapshotted."""
     with make_engine(n_ctx=16384, n_seq_max=2, prefix_cache=1, prefix_cache_ram_mb=64) as e:
-        e._executor.prefix.snapshot_ms_per_token = None
         rng = np.random.default_rng(3)
         long = e.submit(rng.integers(100, 500, 40).astype(np.int32), max_tokens=8000,
                         ignore_eos=True)
@@ -807,11 +804,11 @@ def test_an_untimed_snapshot_waits_for_an_idle_moment():
         busy = e.snapshot()
         long.cancel()
         assert long.result().finish_reason == "cancelled"  # it ran through all of the above
-        # Its result is out before the snapshot its release makes (_may_snapshot hands it on
+        # Its result is out before the snapshot its release makes (_may_hold hands it on
         # first); a request after it runs once that snapshot is done. It takes the sequence
         # the snapshot freed, so it pushes nothing out.
         e.generate("flush", max_tokens=1)
         idle = e.snapshot()
     assert busy["prefix_cache_unsaved_total"] == 2 and busy["prefix_cache_ram_bytes"] == 0
     assert idle["prefix_cache_unsaved_total"] == 2 and idle["prefix_cache_ram_bytes"] > 0
-    assert e._executor.prefix.snapshot_ms_per_token is not None
+    assert e._executor.prefix.snapshots.tokens_copied > 0

@@ -164,10 +164,7 @@ class Engine:
         spare = range(config.n_seq_max, self.ctx.n_seq_max)
         budget = (self.ctx.n_ctx // 2 if config.prefix_cache_tokens is None
                   else config.prefix_cache_tokens)
-        # A snapshot on a CPU is a copy within host memory, priced free until one is timed;
-        # a GPU's is unknown until then (uma.executor.Executor._may_snapshot).
-        prefix = KvPrefixCache(self.ctx, spare, budget, config.prefix_cache_ram_mb << 20,
-                               None if self._on_gpu("auto", config, core) else 0.0) \
+        prefix = KvPrefixCache(self.ctx, spare, budget, config.prefix_cache_ram_mb << 20) \
             if spare and budget else None
         self._executor = Executor(self.ctx, policy, self._output, self.metrics, core,
                                   n_running=config.n_seq_max, prefix=prefix,
@@ -274,7 +271,11 @@ class Engine:
         if not config.kv_unified or config.prefix_cache_tokens == 0:
             return 0
         room = int(core.max_parallel_sequences()) - config.n_seq_max
-        return max(0, min(config.prefix_cache, room))
+        # and one more, kept empty, through which entries leaving for host memory are copied
+        # in slices (uma.snapshots)
+        spares = max(0, min(config.prefix_cache, room))
+        scratch = spares > 0 and config.prefix_cache_ram_mb > 0 and room > spares
+        return spares + scratch
 
     @classmethod
     def _device_sampling(cls, config: EngineConfig, core: ModuleType) -> bool:
@@ -576,7 +577,7 @@ class Engine:
         while True:
             with self._cond:
                 while not (self._inbox or self._poked or self._closing or self._reprioritize
-                           or self._jobs or not self._idle()):
+                           or self._jobs or not self._idle() or ex.saving):
                     self._cond.wait()
                 inbox, self._inbox, self._poked = self._inbox, [], False
                 changes, self._reprioritize = self._reprioritize, []

@@ -52,6 +52,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("uma.executor")
 
+# The time the prefix cache's snapshots get per turn of the compute thread while nothing runs
+# or waits: what a request that comes in meanwhile may wait for before its first tick.
+IDLE_SAVE_MS = 10.0
+
 
 @dataclass(frozen=True, slots=True)
 class Ran:
@@ -143,7 +147,8 @@ class Executor:
             self.m.prefix_cached.fn = lambda: prefix.tokens
             self.m.prefix_ram.fn = lambda: prefix.ram_bytes
             prefix.on_evict = lambda tier: self.m.prefix_evicted[tier].inc()
-            prefix.may_snapshot = self._may_snapshot
+            prefix.idle = self._may_hold
+            prefix.on_unsaved = self.m.prefix_unsaved.inc
         self.bmt = bmt
         self.bmt_budget_gbps = bmt_budget_gbps
         self.m.bmt_budget.set(bmt_budget_gbps)
@@ -274,7 +279,7 @@ class Executor:
         self.m.running.set(len(self.running))
         self.m.kv_cells.set(sum(r.n_past for r in self.running.values()))
         # Its result is queued before its KV goes to the prefix cache, whose snapshot of an
-        # entry leaving for room may stall this thread: the output goes out first (_may_snapshot).
+        # entry leaving for room may hold this thread: the output goes out first (_may_hold).
         self._outbox.append((END, req, reason, error, time.monotonic_ns(), False))
         if seq >= 0:
             if reason != "error":
@@ -418,26 +423,40 @@ class Executor:
         decoded = np.concatenate([req.prompt, np.asarray(req.generated, np.int32)])
         self.prefix.keep(seq, decoded[:req.n_past])
 
-    def _may_snapshot(self, predicted_ms: float | None) -> bool:
-        """Whether the prefix cache may snapshot an entry leaving the KV cache now: the copy
-        stalls every running stream for its time, and delays every queued request's
-        admission, so it is taken when nothing runs or waits, or when it is predicted to take
-        at most one decode tick of what runs (a pause of two ticks at most, within the
-        latency guard's worst-pause bound). A device whose snapshots were never timed (a GPU:
-        no prior) times its first while idle. Refused, the entry leaves unsaved. Allowed,
-        what the ticks so far produced is handed on first: the copy holds this thread, and a
-        request that had just ended waited behind it for its last token and its result (367
-        ms on an H100, a storm's worst gap: the snapshot of the entry that the storm's last
-        stream pushed out as it ended)."""
-        allowed = not self.running and not any(self.waiting.values())
-        if not allowed and predicted_ms is not None:
-            kv = sum(r.n_past for r in self.running.values())
-            allowed = predicted_ms <= self.cost.estimate.predict(0, len(self.running), kv)
-        if not allowed:
-            self.m.prefix_unsaved.inc()
+    def _may_hold(self) -> bool:
+        """Whether the prefix cache may hold this thread for a whole snapshot of an entry that
+        must leave at once: only while nothing runs or waits, and then what the ticks so far
+        produced is handed on first (a request that had just ended waited behind such a copy
+        for its last token: 367 ms on an H100). Otherwise entries leave in slices between
+        ticks (_save)."""
+        if self.running or any(self.waiting.values()):
             return False
         self._flush()
         return True
+
+    def _save(self, plan: Plan) -> None:
+        """Gives the prefix cache's leaving entries the time this tick left under its budget
+        (none where its plan kept no figures), or IDLE_SAVE_MS while nothing runs or waits,
+        turn after turn of the compute thread until a request comes in: their snapshots
+        go in slices, so a stream waits at most one slice past the time its tick was
+        allowed."""
+        prefix = self.prefix
+        if prefix is None or not prefix.saving:
+            return
+        if self.idle:
+            budget_ms = IDLE_SAVE_MS
+        else:
+            allowed = plan.notes.budget_ms if plan.notes is not None else 0.0
+            budget_ms = allowed - 1e3 * (time.perf_counter() - self._tick_start)
+        if budget_ms > 0:
+            self._flush()
+            prefix.save(budget_ms)
+
+    @property
+    def saving(self) -> bool:
+        """Whether the prefix cache has snapshots to take between ticks (the compute thread
+        keeps turning for them while nothing else runs)."""
+        return self.prefix is not None and self.prefix.saving
 
     def _route(self, req: Request) -> None:
         """Picks where the request's rows are sampled. A sequence keeps its device chain
@@ -465,11 +484,13 @@ class Executor:
         (another context's tick, uma.background), which is not this tick's."""
         if not plan.items:
             self._flush()
+            self._save(plan)
             return False
         self._tick_start += away_s
         plan = self.build(plan)
         ran = self.run(plan)
         self.apply(ran)
+        self._save(ran.plan)
         return True
 
     def plan(self) -> Plan:

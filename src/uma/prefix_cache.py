@@ -14,12 +14,11 @@ recency); this module owns the spare sequences and the calls into the context. E
 least recently used first when the spare sequences or the token budget run out, and whenever
 the KV cache has no room for running work (`evict_one`): the cache never fails a request.
 An entry that leaves is snapshotted to host memory first (`llama_state_seq_get_data`) while
-the RAM budget allows, and while the executor lets it (`may_snapshot`): llama.cpp reads a
-sequence's state one run of cells at a time per layer, and a request that decoded beside
-others holds a cell every few, so on a GPU whose every read waits for the device the snapshot
-can stall all streams (160 tokens decoded beside 7 others: 197 ms on an H100 under Vulkan,
-2 ms for the same tokens in one run). A later prompt can get a snapshot restored
-(`_set_data`) into its sequence, trimmed to the match. Which tier a prompt starts from is
+the RAM budget allows: an entry over the token budget or the spare sequences leaves through
+uma.snapshots, copied in slices in the time ticks leave free (`save`), its cells held until
+copied; one that must leave at once, for room a running request needs now, is copied whole
+only where nothing runs or waits (`idle`), and otherwise dropped unsaved. A later prompt can get
+a snapshot restored into its sequence, trimmed to the match. Which tier a prompt starts from is
 uma.sched.reuse's choice: this module finds the candidates and carries the choice out
 (`reuse`).
 """
@@ -36,6 +35,7 @@ from uma.errors import UmaError
 from uma.prefix_index import PrefixIndex
 from uma.sched.cost import CostEstimate
 from uma.sched.reuse import MIN_REUSE_TOKENS, RESTORE_BYTES_PER_MS, Candidates, choose_reuse
+from uma.snapshots import Part, Snapshots
 
 if TYPE_CHECKING:
     from uma import _core
@@ -46,18 +46,23 @@ class KvPrefixCache:
     Used by the executor's thread only."""
 
     def __init__(self, ctx: _core.Context, seqs: range, budget: int,
-                 ram_budget: int = 0, snapshot_ms_per_token: float | None = None) -> None:
+                 ram_budget: int = 0) -> None:
         """ram_budget: bytes of host memory for snapshots of entries that leave the KV cache
-        (0: they are dropped). snapshot_ms_per_token: what a snapshot is expected to cost
-        before one is timed (None: unknown, as on a GPU)."""
+        (0: they are dropped). With a RAM budget and two sequences or more, the last of `seqs`
+        is kept empty for slicing snapshots (uma.snapshots)."""
         self.ctx = ctx
         self.budget = budget
         self.ram_budget = ram_budget
         self.index = PrefixIndex()
-        self._free = list(seqs)
+        slicing = ram_budget > 0 and len(seqs) >= 2
+        self._free = list(seqs[:-1] if slicing else seqs)
+        # spare sequences kept free while entries leave in slices, so that a request that ends
+        # finds one without an entry dropped unsaved (none with a handful of spares or fewer)
+        self._reserve = 1 if len(self._free) >= 4 else 0
+        self.snapshots = Snapshots(ctx, seqs[-1] if slicing else None)
         self._seq_of: dict[int, int] = {}  # "kv" entry -> the spare sequence holding its cells
         self._tokens_of: dict[int, np.ndarray] = {}  # "kv" entry -> its tokens (to snapshot)
-        self._snapshot: dict[int, bytes] = {}  # "ram" entry -> its sequence state
+        self._snapshot: dict[int, tuple[Part, ...]] = {}  # "ram" entry -> its state, in slices
         self.restored_bytes = 0  # snapshot bytes read back into the KV cache, in all
         self.restore_ms = 0.0  # the time those restores took: the bandwidth they are priced at
         # (not the snapshots': llama.cpp reads a sequence's state off a GPU at a seventh of the
@@ -65,12 +70,10 @@ class KvPrefixCache:
         # called as an entry leaves a tier for room: "kv" (the KV cache, snapshotted or not),
         # "ram" (a snapshot, for the RAM budget); the executor counts them
         self.on_evict: Callable[[str], None] = lambda tier: None
-        # asked before each snapshot with its predicted ms (None: none timed yet, no prior);
-        # False drops the entry unsaved (the executor's: uma.executor.Executor._may_snapshot)
-        self.may_snapshot: Callable[[float | None], bool] = lambda predicted_ms: True
-        self.snapshot_ms_per_token = snapshot_ms_per_token  # timed snapshots, weighted to
-        # the recent ones (a run of cells or a scattered sequence: 100x apart on a GPU)
-        self.snapshot_seconds = 0.0  # the time snapshots took, in all (not the ticks' work)
+        self.on_unsaved: Callable[[], None] = lambda: None  # an entry worth saving was not
+        # whether nothing runs or waits: an entry that must leave at once is copied whole
+        # then, and dropped unsaved otherwise (the executor's)
+        self.idle: Callable[[], bool] = lambda: True
 
     def __len__(self) -> int:
         return len(self._seq_of)
@@ -84,6 +87,16 @@ class KvPrefixCache:
     def ram_bytes(self) -> int:
         """Bytes the host-memory snapshots take."""
         return self.index.total("ram")
+
+    @property
+    def snapshot_seconds(self) -> float:
+        """The time snapshots took, in all (none of the ticks' work)."""
+        return self.snapshots.seconds
+
+    @property
+    def saving(self) -> bool:
+        """Whether entries are leaving in slices: `save` has work."""
+        return bool(self.snapshots)
 
     def keep(self, seq: int, tokens: np.ndarray) -> None:
         """A request on `seq` ended holding the KV of `tokens` (positions 0..len-1): keeps
@@ -103,7 +116,19 @@ class KvPrefixCache:
         self._seq_of[entry] = spare
         self._tokens_of[entry] = np.array(tokens, np.int32)
         for victim in self.index.evictions("kv", self.budget).victims:
-            self._drop(victim)
+            self._leave(victim)
+        while len(self._free) < self._reserve and len(self._seq_of) > 1:
+            victims = self.index.evictions("kv", self.index.total("kv") - 1).victims
+            if not victims:
+                break
+            self._leave(victims[0])
+
+    def save(self, budget_ms: float) -> None:
+        """Copies slices of the leaving entries to host memory for about budget_ms at most
+        (uma.snapshots), and files those complete in the "ram" tier."""
+        for job in self.snapshots.work(budget_ms):
+            self._file(job.tokens, tuple(job.parts))
+            self._release(job.seq)
 
     @property
     def restore_bytes_per_ms(self) -> float:
@@ -124,7 +149,7 @@ class KvPrefixCache:
         last = len(tokens) - 1
         candidates = Candidates(min(kv.length, last) if kv is not None else 0,
                                 min(ram.length, last) if ram is not None else 0,
-                                len(self._snapshot[ram.entry]) if ram is not None else 0)
+                                _nbytes(self._snapshot[ram.entry]) if ram is not None else 0)
         choice = choose_reuse(candidates, cost or CostEstimate(), self.restore_bytes_per_ms,
                               prompt_ms_per_token)
         if choice.tier == "ram" and ram is not None:
@@ -138,68 +163,92 @@ class KvPrefixCache:
     def _restore(self, seq: int, entry: int, n: int) -> bool:
         """Reads a snapshot back into the empty sequence `seq`, keeping its first n positions;
         False (and `seq` left empty) where the KV cache has no room for it."""
-        data = self._snapshot[entry]
         start = time.perf_counter()
         try:
-            self.ctx.set_seq_state(seq, data)
+            read = self.snapshots.restore(seq, self._snapshot[entry], n)
         except UmaError:
-            self.ctx.seq_rm(seq)
             return False
         self.restore_ms += 1e3 * (time.perf_counter() - start)
         self.ctx.seq_rm(seq, n, -1)
         self.index.touch(entry)
-        self.restored_bytes += len(data)
+        self.restored_bytes += read
         return True
 
     def evict_one(self) -> bool:
-        """Takes the least recently used entry out of the KV cache (to host memory where the
-        budget allows); False when there is none."""
+        """Frees cells now, for a running request or a spare sequence: an entry still leaving
+        in slices first (dropped unsaved), else the least recently used entry (copied whole
+        where nothing runs or waits, dropped unsaved otherwise). False when there is none."""
+        job = self.snapshots.drop_oldest()
+        if job is not None:
+            self.on_unsaved()
+            self._release(job.seq)
+            return True
         if not self._seq_of:
             return False
         victims = self.index.evictions("kv", self.index.total("kv") - 1).victims
         if not victims:
             return False
-        self._drop(victims[0])
+        self._leave_now(*self._forget(victims[0]))
         return True
 
     def clear(self) -> None:
+        while (job := self.snapshots.drop_oldest()) is not None:
+            self._release(job.seq)
         for entry in list(self._seq_of):
-            self._drop(entry, keep=False)
+            self._release(self._forget(entry, counted=False)[0])
         for entry in list(self._snapshot):
             self.index.remove(entry)
             del self._snapshot[entry]
 
-    def _drop(self, entry: int, keep: bool = True) -> None:
-        """An entry leaves the KV cache: snapshotted to host memory where the budget allows
-        (the PagedKV idea: an idle chat's KV leaves the device and comes back on its next
-        turn), then its cells are freed."""
+    def _leave(self, entry: int) -> None:
+        """An entry leaves the KV cache for the budget: through slices where it is worth a
+        snapshot (the PagedKV idea: an idle chat's KV leaves the device and comes back on its
+        next turn), its cells held until copied; freed at once otherwise."""
+        spare, tokens = self._forget(entry)
+        if self._worth_saving(tokens) and self.snapshots.scratch is not None:
+            self.snapshots.start(tokens, spare)
+        else:
+            self._leave_now(spare, tokens)
+
+    def _leave_now(self, spare: int, tokens: np.ndarray) -> None:
+        """An entry's cells are freed now: copied whole first where it is worth it and
+        nothing runs or waits, counted unsaved where something does."""
+        if self._worth_saving(tokens):
+            if self.idle():
+                self._file(tokens, self.snapshots.whole(tokens, spare))
+            else:
+                self.on_unsaved()
+        self._release(spare)
+
+    def _forget(self, entry: int, counted: bool = True) -> tuple[int, np.ndarray]:
+        """Takes the entry out of the "kv" tier; returns its sequence and tokens."""
         spare = self._seq_of.pop(entry)
         tokens = self._tokens_of.pop(entry)
-        if keep and self.ram_budget and self.index.covering(tokens, "ram") is None:
-            data = self._snapshot_of(spare, len(tokens))
-            if data is not None and len(data) <= self.ram_budget:
-                saved = self.index.insert(tokens, "ram", nbytes=len(data))
-                self._snapshot[saved] = data
-                for victim in self.index.evictions("ram", self.ram_budget).victims:
-                    self.index.remove(victim)
-                    del self._snapshot[victim]
-                    self.on_evict("ram")
-        self.ctx.seq_rm(spare)  # frees the cells no running request shares
         self.index.remove(entry)
-        self._free.append(spare)
-        if keep:
+        if counted:
             self.on_evict("kv")
+        return spare, tokens
 
-    def _snapshot_of(self, seq: int, n_tokens: int) -> bytes | None:
-        """The sequence's state, timed into snapshot_ms_per_token; None where may_snapshot
-        refuses the predicted time."""
-        rate = self.snapshot_ms_per_token
-        if not self.may_snapshot(None if rate is None else rate * n_tokens):
-            return None
-        start = time.perf_counter()
-        data = self.ctx.seq_state(seq)
-        took = time.perf_counter() - start
-        self.snapshot_seconds += took
-        per_token = 1e3 * took / max(1, n_tokens)
-        self.snapshot_ms_per_token = per_token if rate is None else 0.5 * (rate + per_token)
-        return data
+    def _worth_saving(self, tokens: np.ndarray) -> bool:
+        return self.ram_budget > 0 and self.index.covering(tokens, "ram") is None
+
+    def _file(self, tokens: np.ndarray, parts: tuple[Part, ...]) -> None:
+        """Keeps a complete snapshot in the "ram" tier, within the RAM budget."""
+        nbytes = _nbytes(parts)
+        if nbytes > self.ram_budget or self.index.covering(tokens, "ram") is not None:
+            return
+        saved = self.index.insert(tokens, "ram", nbytes=nbytes)
+        self._snapshot[saved] = parts
+        for victim in self.index.evictions("ram", self.ram_budget).victims:
+            self.index.remove(victim)
+            del self._snapshot[victim]
+            self.on_evict("ram")
+
+    def _release(self, spare: int) -> None:
+        """Frees the cells of a spare sequence no running request shares, and the sequence."""
+        self.ctx.seq_rm(spare)
+        self._free.append(spare)
+
+
+def _nbytes(parts: tuple[Part, ...]) -> int:
+    return sum(len(p.data) for p in parts)
