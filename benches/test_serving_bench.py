@@ -11,7 +11,7 @@ from uma import synth
 from uma.sched.cost import CostEstimate, row_steps
 from uma.sched.policies import create_policy
 from uma.sched.state import Phase, Priority, SchedulerState, SessionView
-from uma.server import framing, protocol
+from uma.wire import framing, protocol
 
 
 def test_reference_calibration(benchmark):

@@ -21,7 +21,7 @@ import uma as uma_pkg
 from uma import cli, service, synth, testing
 from uma.chat import ChatSession
 from uma.client import Client
-from uma.sched.knobs import KNOBS
+from uma.knobs import KNOBS
 from uma.sched.policies import create_policy
 from uma.sched.slo import SloPolicy
 from uma.server import main as server_main

@@ -32,8 +32,8 @@ from uma.client import (
 from uma.config import SamplingParams
 from uma.errors import ClosedError, InvalidRequestError
 from uma.priority import Priority
-from uma.server import protocol as p
-from uma.server.framing import FrameDecoder, encode
+from uma.wire import protocol as p
+from uma.wire.framing import FrameDecoder, encode
 
 WAIT_S = 5.0  # bound on every wait; a test that hits it has failed
 

@@ -16,12 +16,13 @@ import uma
 MODULES = ["uma"] + sorted(m.name for m in pkgutil.walk_packages(uma.__path__, "uma.")
                  if m.name not in ("uma.__main__", "uma._core"))
 # What must work where the core is not built yet: scheduling policies, configuration, the wire
-# protocol, the synthetic model writer, and the engine itself on the fake core.
-PURE = [m for m in MODULES if m.startswith("uma.sched")] + [
-    "uma", "uma.config", "uma.errors", "uma.priority", "uma.metrics", "uma.handle",
-    "uma.synth", "uma.service", "uma.server.framing", "uma.server.protocol",
-    "uma.server.settings", "uma.server.prometheus", "uma.engine", "uma.executor",
-    "uma.fake_core", "uma.testing", "uma.prefix_index",
+# protocol and the client that speaks it, the synthetic model writer, and the engine itself on
+# the fake core.
+PURE = [m for m in MODULES if m.startswith(("uma.sched", "uma.wire"))] + [
+    "uma", "uma.client", "uma.config", "uma.checks", "uma.knobs", "uma.errors", "uma.priority",
+    "uma.metrics", "uma.handle", "uma.synth", "uma.service", "uma.server.settings",
+    "uma.server.prometheus", "uma.engine", "uma.executor", "uma.fake_core", "uma.testing",
+    "uma.prefix_index",
 ]
 BLOCK_CORE = "import sys; sys.modules['uma._core'] = None; "
 

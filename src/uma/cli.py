@@ -76,7 +76,7 @@ def _opt(name: str, *decls: str):
 
 def _with_knob_options(command):
     """Adds a keyword parameter, and so a `uma run` option, for each scheduling-policy knob in
-    the settings table (uma.sched.knobs): typer reads the options from the signature, and a
+    the settings table (uma.knobs): typer reads the options from the signature, and a
     knob added to the policy gets its flag without a line here."""
     signature = inspect.signature(command, eval_str=True)
     params = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]

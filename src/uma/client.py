@@ -1,6 +1,6 @@
 """Clients of the UMA daemon (`uma run`): `Client` blocks, `AsyncClient` runs on asyncio.
 
-Both speak uma.server.framing's frames over the daemon's Unix socket, and many requests share one
+Both speak uma.wire.framing's frames over the daemon's Unix socket, and many requests share one
 connection: every event names its request's id, so events are routed to that request's stream as
 they arrive. The sync client has no reader thread: whichever call needs the next frame reads it
 and queues what belongs to other requests. Streams hand out the same `TokenEvent`s and `Result`
@@ -27,9 +27,9 @@ from uma.embeddings import Embeddings
 from uma.errors import ClosedError, InvalidRequestError, UmaError
 from uma.handle import Result, Timings, TokenEvent, TopLogprobs, Usage
 from uma.priority import Priority
-from uma.server.framing import FrameDecoder, FrameError, encode
-from uma.server.protocol import MAX_ID_CHARS, ProtocolError, parse_event
 from uma.tools import ToolCall
+from uma.wire.framing import FrameDecoder, FrameError, encode
+from uma.wire.protocol import MAX_ID_CHARS, ProtocolError, parse_event
 
 _READ_SIZE = 1 << 16
 _DEFAULTS = SamplingParams()
@@ -38,7 +38,7 @@ _NAN = float("nan")
 
 class ServerError(UmaError):
     """The daemon answered a request with an error event. Match on `code` (the E_* constants
-    of uma.server.protocol); `message` is for people."""
+    of uma.wire.protocol); `message` is for people."""
 
     def __init__(self, code: str, message: str, request_id: str | None = None) -> None:
         super().__init__(f"{code}: {message}")
@@ -61,7 +61,7 @@ def generate_request(request_id: str, prompt, params: SamplingParams | None = No
                      tools: Sequence[dict] | None = None, tool_choice: object = None,
                      response_format: dict | None = None, grammar: str | None = None,
                      **options) -> dict:
-    """The generate request map, as uma.server.protocol.parse_request reads it.
+    """The generate request map, as uma.wire.protocol.parse_request reads it.
 
     prompt: text, token ids (a sequence or numpy array of ints) or chat messages. options
     override fields of params and are checked here, as uma.Engine.submit checks them. Fields

@@ -7,14 +7,15 @@ in one of these dataclasses, whose constructors check every field and name the b
 from __future__ import annotations
 
 import ipaddress
-import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
+from uma import checks
 from uma.app import app_name, app_weight
-from uma.errors import InvalidRequestError, kind_of, shown
+from uma.errors import InvalidRequestError, shown
+from uma.knobs import check_knobs
 
 # The native sampler holds its options as 32-bit floats; every bound below keeps the values,
 # and what it computes from them (logits / temperature, logits / repeat_penalty), finite there.
@@ -27,32 +28,13 @@ MAX_PENALTY_LAST_N = 1 << 20
 _INT32_LIMIT = 1 << 31
 
 
-def _number(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidRequestError(f"{name} must be a number, not {kind_of(value)}")
-    try:
-        number = float(value)
-    except OverflowError:  # an integer beyond any float: 10**400
-        raise InvalidRequestError(f"{name} must be a finite number, not an integer of "
-                                  f"{value.bit_length()} bits") from None
-    if not math.isfinite(number):
-        raise InvalidRequestError(f"{name} must be finite, not {shown(value)}")
-    return number
-
-
 def _in_range(name: str, value: object, low: float, high: float, note: str = "") -> float:
     """value as a float, if low <= value <= high."""
-    number = _number(name, value)
+    number = checks.number(name, value)
     if not low <= number <= high:
         raise InvalidRequestError(
             f"{name} must be in [{low:g}, {high:g}]{note}, not {shown(value)}")
     return number
-
-
-def _integer(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequestError(f"{name} must be an integer, not {kind_of(value)}")
-    return value
 
 
 def check_sampling(
@@ -70,19 +52,19 @@ def check_sampling(
     """Raises InvalidRequestError naming the first sampler option out of range: the ranges the
     native sampler can hold and compute with (32-bit floats, C ints, a 64-bit seed)."""
     _in_range("temperature", temperature, 0.0, MAX_TEMPERATURE, " (0 is greedy)")
-    if not 0 <= _integer("top_k", top_k) < _INT32_LIMIT:
+    if not 0 <= checks.integer("top_k", top_k) < _INT32_LIMIT:
         raise InvalidRequestError(
             f"top_k must be in [0, 2**31) (0 disables it), not {shown(top_k)}")
-    if not 0.0 < _number("top_p", top_p) <= 1.0:
+    if not 0.0 < checks.number("top_p", top_p) <= 1.0:
         raise InvalidRequestError(f"top_p must be in (0, 1], not {shown(top_p)}")
     _in_range("min_p", min_p, 0.0, 1.0)
     _in_range("repeat_penalty", repeat_penalty, *REPEAT_PENALTY_RANGE, " (1 disables it)")
     _in_range("frequency_penalty", frequency_penalty, -2.0, 2.0)
     _in_range("presence_penalty", presence_penalty, -2.0, 2.0)
-    if not 0 <= _integer("penalty_last_n", penalty_last_n) <= MAX_PENALTY_LAST_N:
+    if not 0 <= checks.integer("penalty_last_n", penalty_last_n) <= MAX_PENALTY_LAST_N:
         raise InvalidRequestError(
             f"penalty_last_n must be in [0, {MAX_PENALTY_LAST_N}], not {shown(penalty_last_n)}")
-    if not 0 <= _integer("seed", seed) < 1 << 64:
+    if not 0 <= checks.integer("seed", seed) < 1 << 64:
         raise InvalidRequestError(f"seed must be in [0, 2**64), not {shown(seed)}")
 
 
@@ -167,7 +149,7 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         check_sampling(**{name: getattr(self, name) for name in _SAMPLER_OPTIONS})
-        if _integer("max_tokens", self.max_tokens) < 1:
+        if checks.integer("max_tokens", self.max_tokens) < 1:
             raise InvalidRequestError(f"max_tokens must be >= 1, not {shown(self.max_tokens)}")
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop
         if not isinstance(stop, (tuple, list)) or not all(isinstance(s, str) for s in stop):
@@ -179,7 +161,7 @@ class SamplingParams:
         for name in ("ignore_eos", "logprobs", "cache_prompt", "parse_special"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidRequestError(f"{name} must be a boolean")
-        if not 0 <= _integer("top_logprobs", self.top_logprobs) <= MAX_TOP_LOGPROBS:
+        if not 0 <= checks.integer("top_logprobs", self.top_logprobs) <= MAX_TOP_LOGPROBS:
             raise InvalidRequestError(
                 f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], not {shown(self.top_logprobs)}")
         if self.top_logprobs:
@@ -276,7 +258,7 @@ class EngineConfig:
     prefix_cache_tokens: int | None = None
     prefix_cache_ram_mb: int = 1024  # host memory for entries that leave the KV cache (0: none)
     # slo: the scheduling policy's knobs given, as (name, value) pairs (hashable, so the config
-    # stays frozen; a dict is taken too); the rest keep SloPolicy's defaults (uma.sched.knobs)
+    # stays frozen; a dict is taken too); the rest keep their policy's defaults (uma.knobs)
     slo: tuple[tuple[str, float | int | bool], ...] = ()
     # fair share between apps (uma.sched.fair): each app's weight, as (name, weight) pairs or a
     # dict (apps not named weigh 1); fair_share off: first come, first served within a class
@@ -317,18 +299,18 @@ class EngineConfig:
         if not isinstance(self.model, str) or not self.model:
             raise InvalidRequestError("model must be a path to a GGUF file")
         for name in ("n_ctx", "n_seq_max", "n_batch", "max_queue", "embedding_ctx"):
-            if not 1 <= _integer(name, getattr(self, name)) < _INT32_LIMIT:  # C ints
+            if not 1 <= checks.integer(name, getattr(self, name)) < _INT32_LIMIT:  # C ints
                 raise InvalidRequestError(
                     f"{name} must be in [1, 2**31), not {getattr(self, name)}")
         ubatch = self.n_ubatch
-        if ubatch is not None and not 1 <= _integer("n_ubatch", ubatch) <= self.n_batch:
+        if ubatch is not None and not 1 <= checks.integer("n_ubatch", ubatch) <= self.n_batch:
             raise InvalidRequestError(
                 f"n_ubatch must be in [1, n_batch={self.n_batch}], not {ubatch}")
         for name in ("n_threads", "n_threads_batch"):
             value = getattr(self, name)
-            if value is not None and not 1 <= _integer(name, value) < _INT32_LIMIT:
+            if value is not None and not 1 <= checks.integer(name, value) < _INT32_LIMIT:
                 raise InvalidRequestError(f"{name} must be in [1, 2**31), not {value}")
-        if not -1 <= _integer("n_gpu_layers", self.n_gpu_layers) < _INT32_LIMIT:
+        if not -1 <= checks.integer("n_gpu_layers", self.n_gpu_layers) < _INT32_LIMIT:
             raise InvalidRequestError(
                 f"n_gpu_layers must be in [-1, 2**31) (-1: all), not {self.n_gpu_layers}")
         for name in ("type_k", "type_v"):
@@ -348,22 +330,23 @@ class EngineConfig:
                     f"{name} must be 'auto', 'on' or 'off', not {getattr(self, name)!r}")
         if not isinstance(self.kv_unified, bool):
             raise InvalidRequestError("kv_unified must be a boolean")
-        if _number("tick_target_ms", self.tick_target_ms) <= 0:
+        if checks.number("tick_target_ms", self.tick_target_ms) <= 0:
             raise InvalidRequestError(f"tick_target_ms must be > 0, not {self.tick_target_ms}")
-        if _number("latency_cap", self.latency_cap) < 1.0:
+        if checks.number("latency_cap", self.latency_cap) < 1.0:
             raise InvalidRequestError(f"latency_cap must be >= 1, not {self.latency_cap}")
-        if self.tick_budget_ms is not None and _number("tick_budget_ms", self.tick_budget_ms) <= 0:
+        if self.tick_budget_ms is not None and checks.number(
+                "tick_budget_ms", self.tick_budget_ms) <= 0:
             raise InvalidRequestError(f"tick_budget_ms must be > 0, not {self.tick_budget_ms}")
-        if self.bmt_budget_gbps is not None and _number(
+        if self.bmt_budget_gbps is not None and checks.number(
                 "bmt_budget_gbps", self.bmt_budget_gbps) < 0:
             raise InvalidRequestError(f"bmt_budget_gbps must be >= 0, not {self.bmt_budget_gbps}")
-        if not 0 <= _integer("background_ctx", self.background_ctx) < _INT32_LIMIT:
+        if not 0 <= checks.integer("background_ctx", self.background_ctx) < _INT32_LIMIT:
             raise InvalidRequestError(
                 f"background_ctx must be in [0, 2**31) (0: off), not {self.background_ctx}")
-        if not 1 <= _integer("background_seqs", self.background_seqs) <= 64:
+        if not 1 <= checks.integer("background_seqs", self.background_seqs) <= 64:
             raise InvalidRequestError(
                 f"background_seqs must be in [1, 64], not {self.background_seqs}")
-        ride = _number("background_ride", self.background_ride)
+        ride = checks.number("background_ride", self.background_ride)
         if not (ride == 0 or 1 < ride <= 100):
             raise InvalidRequestError(
                 f"background_ride must be 0 (off) or in (1, 100], not {self.background_ride}")
@@ -371,14 +354,14 @@ class EngineConfig:
             raise InvalidRequestError(
                 f"background_ctx ({self.background_ctx}) must hold at least one position for "
                 f"each of background_seqs ({self.background_seqs})")
-        if not 0 <= _integer("prefix_cache", self.prefix_cache) <= 64:
+        if not 0 <= checks.integer("prefix_cache", self.prefix_cache) <= 64:
             raise InvalidRequestError(
                 f"prefix_cache must be in [0, 64] (0: off), not {self.prefix_cache}")
-        if self.prefix_cache_tokens is not None and not 0 <= _integer(
+        if self.prefix_cache_tokens is not None and not 0 <= checks.integer(
                 "prefix_cache_tokens", self.prefix_cache_tokens) < _INT32_LIMIT:
             raise InvalidRequestError(
                 f"prefix_cache_tokens must be in [0, 2**31), not {self.prefix_cache_tokens}")
-        if not 0 <= _integer("prefix_cache_ram_mb", self.prefix_cache_ram_mb) < 1 << 24:
+        if not 0 <= checks.integer("prefix_cache_ram_mb", self.prefix_cache_ram_mb) < 1 << 24:
             raise InvalidRequestError(
                 f"prefix_cache_ram_mb must be in [0, 2**24), not {self.prefix_cache_ram_mb}")
         if self.policy not in ("bound", "slo", "baseline"):
@@ -389,7 +372,7 @@ class EngineConfig:
             raise InvalidRequestError("chat_template must be a built-in name or a file path")
         if not isinstance(self.fair_share, bool):
             raise InvalidRequestError("fair_share must be a boolean")
-        if self.fair_quantum_ms is not None and _number(
+        if self.fair_quantum_ms is not None and checks.number(
                 "fair_quantum_ms", self.fair_quantum_ms) <= 0:
             raise InvalidRequestError(f"fair_quantum_ms must be > 0, not {self.fair_quantum_ms}")
         object.__setattr__(self, "rpc", check_endpoints(self.rpc))
@@ -398,9 +381,6 @@ class EngineConfig:
                            _per_app("app_weights", self.app_weights, app_weight))
         object.__setattr__(self, "app_latency_caps",
                            _per_app("app_latency_caps", self.app_latency_caps, _latency_cap))
-        # Imported here: uma.sched.knobs reads SloPolicy, whose module imports this one.
-        from uma.sched.knobs import check_knobs
-
         object.__setattr__(self, "slo", check_knobs(self.slo))
 
     @property
@@ -478,7 +458,7 @@ def _pair(field: str, item: str) -> tuple[str, float]:
 
 
 def _latency_cap(value: object, field: str) -> float:
-    cap = _number(field, value)
+    cap = checks.number(field, value)
     if not 1.0 <= cap <= 100.0:
         raise InvalidRequestError(f"{field} must be in [1, 100], not {value!r}")
     return cap
@@ -523,7 +503,7 @@ class ServerConfig:
         for name in ("max_connections", "max_inflight", "max_prompt_bytes", "max_tokens",
                      "default_max_tokens", "max_frame_bytes", "max_input_bytes",
                      "max_outbuf_bytes", "http_max_connections", "http_max_body_bytes"):
-            if not 1 <= _integer(name, getattr(self, name)) < 1 << 32:
+            if not 1 <= checks.integer(name, getattr(self, name)) < 1 << 32:
                 raise InvalidRequestError(
                     f"{name} must be in [1, 2**32), not {getattr(self, name)}")
         if self.max_input_bytes < self.max_frame_bytes:
@@ -532,7 +512,7 @@ class ServerConfig:
                 f"({self.max_frame_bytes}): the largest frame must fit in the input budget")
         for name in ("idle_timeout_s", "frame_timeout_s", "grace_s", "http_header_timeout_s",
                      "http_body_timeout_s"):
-            if _number(name, getattr(self, name)) <= 0:
+            if checks.number(name, getattr(self, name)) <= 0:
                 raise InvalidRequestError(f"{name} must be > 0, not {getattr(self, name)}")
         if self.api_key is not None and (
                 not isinstance(self.api_key, str) or not self.api_key.strip()

@@ -3,7 +3,7 @@
 Every failure a user can see is a :class:`UmaError`. What the caller caused (a bad request, a
 bad model file) also subclasses the matching built-in (``ValueError``, ``FileNotFoundError``),
 so generic handlers keep working; internal faults do not. The daemon maps each class to the
-wire code of its ``error`` events in one place, uma.server.protocol.error_code_for.
+wire code of its ``error`` events in one place, uma.wire.protocol.error_code_for.
 
 A message is for people and in the project's own words: `kind_of` and `shown` name and quote
 what a caller sent (a type as JSON and msgpack call it, never Python's ``NoneType``; a value

@@ -24,7 +24,7 @@ import pytest
 import uma
 from uma import testing
 from uma.client import AsyncClient, Client, ConnectionLost, ServerError
-from uma.server.framing import FrameDecoder, encode
+from uma.wire.framing import FrameDecoder, encode
 
 from ..helpers import assert_same_greedy
 

@@ -21,8 +21,8 @@ from uma import testing
 from uma.client import Client
 from uma.config import SamplingParams
 from uma.errors import InvalidRequestError
-from uma.server import protocol as P
-from uma.server.framing import FrameDecoder, FrameError, encode
+from uma.wire import protocol as P
+from uma.wire.framing import FrameDecoder, FrameError, encode
 
 from ..helpers import PYTHON_TEXT, assert_same_greedy
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from uma.server.framing import MAX_DEPTH
 from uma.server.openai_api import ApiError, body_of
+from uma.wire.framing import MAX_DEPTH
 
 
 def refused(raw: bytes) -> ApiError:

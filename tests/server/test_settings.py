@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 
 from uma.errors import InvalidRequestError
+from uma.knobs import KNOBS
 from uma.sched.bound import BoundPolicy
-from uma.sched.knobs import KNOBS
+from uma.sched.knob_defaults import knob_default
 from uma.sched.policies import create_policy
 from uma.sched.slo import SloPolicy
 from uma.server import settings
@@ -78,7 +79,7 @@ def test_errors_name_the_setting_as_it_was_given(source, label):
     assert str(info.value).startswith(label), str(info.value)
 
 
-# --- the scheduling policy's knobs (uma.sched.knobs) ---------------------------------------------
+# --- the scheduling policy's knobs (uma.knobs) -------------------------------------------------
 
 
 def test_a_knob_from_file_environment_or_flag_reaches_the_policy(tmp_path):
@@ -113,9 +114,9 @@ def test_knob_settings_show_the_policys_defaults():
         s = settings.BY_NAME[k.name]
         assert (s.kind, s.help, s.config) == (k.kind, k.help, "slo")
         if k.kind is bool:
-            assert s.default == ("on" if k.default else "off")
+            assert s.default == ("on" if knob_default(k) else "off")
         else:
-            assert float(s.default) == k.default  # shown without losing a digit
+            assert float(s.default) == knob_default(k)  # shown without losing a digit
     assert len(settings.BY_NAME) == len(settings.SETTINGS)  # no knob shadows a setting
 
 

@@ -130,7 +130,7 @@ def chunk_prefills(sessions: Sequence[SessionView], budget: int) -> list[BatchIt
 
 
 def own_knobs(policy: type, knobs: Iterable[tuple[str, object]]) -> dict[str, object]:
-    """The knobs given (EngineConfig.slo, checked by uma.sched.knobs) that are fields of this
+    """The knobs given (EngineConfig.slo, checked by uma.knobs) that are fields of this
     policy dataclass: each policy reads its own and leaves the other's."""
     fields = {f.name for f in dataclasses.fields(policy)}
     return {name: value for name, value in knobs if name in fields}

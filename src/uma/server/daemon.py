@@ -33,10 +33,10 @@ from uma.errors import UmaError
 from uma.handle import RequestHandle, Result
 from uma.metrics import Registry
 from uma.priority import Priority
-from uma.server import protocol as P
 from uma.server.connections import Caps, Held, admit
-from uma.server.framing import FrameDecoder, FrameError, encode
 from uma.server.peers import peer_process, socket_app
+from uma.wire import protocol as P
+from uma.wire.framing import FrameDecoder, FrameError, encode
 
 log = logging.getLogger("uma.daemon")
 

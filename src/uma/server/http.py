@@ -43,7 +43,6 @@ from uma.errors import SHOWN_CHARS, InvalidRequestError, UmaError, shown
 from uma.handle import RequestHandle, Result, TokenEvent
 from uma.priority import Priority
 from uma.server import prometheus
-from uma.server import protocol as P
 from uma.server.http_limits import LimitedH11Protocol
 from uma.server.infill_api import InfillFormat, parse_infill
 from uma.server.openai_api import (
@@ -60,8 +59,9 @@ from uma.server.openai_api import (
     parse_embeddings,
     parse_tokenize,
 )
-from uma.server.protocol import RequestLimits
 from uma.tools import ToolStream
+from uma.wire import protocol as P
+from uma.wire.protocol import RequestLimits
 
 log = logging.getLogger("uma.http")
 

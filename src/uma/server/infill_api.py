@@ -14,7 +14,6 @@ from uma import infill
 from uma.errors import InvalidRequestError
 from uma.handle import Result, TokenEvent
 from uma.priority import Priority
-from uma.server import protocol as P
 from uma.server.openai_api import (
     _PASSED,
     ApiError,
@@ -24,6 +23,7 @@ from uma.server.openai_api import (
     _object,
     parse_as_socket,
 )
+from uma.wire import protocol as P
 
 # (prefix, suffix, extra chunks, prompt) -> the prompt's token ids (Engine.infill_tokens)
 InfillTokens = Callable[[str, str, Sequence[infill.Chunk], str], Sequence[int]]

@@ -2,7 +2,7 @@
 
 A request body is checked for the OpenAI-only fields (n, stream, stream_options, logprobs, the
 features UMA Serve does not have) and then rewritten as a socket-protocol generate message and
-parsed by uma.server.protocol.parse_request, so HTTP accepts exactly what the socket accepts:
+parsed by uma.wire.protocol.parse_request, so HTTP accepts exactly what the socket accepts:
 the same prompt limits, the same max_tokens cap, and SamplingParams' own checks.
 
 Not supported, and refused with 400 rather than silently ignored: n > 1, several prompts in one
@@ -37,8 +37,8 @@ from uma.errors import (
 )
 from uma.handle import Result, TokenEvent, TopLogprobs
 from uma.priority import Priority
-from uma.server import protocol as P
-from uma.server.framing import MAX_DEPTH
+from uma.wire import protocol as P
+from uma.wire.framing import MAX_DEPTH
 
 # Sampler options passed through as they are. After OpenAI's own, uma's extensions (the names
 # llama-server also takes), and priority: 'interactive' or 'background'.
@@ -72,7 +72,7 @@ class ApiError(Exception):
 
 def error_for(exc: BaseException) -> ApiError:
     """The HTTP answer to an exception from submitting or running a request; the status follows
-    the socket's wire code (uma.server.protocol.error_code_for)."""
+    the socket's wire code (uma.wire.protocol.error_code_for)."""
     if isinstance(exc, ApiError):
         return exc
     if isinstance(exc, ClosedError):
@@ -266,7 +266,7 @@ def embeddings_response(result: Embeddings, model_id: str, base64_floats: bool) 
 
 def body_of(raw: bytes) -> object:
     """A request body: JSON in UTF-8 (RFC 8259; a byte order mark is let pass), checked as the
-    socket checks a frame (uma.server.framing): nested at most MAX_DEPTH deep, every string
+    socket checks a frame (uma.wire.framing): nested at most MAX_DEPTH deep, every string
     and key valid Unicode. JSON can spell half of a UTF-16 surrogate pair ("\\ud800"), which
     no UTF-8 can carry and no tokenizer takes: it is refused, naming the field, not replaced,
     so that what runs is what was sent. ApiError(400) naming what is wrong."""

@@ -14,7 +14,7 @@ Every source uses the same names (the `uma run` options with underscores), e.g.:
 The table (SETTINGS) is where `uma run --help`, `uma config`, the environment's parsing and the
 errors get their names, types and defaults; docs/CONFIG.md is checked against it. An error
 names the setting as the user gave it: `--ctx`, `UMA_CTX` or `ctx in uma.toml`. The SLO
-policy's knobs (uma.sched.knobs) are settings too, one each, gathered into EngineConfig.slo.
+policy's knobs (uma.knobs) are settings too, one each, gathered into EngineConfig.slo.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ from dataclasses import dataclass
 
 from uma.config import EngineConfig, ServerConfig, default_socket_path
 from uma.errors import InvalidRequestError
+from uma.knobs import KNOBS, Knob
 from uma.sched.bound import BoundPolicy
-from uma.sched.knobs import KNOBS, Knob
+from uma.sched.knob_defaults import knob_default
 from uma.sched.slo import SloPolicy
 
 if sys.version_info >= (3, 11):
@@ -74,7 +75,7 @@ def _s(name, kind, default, help, field="", flag=True):
 def _knob(knob: Knob) -> Setting:
     """A scheduling-policy knob, shown with its policy's default; a flag only where the knob
     is one a user may need (the rest: the file, its [slo] table, or the environment)."""
-    value = knob.default
+    value = knob_default(knob)
     if isinstance(value, bool):
         shown = "on" if value else "off"  # as the switches above show theirs
     else:

@@ -3,7 +3,7 @@
 Pure: no sockets, no clocks. The poller only moves bytes; `FrameDecoder.feed` turns whatever
 arrived into whole messages and `encode` turns a message into bytes to send (the split asyncpg
 makes in ``protocol/coreproto.pyx::_read_server_messages``). What the maps mean is
-uma.server.protocol's business.
+uma.wire.protocol's business.
 
 A frame that breaks the format breaks the stream: after a bad length there is no way to find the
 next frame boundary, so the decoder refuses all further input and the server drops the
@@ -18,7 +18,7 @@ import threading
 import msgpack
 
 from uma.errors import kind_of
-from uma.server.protocol import E_PROTO_001, E_PROTO_002, ProtocolError
+from uma.wire.protocol import E_PROTO_001, E_PROTO_002, ProtocolError
 
 DEFAULT_MAX_FRAME = 16 << 20  # bytes of msgpack in one frame; ample for a 1 MiB prompt
 MAX_DEPTH = 32  # nested maps/arrays in one message; ours need 3 (request > messages > message)

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from uma.server.framing import MAX_DEPTH, FrameDecoder, FrameError, decode_body, encode
-from uma.server.protocol import E_PROTO_001, E_PROTO_002, ProtocolError
+from uma.wire.framing import MAX_DEPTH, FrameDecoder, FrameError, decode_body, encode
+from uma.wire.protocol import E_PROTO_001, E_PROTO_002, ProtocolError
 
 MESSAGES = [
     {"type": "generate", "id": "a", "prompt": "héllo 🌍", "max_tokens": 16, "stream": True},

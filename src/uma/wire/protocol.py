@@ -1,6 +1,6 @@
 """The daemon's messages: requests a client sends, events the daemon answers with.
 
-Data in, data out, no I/O. `parse_request` turns a decoded frame (uma.server.framing) into a
+Data in, data out, no I/O. `parse_request` turns a decoded frame (uma.wire.framing) into a
 frozen request, checking every field and naming the bad one; sampler options go through
 uma.config.SamplingParams, so the socket accepts exactly what uma.Engine accepts. The
 ``*_event`` builders make the maps the daemon sends and `parse_event` is the client's check of

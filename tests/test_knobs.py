@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 
 import pytest
 
 from uma.config import EngineConfig
 from uma.errors import InvalidRequestError
+from uma.knobs import BY_NAME, KNOBS, check_knobs
 from uma.sched.bound import BoundPolicy
-from uma.sched.knobs import BY_NAME, KNOBS, check_knobs
+from uma.sched.knob_defaults import knob_default
 from uma.sched.policies import create_policy
 from uma.sched.slo import SloPolicy
 
@@ -24,15 +26,20 @@ def test_the_table_covers_every_policy_field_once():
               | {f.name for f in dataclasses.fields(BoundPolicy)}) - NOT_KNOBS
     names = [k.name for k in KNOBS]
     assert len(names) == len(set(names))
-    assert set(names) == fields, "a policy field without a row in uma.sched.knobs (or back)"
+    assert set(names) == fields, "a policy field without a row in uma.knobs (or back)"
 
 
 @pytest.mark.parametrize("knob", KNOBS, ids=lambda k: k.name)
 def test_each_knob_has_a_kind_a_range_holding_its_default_and_a_short_help(knob):
-    assert knob.kind in (int, float, bool)
-    assert type(knob.default) is knob.kind
+    # the table states kinds (uma.config checks with it, below the policies): each must be
+    # its field's type in the policy that has it
+    policy = BoundPolicy if knob.name in {f.name for f in dataclasses.fields(BoundPolicy)} \
+        else SloPolicy
+    assert knob.kind is typing.get_type_hints(policy)[knob.name]
+    default = knob_default(knob)
+    assert type(default) is knob.kind
     assert (knob.range is None) == (knob.kind is bool)  # a switch has no range
-    assert knob.range is None or knob.default in knob.range
+    assert knob.range is None or default in knob.range
     assert knob.help and len(knob.help) <= 110 and "\n" not in knob.help
 
 

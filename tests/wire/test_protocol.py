@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 from uma import errors
 from uma.config import SamplingParams
 from uma.priority import Priority
-from uma.server import protocol as p
-from uma.server.framing import FrameDecoder, encode
-from uma.server.protocol import (
+from uma.tools import ToolCall
+from uma.wire import protocol as p
+from uma.wire.framing import FrameDecoder, encode
+from uma.wire.protocol import (
     CancelRequest,
     ConfigureRequest,
     GenerateRequest,
@@ -27,7 +28,6 @@ from uma.server.protocol import (
     parse_event,
     parse_request,
 )
-from uma.tools import ToolCall
 
 LIMITS = RequestLimits(max_prompt_bytes=1000, max_prompt_tokens=100, max_tokens=512)
 

@@ -1,27 +1,27 @@
-"""The scheduling policies' knobs: every policy field a user may set, its valid range, what
-raising it buys and costs, and whether it is a `uma run` flag.
+"""The scheduling policies' knobs: every policy field a user may set, its kind, its valid
+range, what raising it buys and costs, and whether it is a `uma run` flag.
 
 Each knob is a daemon setting of the same name (`background_share` in uma.toml, also in its
 `[slo]` table; UMA_BACKGROUND_SHARE; docs/CONFIG.md, "Scheduling policy"), and
 EngineConfig.slo holds the ones given, checked by check_knobs. The few a user may need are
 also flags (`--background-share`); the rest are for experts, in the file or the environment.
-A knob's kind and default are read from the policy that has the field (the bound policy
-first, then the older SLO guard), so the table cannot drift from them; a field without a row
-here fails tests/sched/test_knobs.py. latency_cap and tick_budget_ms are settings of their
-own (EngineConfig fields), and `name` is the policy's, not a knob.
+
+The table is vocabulary, below the policies, so that uma.config checks the knobs without
+importing the scheduler (which imports uma.config). What only the policies know, each knob's
+default, is read from them by uma.sched.knob_defaults; tests/sched/test_knobs.py fails when a
+policy field has no row here, or a row's kind is not its field's. latency_cap and
+tick_budget_ms are settings of their own (EngineConfig fields), and `name` is the policy's,
+not a knob.
 """
 
 from __future__ import annotations
 
 import math
-import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from uma.config import _integer, _number
+from uma import checks
 from uma.errors import InvalidRequestError
-from uma.sched.bound import BoundPolicy
-from uma.sched.slo import SloPolicy
 
 KnobValue = float | int | bool
 
@@ -32,12 +32,14 @@ MAX_COUNT = 1 << 20
 
 @dataclass(frozen=True)
 class Range:
-    """Numbers from low to high; an open end leaves its bound out."""
+    """Numbers from low to high; an open end leaves its bound out. A range of integers holds
+    whole numbers only (counts of ticks, tokens or decoders), and makes its knob an int."""
 
     low: float
     high: float = math.inf
     low_open: bool = False
     high_open: bool = False
+    integers: bool = False
 
     def __contains__(self, value: float) -> bool:
         above = value > self.low if self.low_open else value >= self.low
@@ -61,24 +63,15 @@ class Knob:
 
     @property
     def kind(self) -> type:
-        """int, float or bool: the field's type in its policy."""
-        kind: type = _FIELD_TYPES[self.name]
-        return kind
-
-    @property
-    def default(self) -> KnobValue:
-        """Its policy's default: what the benchmarks were measured with."""
-        policy = _BOUND if self.name in _BOUND_FIELDS else _SLO
-        value: KnobValue = getattr(policy, self.name)
-        return value
+        """int, float or bool: the field's type in its policy (a switch is a bool, a range of
+        integers an int)."""
+        if self.range is None:
+            return bool
+        return int if self.range.integers else float
 
 
-_FIELD_TYPES = {**typing.get_type_hints(SloPolicy), **typing.get_type_hints(BoundPolicy)}
-_BOUND, _SLO = BoundPolicy(), SloPolicy()
-_BOUND_FIELDS = frozenset(_BOUND.__dataclass_fields__)
-
-COUNT = Range(0, MAX_COUNT)
-POSITIVE_COUNT = Range(1, MAX_COUNT)
+COUNT = Range(0, MAX_COUNT, integers=True)
+POSITIVE_COUNT = Range(1, MAX_COUNT, integers=True)
 SHARE = Range(0, 1)
 FACTOR = Range(1)  # times something, never less than it
 
@@ -110,7 +103,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("min_pause_share", SHARE,
          "pause share kept when the streams' own tail uses up the p95's room: higher moves "
          "background, risks p95"),
-    Knob("pause_window", Range(1, 10_000),  # the pause record is a bit mask this long
+    # the pause record is a bit mask this long
+    Knob("pause_window", Range(1, 10_000, integers=True),
          "ticks the pause share is counted over: longer lets pauses bunch up (share x window "
          "< 1: no pauses)"),
     Knob("quantile", Range(0, 1, low_open=True, high_open=True),
@@ -216,8 +210,9 @@ def _checked(knob: Knob, value: object) -> KnobValue:
         if not isinstance(value, bool):
             raise InvalidRequestError(f"{knob.name} must be true or false, not {value!r}")
         return value
-    # bool is an int to Python, never to a user: _integer and _number refuse it
-    number = _integer(knob.name, value) if knob.kind is int else _number(knob.name, value)
+    # bool is an int to Python, never to a user: uma.checks refuses it
+    number = (checks.integer(knob.name, value) if knob.kind is int
+              else checks.number(knob.name, value))
     if knob.range is not None and number not in knob.range:
         raise InvalidRequestError(f"{knob.name} must be {knob.range}, not {value}")
     return number
