@@ -320,3 +320,32 @@ def test_entries_leave_while_requests_run_side_by_side(tiny_path):
     assert snap["prefix_cache_tokens"] > 0  # entries were kept...
     assert snap["prefix_cache_kv_evictions_total"] > 0  # ...and left for the next rounds
     assert snap["requests_error_total"] == 0 and snap["preemptions_total"] == 0
+
+
+def test_an_entry_whose_copy_costs_more_than_its_prefill_leaves_unsaved(model):
+    """Where prefilling an entry is predicted cheaper than copying it out (a GPU's one-off
+    request, its cells scattered), its first slice shows it and the rest is not copied: its
+    cells are freed, nothing is filed, and it is not counted unsaved (nothing worth it was
+    lost)."""
+    ctx = _core.Context(model, n_ctx=1024, n_seq_max=5)
+    batch = _core.Batch(128)
+    unsaved = []
+    try:
+        cache = KvPrefixCache(ctx, range(1, 5), budget=150, ram_budget=1 << 24)
+        cache.prefill_ms = lambda n: 0.0
+        cache.on_unsaved = lambda: unsaved.append(1)
+        for k in (1, 2):
+            tokens = np.arange(100 * k, 100 * k + 100, dtype=np.int32)
+            batch.clear()
+            batch.add_sequence(tokens, 0, 0)
+            ctx.decode(batch)
+            cache.keep(0, tokens)
+            ctx.seq_rm(0)
+        assert cache.saving
+        cache.save(float("inf"))
+        assert not cache.saving and cache.ram_bytes == 0 and not unsaved
+        assert cache.snapshots.tokens_copied < 100
+        assert ctx.seq_pos_max(4) == -1 and len(cache) == 1
+    finally:
+        batch.close()
+        ctx.close()

@@ -39,7 +39,8 @@ def test_an_entry_copied_in_slices_reads_back_as_it_was(model):
         snaps.start(tokens, 0)
         finished = []
         for _ in range(200):
-            finished += snaps.work(0.001)  # after the first slice, one position a call
+            # after the first slice, one position a call
+            finished += snaps.work(0.001, at_least_one=True).finished
             if finished:
                 break
         assert finished and not snaps
@@ -71,7 +72,7 @@ def test_a_read_back_with_no_room_leaves_the_sequences_empty(model):
         snaps = Snapshots(ctx, scratch=2)
         snaps.start(tokens, 0)
         ctx.seq_cp(0, 1, 0, 200)  # another sequence shares every cell: nothing is freed
-        parts = snaps.work(float("inf"))[0].parts
+        parts = snaps.work(float("inf")).finished[0].parts
         ctx.seq_rm(0)
         assert ctx.seq_pos_max(1) == 199  # the cache is full of seq 1's cells
         with pytest.raises(UmaError):
@@ -103,9 +104,11 @@ class SlowCopies:
         return self.ctx.seq_state(seq)
 
 
-def leave_in_slices(monkeypatch, ms_per_cell: float, cheap: int, budget_ms: float):
-    """Two 600-position entries copied out by calls of budget_ms each; returns the copies'
-    costs call by call, and the entries as finished."""
+def leave_in_slices(monkeypatch, ms_per_cell: float, cheap: int, budget_ms: float,
+                    idle: bool = True):
+    """Two 600-position entries copied out by calls of budget_ms each (idle: turns with
+    nothing else to do, which copy one position at least); returns the copies' costs call by
+    call, and the entries as finished."""
     clock = [0.0]
     monkeypatch.setattr(time_module, "perf_counter", lambda: clock[0])
     with fc.Model("no/such/file.gguf") as model, \
@@ -121,9 +124,9 @@ def leave_in_slices(monkeypatch, ms_per_cell: float, cheap: int, budget_ms: floa
         for seq, tokens in enumerate(entries):
             snaps.start(tokens, seq)
         calls, done = [], []
-        while snaps and len(calls) < 10_000:
+        while snaps and len(calls) < 2_000:
             before = len(ctx.costs)
-            done += snaps.work(budget_ms)
+            done += snaps.work(budget_ms, at_least_one=idle).finished
             calls.append(ctx.costs[before:])
         return calls, done
 
@@ -153,3 +156,10 @@ def test_where_the_price_holds_no_call_overruns(monkeypatch, ms_per_cell):
     budget_ms = 5.0
     calls, _ = leave_in_slices(monkeypatch, ms_per_cell, 0, budget_ms)
     assert all(sum(costs) <= max(budget_ms, ms_per_cell) + 1e-9 for costs in calls[1:])
+
+
+def test_between_ticks_nothing_is_copied_that_is_not_predicted_to_fit(monkeypatch):
+    """20 ms a cell, 5 ms left by each tick: the first slice (priced by nothing yet) is the one
+    overrun; after it no tick copies anything, and the entries wait for an idle turn."""
+    calls, done = leave_in_slices(monkeypatch, 20.0, 0, 5.0, idle=False)
+    assert len(calls[0]) == 1 and not any(calls[1:]) and not done

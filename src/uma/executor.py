@@ -39,7 +39,7 @@ from uma.metrics import LoadMeter, Registry
 from uma.output import END, TOKEN, Event, OutputStage
 from uma.prefix_cache import KvPrefixCache
 from uma.request import Request
-from uma.sched import fair
+from uma.sched import fair, reuse
 from uma.sched.bmt import BmtModel
 from uma.sched.cost import CostModel, attended
 from uma.sched.policy import BatchPolicy
@@ -148,6 +148,8 @@ class Executor:
             self.m.prefix_ram.fn = lambda: prefix.ram_bytes
             prefix.on_evict = lambda tier: self.m.prefix_evicted[tier].inc()
             prefix.idle = self._may_hold
+            prefix.prefill_ms = lambda n: reuse.prefill_ms(n, self.cost.estimate,
+                                                           self.stats.prompt_ms_per_token)
             prefix.on_unsaved = self.m.prefix_unsaved.inc
         self.bmt = bmt
         self.bmt_budget_gbps = bmt_budget_gbps
@@ -443,14 +445,15 @@ class Executor:
         prefix = self.prefix
         if prefix is None or not prefix.saving:
             return
-        if self.idle:
+        idle = self.idle
+        if idle:
             budget_ms = IDLE_SAVE_MS
         else:
             allowed = plan.notes.budget_ms if plan.notes is not None else 0.0
             budget_ms = allowed - 1e3 * (time.perf_counter() - self._tick_start)
         if budget_ms > 0:
             self._flush()
-            prefix.save(budget_ms)
+            prefix.save(budget_ms, idle)
 
     @property
     def saving(self) -> bool:

@@ -34,8 +34,14 @@ import numpy as np
 from uma.errors import UmaError
 from uma.prefix_index import PrefixIndex
 from uma.sched.cost import CostEstimate
-from uma.sched.reuse import MIN_REUSE_TOKENS, RESTORE_BYTES_PER_MS, Candidates, choose_reuse
-from uma.snapshots import Part, Snapshots
+from uma.sched.reuse import (
+    MIN_REUSE_TOKENS,
+    RESTORE_BYTES_PER_MS,
+    Candidates,
+    choose_reuse,
+    worth_a_snapshot,
+)
+from uma.snapshots import Leaving, Part, Snapshots
 
 if TYPE_CHECKING:
     from uma import _core
@@ -74,6 +80,9 @@ class KvPrefixCache:
         # whether nothing runs or waits: an entry that must leave at once is copied whole
         # then, and dropped unsaved otherwise (the executor's)
         self.idle: Callable[[], bool] = lambda: True
+        # what an entry of n tokens would take to prefill (the executor's cost model): what
+        # its snapshot would save, against the copy's measured time (worth_a_snapshot)
+        self.prefill_ms: Callable[[int], float] = lambda n: float("inf")
 
     def __len__(self) -> int:
         return len(self._seq_of)
@@ -123,12 +132,22 @@ class KvPrefixCache:
                 break
             self._leave(victims[0])
 
-    def save(self, budget_ms: float) -> None:
+    def save(self, budget_ms: float, idle: bool = False) -> None:
         """Copies slices of the leaving entries to host memory for about budget_ms at most
-        (uma.snapshots), and files those complete in the "ram" tier."""
-        for job in self.snapshots.work(budget_ms):
+        (uma.snapshots), and files those complete in the "ram" tier. idle: nothing else is
+        to be done, so one position at least is copied."""
+        worked = self.snapshots.work(budget_ms, self._still_worth, at_least_one=idle)
+        for job in worked.finished:
             self._file(job.tokens, tuple(job.parts))
             self._release(job.seq)
+        for job in worked.dropped:
+            self._release(job.seq)
+
+    def _still_worth(self, job: Leaving) -> bool:
+        """Whether a leaving entry is worth the rest of its copy at what its own slices cost
+        (not counted unsaved if not: nothing worth it is lost)."""
+        n = len(job.tokens)
+        return worth_a_snapshot(n, job.ms_per_token, self.prefill_ms(n))
 
     @property
     def restore_bytes_per_ms(self) -> float:
@@ -230,7 +249,11 @@ class KvPrefixCache:
         return spare, tokens
 
     def _worth_saving(self, tokens: np.ndarray) -> bool:
-        return self.ram_budget > 0 and self.index.covering(tokens, "ram") is None
+        """A RAM budget, no snapshot covering it yet, and a prefill worth the copy at the
+        last copies' price."""
+        n = len(tokens)
+        return self.ram_budget > 0 and self.index.covering(tokens, "ram") is None \
+            and worth_a_snapshot(n, self.snapshots.ms_per_token, self.prefill_ms(n))
 
     def _file(self, tokens: np.ndarray, parts: tuple[Part, ...]) -> None:
         """Keeps a complete snapshot in the "ram" tier, within the RAM budget."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -59,6 +60,13 @@ class Leaving:
         return self.done >= len(self.tokens)
 
 
+class Worked(NamedTuple):
+    """What a call of Snapshots.work ended: entries copied whole, entries given up."""
+
+    finished: list[Leaving]
+    dropped: list[Leaving]
+
+
 class Snapshots:
     """The entries leaving the KV cache of `ctx`, oldest first, and the copies in and out.
     `scratch`: a sequence kept empty for slicing and restoring (None: every snapshot is taken
@@ -90,18 +98,21 @@ class Snapshots:
         self._copy(job, len(job.tokens))
         return tuple(job.parts)
 
-    def work(self, budget_ms: float) -> list[Leaving]:
+    def work(self, budget_ms: float, worth: Callable[[Leaving], bool] = lambda job: True,
+             at_least_one: bool = False) -> Worked:
         """Copies slices of the oldest entries for about budget_ms at most: each slice's size
         is predicted from the last one of its entry, an entry's first from the last of any
         (at most FIRST_SLICE positions either way, and growing by doubling), so a wrong
-        prediction overruns by one slice. A call with any budget copies one position at
-        least: an entry whose every cell costs more than the time ticks leave still leaves.
-        Returns the entries now complete, whose sequences the caller frees."""
+        prediction overruns by one slice. at_least_one: copy one position even where none is
+        predicted to fit (a turn with nothing else to do: an entry whose every cell costs more
+        than such a turn still leaves). After each slice an entry that is no longer `worth`
+        its copy (its own slices timed) is given up. Returns the entries now complete and
+        those given up, whose sequences the caller frees."""
+        done = Worked([], [])
         if budget_ms <= 0:
-            return []
+            return done
         deadline = time.perf_counter() + budget_ms / 1e3
-        finished: list[Leaving] = []
-        least = 1
+        least = int(at_least_one)
         while self.leaving:
             job = self.leaving[0]
             n = max(least, self._slice(job, (deadline - time.perf_counter()) * 1e3))
@@ -110,8 +121,10 @@ class Snapshots:
             self._copy(job, n)
             least = 0
             if job.complete:
-                finished.append(self.leaving.popleft())
-        return finished
+                done.finished.append(self.leaving.popleft())
+            elif not worth(job):
+                done.dropped.append(self.leaving.popleft())
+        return done
 
     def drop_oldest(self) -> Leaving | None:
         """Gives up the oldest leaving entry (its copies so far discarded); the caller frees

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from uma.sched.cost import CostEstimate
-from uma.sched.reuse import MIN_REUSE_TOKENS, Candidates, Reuse, choose_reuse
+from uma.sched.reuse import MIN_REUSE_TOKENS, Candidates, Reuse, choose_reuse, worth_a_snapshot
 
 # a prompt token costs 1 ms; restores run at 1 MB per ms
 COST = CostEstimate(per_prefill_ms=1.0)
@@ -47,3 +47,11 @@ def test_a_prefill_is_priced_at_least_at_what_large_prompt_chunks_have_cost():
     c = Candidates(0, 8000, 263_551_608)
     assert choose_reuse(c, free, 7.8e6).tier == ""
     assert choose_reuse(c, free, 7.8e6, prompt_ms_per_token=0.019).tier == "ram"
+
+
+def test_a_snapshot_is_worth_its_copy_where_the_prefill_it_saves_is_twice_that():
+    assert worth_a_snapshot(1000, None, 1.0)  # no copy timed yet: this one is, to learn it
+    assert worth_a_snapshot(1000, 0.01, 20.0)  # 10 ms of copy for 20 ms of prefill
+    assert not worth_a_snapshot(1000, 0.01, 19.0)
+    # the same entry on a device where prefill is cheap and its scattered cells dear
+    assert not worth_a_snapshot(200, 0.3, 5.0)

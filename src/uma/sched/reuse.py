@@ -26,6 +26,11 @@ MIN_REUSE_TOKENS = 16
 # Host-to-KV bandwidth assumed before the first restore is timed (bytes per ms: 4 GB/s),
 # below what a memory copy or a PCIe transfer does (an H100 restored at 7.8 GB/s).
 RESTORE_BYTES_PER_MS = 4e6
+# A snapshot is taken where the prefill it would save is at least this many times its copy
+# out: it pays if one such entry in this many comes back. One-off requests that decoded
+# beside others are cheap to prefill on a GPU and dear to copy (cells scattered a few apart):
+# copying every one of them took the time of the background's prompts.
+SNAPSHOT_PAYBACK = 2.0
 
 
 class Candidates(NamedTuple):
@@ -42,20 +47,29 @@ class Reuse(NamedTuple):
     saved_ms: float  # predicted prefill time saved, less a restore's copy
 
 
+def prefill_ms(n: int, cost: CostEstimate, prompt_ms_per_token: float = 0.0) -> float:
+    """A prompt of n tokens' prefill from the start: the cost model's price, or what large
+    prompt chunks have cost a token (0: unknown), whichever is more."""
+    return max(cost.prefill_ms(n, 0), n * prompt_ms_per_token)
+
+
+def worth_a_snapshot(n: int, copy_ms_per_token: float | None, prefill: float) -> bool:
+    """Whether an entry of n tokens is worth copying to host memory, at the copies' measured
+    time per token (None: none measured yet, so this one is, to learn it), where its prefill
+    would take `prefill` ms."""
+    return copy_ms_per_token is None or prefill >= SNAPSHOT_PAYBACK * copy_ms_per_token * n
+
+
 def choose_reuse(c: Candidates, cost: CostEstimate, restore_bytes_per_ms: float,
                  prompt_ms_per_token: float = 0.0) -> Reuse:
     """The tier that saves the most predicted time, where it saves any. prompt_ms_per_token:
     what large prompt chunks have cost a token (0: unknown), the least a prefill is priced."""
-
-    def prefill_ms(n: int) -> float:
-        return max(cost.prefill_ms(n, 0), n * prompt_ms_per_token)
-
     best = Reuse("", 0, 0.0)
     if c.kv_tokens >= MIN_REUSE_TOKENS:
-        best = Reuse("kv", c.kv_tokens, prefill_ms(c.kv_tokens))
+        best = Reuse("kv", c.kv_tokens, prefill_ms(c.kv_tokens, cost, prompt_ms_per_token))
     if c.ram_tokens >= MIN_REUSE_TOKENS and c.ram_tokens > best.tokens:
         restore_ms = c.ram_bytes / max(restore_bytes_per_ms, 1.0)
-        saved = prefill_ms(c.ram_tokens) - restore_ms
+        saved = prefill_ms(c.ram_tokens, cost, prompt_ms_per_token) - restore_ms
         if saved > best.saved_ms:
             best = Reuse("ram", c.ram_tokens, saved)
     return best
