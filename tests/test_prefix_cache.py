@@ -349,3 +349,25 @@ def test_an_entry_whose_copy_costs_more_than_its_prefill_leaves_unsaved(model):
     finally:
         batch.close()
         ctx.close()
+
+
+def test_one_spare_is_kept_free_by_one_entry_leaving_not_by_all(model):
+    """Eight spares, nothing copied meanwhile: the eighth entry sends the least recently used
+    one out in slices (its sequence counts as free: it comes back once copied); the ninth,
+    finding no free spare, gives that one up and sends the next out. Seven stay in the KV
+    tier throughout, however long the copies take."""
+    ctx = _core.Context(model, n_ctx=1024, n_seq_max=10)
+    batch = _core.Batch(128)
+    try:
+        cache = KvPrefixCache(ctx, range(1, 10), budget=1000, ram_budget=1 << 24)
+        for k in range(9):
+            tokens = np.arange(20 * k + 100, 20 * k + 140, dtype=np.int32)
+            batch.clear()
+            batch.add_sequence(tokens, 0, 0)
+            ctx.decode(batch)
+            cache.keep(0, tokens)
+            ctx.seq_rm(0)
+        assert len(cache.snapshots) == 1 and len(cache) == 7
+    finally:
+        batch.close()
+        ctx.close()

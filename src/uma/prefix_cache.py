@@ -126,7 +126,8 @@ class KvPrefixCache:
         self._tokens_of[entry] = np.array(tokens, np.int32)
         for victim in self.index.evictions("kv", self.budget).victims:
             self._leave(victim)
-        while len(self._free) < self._reserve and len(self._seq_of) > 1:
+        # entries already leaving count as free: their sequences come back once copied
+        while len(self._free) + len(self.snapshots) < self._reserve and len(self._seq_of) > 1:
             victims = self.index.evictions("kv", self.index.total("kv") - 1).victims
             if not victims:
                 break
