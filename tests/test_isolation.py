@@ -2,7 +2,7 @@
 tick (admission, batching, decoding, sampling) or of its output (detokenising, stop strings,
 the consumer's listener), ends that request alone; the others' output is unchanged.
 
-Faults are injected by wrapping the executor's core objects (sampler, context) or the output
+Faults are injected by wrapping the runner's core objects (sampler, context) or the output
 stage's per-request stream in test doubles that raise for a poisoned request, marked by its
 seed. The production code paths are the ones every request takes."""
 
@@ -83,9 +83,9 @@ def assert_serves_on_and_frees_its_cache(engine):
 
 
 def test_a_request_whose_admission_fails_ends_alone(engine, solo):
-    ex = engine._executor
-    ex.sampler = Proxy(ex.sampler, "configure", lambda a, kw: kw.get("seed") == POISON,
-                       ValueError("boom in configure"))
+    runner = engine._executor.runner
+    runner.sampler = Proxy(runner.sampler, "configure", lambda a, kw: kw.get("seed") == POISON,
+                           ValueError("boom in configure"))
     _, [bad], neighbour = run_beside_victim(engine, solo)
     assert bad.finish_reason == "error" and "boom in configure" in str(bad.error)
     assert bad.usage.completion_tokens == 0
@@ -94,10 +94,10 @@ def test_a_request_whose_admission_fails_ends_alone(engine, solo):
 
 
 def test_a_request_whose_sampling_fails_ends_alone(engine, solo):
-    ex = engine._executor
-    proxy = ex.sampler = Proxy(ex.sampler, "sample",
-                               lambda a, kw: poisoned(engine, list(a[2])),
-                               UmaError("boom in sampling"))
+    runner = engine._executor.runner
+    proxy = runner.sampler = Proxy(runner.sampler, "sample",
+                                   lambda a, kw: poisoned(engine, list(a[2])),
+                                   UmaError("boom in sampling"))
     _, [bad], neighbour = run_beside_victim(engine, solo)
     assert proxy.raised >= 2  # the batched call, then the poisoned row alone
     assert bad.finish_reason == "error" and str(bad.error) == "boom in sampling"
@@ -111,7 +111,7 @@ class CorruptingSampler:
 
     def __init__(self, engine):
         self._ex = engine._executor
-        self._sampler = self._ex.sampler
+        self._sampler = self._ex.runner.sampler
         self._bad_id = engine.model.n_vocab + 5
 
     def __getattr__(self, name):
@@ -128,7 +128,7 @@ class CorruptingSampler:
 def test_a_failed_decode_is_narrowed_to_the_requests_that_fail_alone(engine, solo):
     # The batch holding a poisoned request's tokens is refused by the real context, and the
     # tick has to find whose tokens those were.
-    engine._executor.sampler = CorruptingSampler(engine)
+    engine._executor.runner.sampler = CorruptingSampler(engine)
     _, bad, neighbour = run_beside_victim(engine, solo, poisoned_requests=2)
     for result in bad:
         assert result.finish_reason == "error"
@@ -139,13 +139,13 @@ def test_a_failed_decode_is_narrowed_to_the_requests_that_fail_alone(engine, sol
 
 
 def test_a_context_that_fails_every_decode_ends_each_request_with_the_cause(engine):
-    ex = engine._executor
-    real = ex.ctx
-    ex.ctx = Proxy(real, "decode", lambda a, kw: True,
-                   DecodeError("llama_decode failed with code -3: GPU fault", -3))
+    runner = engine._executor.runner
+    real = runner.ctx
+    runner.ctx = Proxy(real, "decode", lambda a, kw: True,
+                       DecodeError("llama_decode failed with code -3: GPU fault", -3))
     results = [engine.generate(p, max_tokens=4) for p in ("a", "b", "c")]
     assert all(r.finish_reason == "error" and "GPU fault" in str(r.error) for r in results)
-    ex.ctx = real  # the fault clears: the engine serves again, with a clean cache
+    runner.ctx = real  # the fault clears: the engine serves again, with a clean cache
     assert_serves_on_and_frees_its_cache(engine)
 
 

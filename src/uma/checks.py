@@ -20,8 +20,9 @@ def number(name: str, value: object) -> float:
     try:
         as_float = float(value)
     except OverflowError:  # an integer beyond any float: 10**400
+        bits = value.bit_length() if isinstance(value, int) else 0
         raise InvalidRequestError(f"{name} must be a finite number, not an integer of "
-                                  f"{value.bit_length()} bits") from None
+                                  f"{bits} bits") from None
     if not math.isfinite(as_float):
         raise InvalidRequestError(f"{name} must be finite, not {shown(value)}")
     return as_float

@@ -1,21 +1,17 @@
-"""The executor: runs one policy plan per tick on one llama.cpp context.
+"""The executor: the scheduler's side of the tick on one llama.cpp context.
 
-    plan = self.plan()          # release finished work, admit who the policy picks, ask it
-    plan = self.build(plan)     # fill the batch
-    ran = self.run(plan)        # decode (GIL released) and sample (native, GIL released)
-    self.apply(ran)             # advance sequences, hand tokens on, report the tick
+    plan = self.plan()                          # release what ended, admit, ask the policy
+    ran = self.runner.run(plan, self.running)   # batch, decode, sample (uma.runner)
+    self.apply(ran)                             # advance sequences, hand tokens on, report
 
-The executor decides nothing: who gets a sequence, which sequences run, how many prompt
-tokens they get and what to shed on a full cache are the policy's (uma.sched). It owns the KV
-sequences (one per running request) and keeps them consistent: a request that ends, is
-cancelled or fails has its KV cleared before its result is published.
-
-Requests are isolated from each other at every step that handles one of them: what goes wrong
-while admitting, batching, decoding, sampling or accepting a token for one request ends that
-request alone, with its own error, and the tick goes on with the others. A decode call is
-shared, so a failed one is retried in halves, with the cache rolled back in between, until the
-request whose tokens fail on their own is found (a fault of the context itself ends each
-request it touches with that honest error, and the engine keeps serving).
+It owns the requests: their queues, their KV sequences (one per running request), admission
+and parking (the policy's or fair share's choice), preemption, the prefix cache, and which
+request ends how. It decides nothing about the tick's contents: who gets a sequence, which
+sequences run, how many prompt tokens they get and what to shed on a full cache are the
+policy's (uma.sched). The runner only runs and hands back what happened, failures included,
+as data; a request that failed on its own is ended here alone, with its own error, and the
+others go on. A request that ends, is cancelled or fails has its KV cleared before its result
+is published.
 """
 
 from __future__ import annotations
@@ -25,20 +21,19 @@ import dataclasses
 import heapq
 import logging
 import time
-from dataclasses import dataclass, field
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from uma.calibration import DeviceTiming
-from uma.errors import DecodeAbortedError, NoKVSlotError, UmaError
-from uma.grammar import TickMasks
-from uma.handle import TokenLogprob, TopLogprobs
+from uma.errors import UmaError
+from uma.handle import TokenLogprob
 from uma.metrics import LoadMeter, Registry
 from uma.output import END, TOKEN, Event, OutputStage
 from uma.prefix_cache import KvPrefixCache
 from uma.request import Request
+from uma.runner import Ran, Runner
 from uma.sched import fair, reuse
 from uma.sched.bmt import BmtModel
 from uma.sched.cost import CostModel, attended
@@ -55,20 +50,6 @@ log = logging.getLogger("uma.executor")
 # The time the prefix cache's snapshots get per turn of the compute thread while nothing runs
 # or waits: what a request that comes in meanwhile may wait for before its first tick.
 IDLE_SAVE_MS = 10.0
-
-
-@dataclass(frozen=True, slots=True)
-class Ran:
-    """What one decode did: the plan as executed (after any shedding) and its samples."""
-
-    plan: Plan
-    decode_s: float
-    sample_s: float = 0.0
-    seqs: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
-    tokens: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
-    logprobs: np.ndarray | None = None
-    # sequence -> its step's most probable tokens, for the requests that asked (top_logprobs)
-    top: dict[int, TopLogprobs] | None = None
 
 
 class Executor:
@@ -99,22 +80,15 @@ class Executor:
         self.model = ctx.model
         self.policy = policy
         self.output = output
-        self.batch = core.Batch(ctx.n_batch)
-        self.sampler = core.Sampler(ctx.n_seq_max, self.model.n_vocab)
-        self.device_sampling = device_sampling
+        self.runner = Runner(ctx, core, device_sampling, grammars, settle)
         self.overlap = overlap
-        self.settle = settle
+        if overlap:  # the last tick's output goes out while the device runs the next
+            self.runner.during = self._flush
         self.fair_share = fair_share
         self.fair_quantum_ms = fair_quantum_ms
         self.ledger = fair.Ledger()  # what each app has been served (uma.sched.fair)
         self._rows: list[tuple[Request, float]] = []  # the tick's requests and their price
         self.grammars = grammars
-        self._tick_masks = None if grammars is None else TickMasks(grammars, self.model.n_vocab)
-        self._constrained: set[int] = set()  # sequences of requests with a grammar
-        self._top_wanted: set[int] = set()  # sequences of requests with top_logprobs
-        # the last decode's masks: the row in _mask_buf of each constrained sequence
-        self._mask_of: dict[int, int] = {}
-        self._mask_buf = np.empty((0, 0), np.int32)
         # What the tick hands on, kept until _flush: output events in order, the tokens'
         # latencies for the metrics, and the tick's report for the statistics.
         self._outbox: list[Event] = []
@@ -127,7 +101,6 @@ class Executor:
         self._steady: Plan | None = None
         self._steady_at = -1
         self._changes = 0
-        self.on_device = np.zeros(ctx.n_seq_max, dtype=bool)  # by sequence: sampled there
         self.n_ctx_seq = ctx.n_ctx_seq
         self.eog = frozenset(int(t) for t in self.model.eog_tokens())
         # Free sequence ids, lowest handed out first, so the sequences decoding together stay a
@@ -199,7 +172,7 @@ class Executor:
     def calibrate(self) -> None:
         """Times the device before serving (uma.calibration) and anchors the cost model
         there; `calibration` shows its progress."""
-        calibration = DeviceTiming(self.ctx, self.batch)
+        calibration = DeviceTiming(self.ctx, self.runner.batch)
         self._timing = calibration
         self.calibration_ticks = calibration.run()
         if self.calibration_ticks:
@@ -269,8 +242,7 @@ class Executor:
         self._changes += 1
         seq, req.seq_id = req.seq_id, -1
         if seq >= 0:
-            self._constrained.discard(seq)
-            self._top_wanted.discard(seq)
+            self.runner.forget(seq)
             del self.running[seq]  # before _keep: a snapshot asks who else runs
         req.done = True
         if self.fair_share:
@@ -389,11 +361,7 @@ class Executor:
             self.running[req.seq_id] = req
             try:
                 self._reuse(req)
-                self.sampler.configure(req.seq_id, **req.params.sampler_options())
-                if req.params.repeat_penalty != 1 or req.params.frequency_penalty \
-                        or req.params.presence_penalty:
-                    self.sampler.accept(req.seq_id, req.tokens)
-                self._route(req)
+                self.runner.admit(req)
             except Exception as exc:  # noqa: BLE001 - this request's alone
                 self.fail(req, exc)
 
@@ -461,21 +429,6 @@ class Executor:
         keeps turning for them while nothing else runs)."""
         return self.prefix is not None and self.prefix.saving
 
-    def _route(self, req: Request) -> None:
-        """Picks where the request's rows are sampled. A sequence keeps its device chain
-        after its request ends, and the next request with the same options reuses it: a
-        changed chain costs the next decode a re-plan of its compute graph."""
-        seq = req.seq_id
-        self.on_device[seq] = False
-        if req.matcher is not None:
-            self._constrained.add(seq)
-        if req.params.top_logprobs:
-            self._top_wanted.add(seq)
-        if self.device_sampling and req.params.device_capable and req.matcher is None:
-            self.on_device[seq] = self.ctx.set_sampler(seq, **req.params.device_options())
-        else:
-            self.ctx.clear_sampler(seq)
-
     # --- the tick ---------------------------------------------------------------------------
 
     def step(self) -> bool:
@@ -491,7 +444,9 @@ class Executor:
             return False
         self._tick_start += away_s
         plan = self.build(plan)
-        ran = self.run(plan)
+        ran = self.runner.run(plan, self.running)
+        while ran.no_room:  # the same tick again, with room made (or the plan shed)
+            ran = self.runner.run(self._room_for(ran), self.running)
         self.apply(ran)
         self._save(ran.plan)
         return True
@@ -510,7 +465,7 @@ class Executor:
             now_ns=time.monotonic_ns(),
             sessions=tuple(r.view() for r in self.running.values()),
             n_waiting=sum(len(q) for q in self.waiting.values()),
-            n_batch=self.batch.capacity,
+            n_batch=self.runner.batch.capacity,
             n_seq_max=self.n_running,
             decode_ms_ewma=self.stats.decode_ewma,
             cost=self.cost.estimate,
@@ -540,15 +495,16 @@ class Executor:
             and all(r.priority is Priority.INTERACTIVE for r in self.running.values())
 
     def build(self, plan: Plan) -> Plan:
-        """Fills the batch with the plan's items; returns the plan as built (without the items
-        of requests that failed on the way, or were released since the plan was made)."""
+        """The plan without the items of requests released since it was made, and the cost
+        model's attention features of its batch."""
         # Layout, not policy: every row in ascending sequence order, prompt chunks among the
         # decode rows. With per-sequence KV (kv_unified=False) llama.cpp splits a batch into
         # micro-batches of consecutive sequence ids taken in batch order, one token each per
         # round, and each micro-batch reads all the weights again: decoders 0-2 and 4-7 with
         # a prompt on 3 listed decode rows first ran as three (0-3, 4-7, the prompt's rest), in
         # sequence order as two. With one KV buffer the order changes nothing.
-        items = self._fill(sorted(plan.items, key=lambda i: i.seq_id))
+        items = sorted((i for i in plan.items if i.seq_id in self.running),
+                       key=lambda i: i.seq_id)
         # the cost model's attention features for this batch: cache positions read (decode
         # rows' whole caches, prompt chunks' caches before them), prompt tokens' attention
         self._cache_read = self._prompt_attended = 0
@@ -564,231 +520,28 @@ class Executor:
                 self._prompt_attended += attended(req.n_past, item.n_tokens)
                 self._background_prompt |= req.priority is Priority.BACKGROUND
         self._solo = (len(items), solo_kv)
-        if len(items) != len(plan.items):
-            plan = dataclasses.replace(plan, items=tuple(items))
-        return plan
+        return dataclasses.replace(plan, items=tuple(items))
 
-    def _fill(self, items: list[BatchItem] | tuple[BatchItem, ...]) -> list[BatchItem]:
-        """Puts items in the batch, in order; an item whose request fails to go in ends that
-        request alone. Returns the items that went in."""
-        batch = self.batch
-        batch.clear()
-        added = []
-        for item in items:
-            req = self.running.get(item.seq_id)
-            if req is None:
-                continue
-            try:
-                if item.phase is Phase.DECODE:
-                    batch.add(req.last_token, req.n_past, item.seq_id, True)
-                else:
-                    start = req.n_prefilled
-                    batch.add_sequence(req.tokens[start:start + item.n_tokens], start,
-                                       item.seq_id, logits_last=item.logits)
-            except Exception as exc:  # noqa: BLE001 - this request's alone
-                self.fail(req, exc)
-                # Again without it: a failed add may have left part of its tokens behind.
-                return self._fill([i for i in items if i.seq_id in self.running])
-            added.append(item)
-        return added
+    def _room_for(self, ran: Ran) -> Plan:
+        """After a batch the KV cache had no room for: its failures ended, then a cached
+        prefix freed (the prefix cache), else the plan shed as the policy decides. Returns the
+        plan to run again."""
+        self._end_failed(ran)
+        plan = dataclasses.replace(ran.plan, items=self._live(ran.plan.items))
+        if self.prefix is not None and self.prefix.evict_one():
+            return plan
+        self.m.kv_full.inc()
+        return self._shed(plan)
 
-    def run(self, plan: Plan) -> Ran:
-        """Decodes the batch and samples its logits rows. On a full KV cache it sheds load
-        (prompt chunks, then whole requests) and tries again; on any other failure it finds
-        the requests that fail on their own (`_isolate`)."""
-        t0 = time.perf_counter()
-        while True:
-            if not plan.items:
-                return Ran(plan, time.perf_counter() - t0)
-            try:
-                n_out = self.ctx.decode(self.batch)
-                # While the device works (a GPU's decode returns once queued): the token
-                # masks of constrained rows, then the last tick's output.
-                self._fill_masks(self.ctx.output_seqs)
-                if self.overlap:
-                    self._flush()
-                break
-            except NoKVSlotError:
-                if self.prefix is not None and self.prefix.evict_one():
-                    continue  # the same batch again, with the cache's cells freed
-                self.m.kv_full.inc()
-                plan = self._shed(plan)
-                if not plan.items:
-                    return Ran(plan, time.perf_counter() - t0)
-                plan = self.build(plan)
-            except DecodeAbortedError:
-                # The engine is shutting down (Context.abort): nothing ran, nobody is to blame.
-                self._roll_back(plan.items)
-                return Ran(Plan.empty(), time.perf_counter() - t0)
-            except UmaError as exc:
-                return self._isolate(plan, exc, t0)
-        if self.settle:
-            self.ctx.synchronize()
-        t1 = time.perf_counter()
-        if n_out == 0:  # only prompt chunks that do not end their prompt
-            return Ran(plan, t1 - t0)
-        top = self._top_logprobs(self.ctx.output_seqs)
-        seqs, tokens, logprobs = self._sample(self.ctx.output_seqs)
-        if len(seqs) != n_out:  # some rows failed to sample: their requests have ended
-            plan = dataclasses.replace(plan, items=self._live(plan.items))
-        return Ran(plan, t1 - t0, time.perf_counter() - t1, seqs, tokens, logprobs, top)
-
-    def _roll_back(self, items: tuple[BatchItem, ...]) -> None:
-        """Removes from the cache what a failed decode of items may have kept (its first
-        micro-batches): each sequence is left where the tick found it."""
-        for item in items:
-            req = self.running.get(item.seq_id)
+    def _end_failed(self, ran: Ran) -> None:
+        """Ends, each alone, the requests that failed in the tick."""
+        for failure in ran.failed:
+            req = self.running.get(failure.seq)
             if req is not None:
-                self.ctx.seq_rm(item.seq_id, req.n_past)
+                self.fail(req, failure.error)
 
     def _live(self, items: tuple[BatchItem, ...]) -> tuple[BatchItem, ...]:
         return tuple(i for i in items if i.seq_id in self.running)
-
-    def _top_logprobs(self, seqs: np.ndarray) -> dict[int, TopLogprobs] | None:
-        """The most probable tokens of the rows whose requests asked for them (the model's own
-        distribution, as their sampled token's log-probability)."""
-        if not self._top_wanted:
-            return None
-        rows = [(row, s) for row, s in enumerate(seqs.tolist()) if s in self._top_wanted]
-        if not rows:
-            return None
-        want = [self.running[s].params.top_logprobs for _, s in rows]
-        ids, lps = self.sampler.top_logprobs(self.ctx, [row for row, _ in rows], max(want))
-        return {s: tuple(zip(ids[i, :n].tolist(), lps[i, :n].tolist(), strict=True))
-                for i, ((_, s), n) in enumerate(zip(rows, want, strict=True))}
-
-    def _sample(self, seqs: np.ndarray, logprobs: bool | None = None
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """Samples every logits row of the last decode: (sequence ids, tokens, log-probs).
-        If the batched call fails, each row is sampled on its own and only the rows that
-        fail alone end their requests."""
-        device = self.on_device[seqs]
-        if device.any():
-            return self._sample_device(seqs, device, logprobs)
-        if logprobs is None:
-            logprobs = any(self.running[s].params.logprobs for s in seqs.tolist())
-        rows = np.arange(len(seqs), dtype=np.int32)
-        return self._sample_host(seqs, rows, logprobs)
-
-    def _sample_device(self, seqs: np.ndarray, device: np.ndarray, logprobs: bool | None
-                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """Reads the device's tokens and samples the other rows on the host. Device rows have
-        no log-probs (their requests did not ask; NaN where another row's did)."""
-        tokens = self.ctx.sampled_tokens()
-        missing = device & (tokens < 0)
-        if missing.any():  # the backend could not run a chain after all: host from now on
-            log.warning("the device sampler returned no token for %d rows; sampling on the "
-                        "host from now on", int(missing.sum()))
-            self.device_sampling = False
-            for seq in seqs[missing].tolist():
-                self.fail(self.running[seq], UmaError(
-                    "the device's sampler returned no token for this request"))
-        host = ~device
-        if logprobs is None:
-            logprobs = any(self.running[s].params.logprobs for s in seqs[host].tolist())
-        lps = np.full(len(seqs), np.nan, np.float32) if logprobs else None
-        keep = device & ~missing
-        if host.any():
-            h_seqs, h_tokens, h_lps = self._sample_host(
-                seqs[host], np.flatnonzero(host).astype(np.int32), logprobs)
-            kept = np.isin(seqs, h_seqs) & host
-            keep |= kept
-            tokens[kept] = h_tokens
-            if lps is not None and h_lps is not None:
-                lps[kept] = h_lps
-        return seqs[keep], tokens[keep], None if lps is None else lps[keep]
-
-    def _fill_masks(self, seqs: np.ndarray) -> None:
-        """The next-token masks of the decode's constrained rows (uma.grammar), built as soon
-        as the decode is launched: on a GPU while it runs."""
-        self._mask_of.clear()
-        if self._tick_masks is None:
-            return
-        rows = [s for s in seqs.tolist() if s in self._constrained]
-        self._mask_of.update((s, k) for k, s in enumerate(rows))
-        if rows:
-            self._mask_buf = self._tick_masks.fill([self.running[s] for s in rows])
-        else:
-            self._tick_masks.wait()  # nothing of it is wanted
-
-    def _masks(self, seqs: np.ndarray) -> dict[str, np.ndarray]:
-        """The masks of these rows as Sampler.sample takes them; none when no row has one."""
-        if not self._mask_of:
-            return {}
-        index = np.array([self._mask_of.get(s, -1) for s in seqs.tolist()], np.int32)
-        return {"masks": self._mask_buf.view(np.uint32), "mask_index": index}
-
-    def _sample_host(self, seqs: np.ndarray, rows: np.ndarray, logprobs: bool
-                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """Samples logits rows `rows` (whose sequences are `seqs`) on the host."""
-        try:
-            sampled = self.sampler.sample(self.ctx, rows, seqs, logprobs=logprobs,
-                                          **self._masks(seqs))
-        except Exception:  # noqa: BLE001 - narrowed down row by row below
-            keep, tokens, lps = [], [], []
-            for row, seq in zip(rows.tolist(), seqs.tolist(), strict=True):
-                try:
-                    token, lp = self.sampler.sample(self.ctx, [row], [seq], logprobs=True,
-                                                    **self._masks(np.array([seq])))
-                except Exception as exc:  # noqa: BLE001 - this request's alone
-                    self.fail(self.running[seq], exc)
-                    continue
-                keep.append(seq)
-                tokens.append(token[0])
-                lps.append(lp[0])
-            return (np.array(keep, np.int32), np.array(tokens, np.int32),
-                    np.array(lps, np.float32) if logprobs else None)
-        return (seqs, *sampled) if logprobs else (seqs, sampled, None)
-
-    def _isolate(self, plan: Plan, exc: UmaError, t0: float) -> Ran:
-        """After a failed decode: finds the requests that fail on their own and ends only
-        those. The plan's sequences are rolled back to where the tick found them (a failed
-        decode may have kept its first micro-batches), then each half of the plan is decoded
-        and sampled alone, halving again where a half fails; a lone item that fails ends its
-        request with the error. At most 2n - 1 decodes for n items, only after a failure."""
-        parts: list[tuple[tuple[BatchItem, ...], np.ndarray, np.ndarray, np.ndarray]] = []
-        top: dict[int, TopLogprobs] = {}
-        todo = [(plan.items, exc)]
-        while todo:
-            items, error = todo.pop()
-            self._roll_back(items)
-            items = self._live(items)
-            if not items:
-                continue
-            if len(items) == 1:
-                log.warning("request %d failed its decode: %s",
-                            self.running[items[0].seq_id].rid, error)
-                self.fail(self.running[items[0].seq_id], error)
-                continue
-            half = len(items) // 2
-            for part in (items[half:], items[:half]):  # popped in batch order
-                part = tuple(self._fill(part))
-                try:
-                    n_out = self.ctx.decode(self.batch) if part else 0
-                except DecodeAbortedError:
-                    self._roll_back(part)  # shutting down: left as it was
-                    continue
-                except UmaError as sub:
-                    todo.append((part, sub))
-                    continue
-                if n_out:
-                    self._fill_masks(self.ctx.output_seqs)
-                    top.update(self._top_logprobs(self.ctx.output_seqs) or {})
-                    seqs, tokens, lps = self._sample(self.ctx.output_seqs, logprobs=True)
-                    assert lps is not None  # asked for
-                    parts.append((part, seqs, tokens, lps))
-                elif part:
-                    parts.append((part, np.empty(0, np.int32), np.empty(0, np.int32),
-                                  np.empty(0, np.float32)))
-        decode_s = time.perf_counter() - t0
-        if not parts:
-            return Ran(Plan.empty(), decode_s)
-        return Ran(dataclasses.replace(plan, items=self._live(
-                       tuple(i for part in parts for i in part[0]))),
-                   decode_s,
-                   seqs=np.concatenate([p[1] for p in parts]),
-                   tokens=np.concatenate([p[2] for p in parts]),
-                   logprobs=np.concatenate([p[3] for p in parts]), top=top or None)
 
     def _shed(self, plan: Plan) -> Plan:
         """A smaller plan after 'no KV slot', as the policy decides it."""
@@ -805,8 +558,7 @@ class Executor:
         self.m.preempted.inc()
         self._changes += 1
         self._keep(req, req.seq_id)  # its next admission finds its own cells again
-        self._constrained.discard(req.seq_id)
-        self._top_wanted.discard(req.seq_id)
+        self.runner.forget(req.seq_id)
         self.ctx.seq_rm(req.seq_id)
         heapq.heappush(self.free_seqs, req.seq_id)
         del self.running[req.seq_id]
@@ -815,7 +567,9 @@ class Executor:
         self.waiting[req.priority].appendleft(req)
 
     def apply(self, ran: Ran) -> None:
-        """Advances every sequence of the batch and hands sampled tokens on."""
+        """Ends the requests that failed on their own, advances every other sequence of the
+        batch and hands sampled tokens on."""
+        self._end_failed(ran)
         apps = self._apps(ran.plan)
         for item in ran.plan.items:
             req = self.running.get(item.seq_id)
@@ -838,9 +592,7 @@ class Executor:
                     self._accept(req, int(ran.tokens[k]), lp, now)
                 except Exception as exc:  # noqa: BLE001 - this request's alone
                     self.fail(req, exc)
-        if self._tick_masks is not None and self._constrained:
-            self._tick_masks.prefetch([r for s in self._constrained
-                                       if (r := self.running[s]).matcher is not None])
+        self.runner.prefetch(self.running)
         self._memory = ran.plan.memory
         self._due = self._report(ran, apps)
         # Now, not when the report is handed on: overlapped, that is during the next decode,
@@ -946,7 +698,4 @@ class Executor:
         return parts
 
     def close(self) -> None:
-        if self._tick_masks is not None:
-            self._tick_masks.close()
-        self.sampler.close()
-        self.batch.close()
+        self.runner.close()

@@ -1,0 +1,381 @@
+"""The runner: runs one tick's batch on one llama.cpp context, and decides nothing.
+
+    ran = runner.run(plan, running)   # fill the batch, decode (GIL released), sample
+
+It owns what running needs: the context, the batch, the native sampler, the grammar masks and
+where each sequence's rows are sampled (on the device or on the host). The requests are the
+scheduler's (uma.executor): the runner reads them and changes none. What goes wrong comes
+back as data in `Ran`: a request that fails on its own (while batched, decoded or sampled) is
+a `Failure`, and a batch the KV cache has no room for is `no_room`, rolled back, for the
+scheduler to make room (its prefix cache, then the policy's shedding) and plan again.
+
+A decode call is shared, so a failed one is retried in halves, with the cache rolled back in
+between, until the requests whose tokens fail on their own are found (a fault of the context
+itself fails each request it touches with that honest error).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from uma.errors import DecodeAbortedError, NoKVSlotError, UmaError
+from uma.grammar import TickMasks
+from uma.handle import TopLogprobs
+from uma.request import Request
+from uma.sched.state import BatchItem, Phase, Plan
+
+if TYPE_CHECKING:
+    from uma import _core
+    from uma.grammar import Grammars
+
+log = logging.getLogger("uma.runner")
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A request that failed on its own in a tick; the others went on."""
+
+    seq: int
+    error: BaseException
+
+
+@dataclass(frozen=True, slots=True)
+class Ran:
+    """What one tick did: the plan as run (without failed requests' items), its samples, the
+    requests that failed, and whether the KV cache had no room for the batch (then nothing
+    ran: the plan is the one that did not fit)."""
+
+    plan: Plan
+    decode_s: float
+    sample_s: float = 0.0
+    seqs: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
+    tokens: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
+    logprobs: np.ndarray | None = None
+    # sequence -> its step's most probable tokens, for the requests that asked (top_logprobs)
+    top: dict[int, TopLogprobs] | None = None
+    failed: tuple[Failure, ...] = ()
+    no_room: bool = False
+
+
+class Runner:
+    """Runs batches on `ctx`. Used by one thread (the compute thread)."""
+
+    def __init__(self, ctx: _core.Context, core: ModuleType, device_sampling: bool = False,
+                 grammars: Grammars | None = None, settle: bool = False) -> None:
+        """core: the module whose Batch and Sampler go with ctx (uma._core, or a stand-in).
+        device_sampling: sample on the device the rows of requests whose options it can
+        compute (Context.set_sampler); the host sampler takes the others. grammars: the token
+        masks of constrained requests (uma.grammar; needed once a request has a matcher).
+        settle: every decode is waited for on the device before run returns."""
+        self.ctx = ctx
+        self.model = ctx.model
+        self.batch = core.Batch(ctx.n_batch)
+        self.sampler = core.Sampler(ctx.n_seq_max, self.model.n_vocab)
+        self.device_sampling = device_sampling
+        self.settle = settle
+        self.on_device = np.zeros(ctx.n_seq_max, dtype=bool)  # by sequence: sampled there
+        self.tick_masks = None if grammars is None else TickMasks(grammars, self.model.n_vocab)
+        self._constrained: set[int] = set()  # sequences of requests with a grammar
+        self._top_wanted: set[int] = set()  # sequences of requests with top_logprobs
+        # the last decode's masks: the row in _mask_buf of each constrained sequence
+        self._mask_of: dict[int, int] = {}
+        self._mask_buf = np.empty((0, 0), np.int32)
+        # called while the device decodes (a GPU's decode returns once queued): the
+        # scheduler hands the last tick's output on there when it overlaps ticks
+        self.during: Callable[[], None] = lambda: None
+        self._running: Mapping[int, Request] = {}
+        self._failed: list[Failure] = []
+
+    # --- sequences ---------------------------------------------------------------------------
+
+    def admit(self, req: Request) -> None:
+        """Prepares the request's sequence: its sampler options, the prompt its penalties
+        count, and where its rows are sampled. Raises what the request's options fail with."""
+        seq = req.seq_id
+        self.sampler.configure(seq, **req.params.sampler_options())
+        if req.params.repeat_penalty != 1 or req.params.frequency_penalty \
+                or req.params.presence_penalty:
+            self.sampler.accept(seq, req.tokens)
+        self._route(req)
+
+    def _route(self, req: Request) -> None:
+        """Picks where the request's rows are sampled. A sequence keeps its device chain
+        after its request ends, and the next request with the same options reuses it: a
+        changed chain costs the next decode a re-plan of its compute graph."""
+        seq = req.seq_id
+        self.on_device[seq] = False
+        if req.matcher is not None:
+            self._constrained.add(seq)
+        if req.params.top_logprobs:
+            self._top_wanted.add(seq)
+        if self.device_sampling and req.params.device_capable and req.matcher is None:
+            self.on_device[seq] = self.ctx.set_sampler(seq, **req.params.device_options())
+        else:
+            self.ctx.clear_sampler(seq)
+
+    def forget(self, seq: int) -> None:
+        """The sequence's request has left it (ended or preempted)."""
+        self._constrained.discard(seq)
+        self._top_wanted.discard(seq)
+
+    def prefetch(self, running: Mapping[int, Request]) -> None:
+        """Starts the next tick's masks of the constrained requests (uma.grammar)."""
+        if self.tick_masks is not None and self._constrained:
+            self.tick_masks.prefetch([r for s in self._constrained
+                                      if (r := running[s]).matcher is not None])
+
+    # --- the tick ----------------------------------------------------------------------------
+
+    def run(self, plan: Plan, running: Mapping[int, Request]) -> Ran:
+        """Fills the batch with the plan's items (of the requests in `running`, by sequence),
+        decodes it and samples its logits rows."""
+        self._running, self._failed = running, []
+        try:
+            return self._run(plan)
+        finally:
+            self._running = {}
+
+    def _run(self, plan: Plan) -> Ran:
+        t0 = time.perf_counter()
+        plan = self._built(plan)
+        if not plan.items:
+            return self._ran(plan, time.perf_counter() - t0)
+        try:
+            n_out = self.ctx.decode(self.batch)
+            # While the device works: the token masks of constrained rows, then the
+            # scheduler's hand-off of the last tick's output.
+            self._fill_masks(self.ctx.output_seqs)
+            self.during()
+        except NoKVSlotError:
+            self._roll_back(plan.items)
+            return self._ran(plan, time.perf_counter() - t0, no_room=True)
+        except DecodeAbortedError:
+            # The engine is shutting down (Context.abort): nothing ran, nobody is to blame.
+            self._roll_back(plan.items)
+            return self._ran(Plan.empty(), time.perf_counter() - t0)
+        except UmaError as exc:
+            return self._isolate(plan, exc, t0)
+        if self.settle:
+            self.ctx.synchronize()
+        t1 = time.perf_counter()
+        if n_out == 0:  # only prompt chunks that do not end their prompt
+            return self._ran(plan, t1 - t0)
+        top = self._top_logprobs(self.ctx.output_seqs)
+        seqs, tokens, logprobs = self._sample(self.ctx.output_seqs)
+        return self._ran(plan, t1 - t0, time.perf_counter() - t1, seqs, tokens, logprobs, top)
+
+    def _ran(self, plan: Plan, decode_s: float, sample_s: float = 0.0,
+             seqs: np.ndarray | None = None, tokens: np.ndarray | None = None,
+             logprobs: np.ndarray | None = None, top: dict[int, TopLogprobs] | None = None,
+             no_room: bool = False) -> Ran:
+        """The tick's Ran: the plan without the items of requests that failed in it."""
+        if self._failed:
+            plan = dataclasses.replace(plan, items=self._live(plan.items))
+        empty = np.empty(0, np.int32)
+        return Ran(plan, decode_s, sample_s, empty if seqs is None else seqs,
+                   empty if tokens is None else tokens, logprobs, top, tuple(self._failed),
+                   no_room)
+
+    def _fail(self, seq: int, exc: BaseException) -> None:
+        if all(f.seq != seq for f in self._failed):
+            self._failed.append(Failure(seq, exc))
+
+    def _live(self, items: tuple[BatchItem, ...]) -> tuple[BatchItem, ...]:
+        failed = {f.seq for f in self._failed}
+        return tuple(i for i in items if i.seq_id not in failed and i.seq_id in self._running)
+
+    def _built(self, plan: Plan) -> Plan:
+        """Fills the batch with the plan's items; the plan as built (without the items of
+        requests that failed to go in)."""
+        items = self._fill(plan.items)
+        return plan if len(items) == len(plan.items) \
+            else dataclasses.replace(plan, items=tuple(items))
+
+    def _fill(self, items: tuple[BatchItem, ...]) -> list[BatchItem]:
+        """Puts items in the batch, in order; an item whose request fails to go in fails that
+        request alone. Returns the items that went in."""
+        batch = self.batch
+        batch.clear()
+        added = []
+        for item in self._live(tuple(items)):
+            req = self._running[item.seq_id]
+            try:
+                if item.phase is Phase.DECODE:
+                    batch.add(req.last_token, req.n_past, item.seq_id, True)
+                else:
+                    start = req.n_prefilled
+                    batch.add_sequence(req.tokens[start:start + item.n_tokens], start,
+                                       item.seq_id, logits_last=item.logits)
+            except Exception as exc:  # noqa: BLE001 - this request's alone
+                self._fail(item.seq_id, exc)
+                # Again without it: a failed add may have left part of its tokens behind.
+                return self._fill(self._live(tuple(items)))
+            added.append(item)
+        return added
+
+    def _roll_back(self, items: tuple[BatchItem, ...]) -> None:
+        """Removes from the cache what a failed decode of items may have kept (its first
+        micro-batches): each sequence is left where the tick found it."""
+        for item in items:
+            req = self._running.get(item.seq_id)
+            if req is not None:
+                self.ctx.seq_rm(item.seq_id, req.n_past)
+
+    def _top_logprobs(self, seqs: np.ndarray) -> dict[int, TopLogprobs] | None:
+        """The most probable tokens of the rows whose requests asked for them (the model's own
+        distribution, as their sampled token's log-probability)."""
+        if not self._top_wanted:
+            return None
+        rows = [(row, s) for row, s in enumerate(seqs.tolist()) if s in self._top_wanted]
+        if not rows:
+            return None
+        want = [self._running[s].params.top_logprobs for _, s in rows]
+        ids, lps = self.sampler.top_logprobs(self.ctx, [row for row, _ in rows], max(want))
+        return {s: tuple(zip(ids[i, :n].tolist(), lps[i, :n].tolist(), strict=True))
+                for i, ((_, s), n) in enumerate(zip(rows, want, strict=True))}
+
+    def _sample(self, seqs: np.ndarray, logprobs: bool | None = None
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Samples every logits row of the last decode: (sequence ids, tokens, log-probs).
+        If the batched call fails, each row is sampled on its own and only the rows that
+        fail alone fail their requests."""
+        device = self.on_device[seqs]
+        if device.any():
+            return self._sample_device(seqs, device, logprobs)
+        if logprobs is None:
+            logprobs = any(self._running[s].params.logprobs for s in seqs.tolist())
+        rows = np.arange(len(seqs), dtype=np.int32)
+        return self._sample_host(seqs, rows, logprobs)
+
+    def _sample_device(self, seqs: np.ndarray, device: np.ndarray, logprobs: bool | None
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Reads the device's tokens and samples the other rows on the host. Device rows have
+        no log-probs (their requests did not ask; NaN where another row's did)."""
+        tokens = self.ctx.sampled_tokens()
+        missing = device & (tokens < 0)
+        if missing.any():  # the backend could not run a chain after all: host from now on
+            log.warning("the device sampler returned no token for %d rows; sampling on the "
+                        "host from now on", int(missing.sum()))
+            self.device_sampling = False
+            for seq in seqs[missing].tolist():
+                self._fail(seq, UmaError(
+                    "the device's sampler returned no token for this request"))
+        host = ~device
+        if logprobs is None:
+            logprobs = any(self._running[s].params.logprobs for s in seqs[host].tolist())
+        lps = np.full(len(seqs), np.nan, np.float32) if logprobs else None
+        keep = device & ~missing
+        if host.any():
+            h_seqs, h_tokens, h_lps = self._sample_host(
+                seqs[host], np.flatnonzero(host).astype(np.int32), logprobs)
+            kept = np.isin(seqs, h_seqs) & host
+            keep |= kept
+            tokens[kept] = h_tokens
+            if lps is not None and h_lps is not None:
+                lps[kept] = h_lps
+        return seqs[keep], tokens[keep], None if lps is None else lps[keep]
+
+    def _fill_masks(self, seqs: np.ndarray) -> None:
+        """The next-token masks of the decode's constrained rows (uma.grammar), built as soon
+        as the decode is launched: on a GPU while it runs."""
+        self._mask_of.clear()
+        if self.tick_masks is None:
+            return
+        rows = [s for s in seqs.tolist() if s in self._constrained]
+        self._mask_of.update((s, k) for k, s in enumerate(rows))
+        if rows:
+            self._mask_buf = self.tick_masks.fill([self._running[s] for s in rows])
+        else:
+            self.tick_masks.wait()  # nothing of it is wanted
+
+    def _masks(self, seqs: np.ndarray) -> dict[str, np.ndarray]:
+        """The masks of these rows as Sampler.sample takes them; none when no row has one."""
+        if not self._mask_of:
+            return {}
+        index = np.array([self._mask_of.get(s, -1) for s in seqs.tolist()], np.int32)
+        return {"masks": self._mask_buf.view(np.uint32), "mask_index": index}
+
+    def _sample_host(self, seqs: np.ndarray, rows: np.ndarray, logprobs: bool
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Samples logits rows `rows` (whose sequences are `seqs`) on the host."""
+        try:
+            sampled = self.sampler.sample(self.ctx, rows, seqs, logprobs=logprobs,
+                                          **self._masks(seqs))
+        except Exception:  # noqa: BLE001 - narrowed down row by row below
+            keep, tokens, lps = [], [], []
+            for row, seq in zip(rows.tolist(), seqs.tolist(), strict=True):
+                try:
+                    token, lp = self.sampler.sample(self.ctx, [row], [seq], logprobs=True,
+                                                    **self._masks(np.array([seq])))
+                except Exception as exc:  # noqa: BLE001 - this request's alone
+                    self._fail(seq, exc)
+                    continue
+                keep.append(seq)
+                tokens.append(token[0])
+                lps.append(lp[0])
+            return (np.array(keep, np.int32), np.array(tokens, np.int32),
+                    np.array(lps, np.float32) if logprobs else None)
+        return (seqs, *sampled) if logprobs else (seqs, sampled, None)
+
+    def _isolate(self, plan: Plan, exc: UmaError, t0: float) -> Ran:
+        """After a failed decode: finds the requests that fail on their own. The plan's
+        sequences are rolled back to where the tick found them (a failed decode may have kept
+        its first micro-batches), then each half of the plan is decoded and sampled alone,
+        halving again where a half fails; a lone item that fails is that request's failure.
+        At most 2n - 1 decodes for n items, only after a failure."""
+        parts: list[tuple[tuple[BatchItem, ...], np.ndarray, np.ndarray, np.ndarray]] = []
+        top: dict[int, TopLogprobs] = {}
+        todo = [(plan.items, exc)]
+        while todo:
+            items, error = todo.pop()
+            self._roll_back(items)
+            items = self._live(items)
+            if not items:
+                continue
+            if len(items) == 1:
+                log.warning("request %d failed its decode: %s",
+                            self._running[items[0].seq_id].rid, error)
+                self._fail(items[0].seq_id, error)
+                continue
+            half = len(items) // 2
+            for part in (items[half:], items[:half]):  # popped in batch order
+                part = tuple(self._fill(part))
+                try:
+                    n_out = self.ctx.decode(self.batch) if part else 0
+                except DecodeAbortedError:
+                    self._roll_back(part)  # shutting down: left as it was
+                    continue
+                except UmaError as sub:
+                    todo.append((part, sub))
+                    continue
+                if n_out:
+                    self._fill_masks(self.ctx.output_seqs)
+                    top.update(self._top_logprobs(self.ctx.output_seqs) or {})
+                    seqs, tokens, lps = self._sample(self.ctx.output_seqs, logprobs=True)
+                    assert lps is not None  # asked for
+                    parts.append((part, seqs, tokens, lps))
+                elif part:
+                    parts.append((part, np.empty(0, np.int32), np.empty(0, np.int32),
+                                  np.empty(0, np.float32)))
+        decode_s = time.perf_counter() - t0
+        if not parts:
+            return self._ran(Plan.empty(), decode_s)
+        return self._ran(
+            dataclasses.replace(plan, items=tuple(i for part in parts for i in part[0])),
+            decode_s, 0.0, np.concatenate([p[1] for p in parts]),
+            np.concatenate([p[2] for p in parts]), np.concatenate([p[3] for p in parts]),
+            top or None)
+
+    def close(self) -> None:
+        if self.tick_masks is not None:
+            self.tick_masks.close()
+        self.sampler.close()
+        self.batch.close()
