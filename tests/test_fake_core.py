@@ -25,7 +25,7 @@ from uma.errors import (
     InvalidTokenError,
     NoKVSlotError,
 )
-from uma.output import TOKEN
+from uma.output import Token
 from uma.testing import fake_core as fc
 
 STUB = Path(__file__).resolve().parents[1] / "src" / "uma" / "_core.pyi"  # the real surface
@@ -662,12 +662,12 @@ def test_overlapped_ticks_hand_a_token_on_with_the_next_decode_but_a_first_token
     with make_engine(overlap="on") as e:
         assert e.wait_ready(TIMEOUT)
         e.ctx.before_decode = lambda batch: pending.append(
-            [event[0] for event in e._executor._outbox])
+            [type(event) for event in e._executor._outbox])
         result = e.generate(PROMPTS[1], max_tokens=6, ignore_eos=True)
     assert len(result.token_ids) == 6
     # the prompt's decode; the first token's (handed on at once); then each later token's,
     # handed on once the decode after it is under way; the last goes with the request's end
-    assert pending == [[], [], [TOKEN], [TOKEN], [TOKEN], [TOKEN]]
+    assert pending == [[], [], [Token], [Token], [Token], [Token]]
 
 
 def test_overlapped_ticks_run_a_steady_plan_again_without_asking_the_policy():

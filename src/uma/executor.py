@@ -30,7 +30,7 @@ from uma.calibration import DeviceTiming
 from uma.errors import UmaError
 from uma.handle import TokenLogprob
 from uma.metrics import LoadMeter, Registry
-from uma.output import END, TOKEN, Event, OutputStage
+from uma.output import Ended, Event, OutputStage, Token
 from uma.prefix_cache import KvPrefixCache
 from uma.request import Request
 from uma.runner import Ran, Runner
@@ -254,7 +254,7 @@ class Executor:
         self.m.kv_cells.set(sum(r.n_past for r in self.running.values()))
         # Its result is queued before its KV goes to the prefix cache, whose snapshot of an
         # entry leaving for room may hold this thread: the output goes out first (_may_hold).
-        self._outbox.append((END, req, reason, error, time.monotonic_ns(), False))
+        self._outbox.append(Ended(req, reason, error, time.monotonic_ns()))
         if seq >= 0:
             if reason != "error":
                 self._keep(req, seq)
@@ -277,7 +277,7 @@ class Executor:
         reqs = [*self.running.values(), *(r for q in self.waiting.values() for r in q), *queued]
         for req in reqs:
             req.done = True
-        self.output.publish([(END, req, "error", error, now, False) for req in reqs])
+        self.output.publish([Ended(req, "error", error, now) for req in reqs])
 
     def _flush(self) -> None:
         """Hands on what the ticks so far produced: the output events in one batch, the
@@ -623,7 +623,7 @@ class Executor:
         is_eog = token in self.eog and not req.params.ignore_eos
         if req.matcher is not None and not is_eog:
             self._constrain(req, token)
-        self._outbox.append((TOKEN, req, token, logprob, now, is_eog))
+        self._outbox.append(Token(req, token, logprob, now, is_eog))
         if is_eog:
             self.release(req, "stop")
             return

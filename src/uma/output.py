@@ -17,7 +17,7 @@ import math
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import NamedTuple
 
 from uma import tools
 from uma.errors import UmaError
@@ -27,8 +27,29 @@ from uma.text import StopMatcher, TextStream
 
 log = logging.getLogger("uma.output")
 
-TOKEN, END, _QUIT = 0, 1, 2
-Event = tuple[int, Request, Any, Any, int, bool]
+class Token(NamedTuple):
+    """A sampled token of a request, at t_ns (monotonic). logprob: a float, a TokenLogprob
+    with the step's most probable tokens, or None; hidden: an end-of-generation token, kept
+    out of the text."""
+
+    req: Request
+    token: int
+    logprob: float | TokenLogprob | None
+    t_ns: int
+    hidden: bool = False
+
+
+class Ended(NamedTuple):
+    """A request's end, at t_ns: its finish reason, and its error where it failed."""
+
+    req: Request
+    reason: str
+    error: UmaError | None
+    t_ns: int
+
+
+Event = Token | Ended
+_QUIT = object()  # the stage's thread stops at it
 
 
 class _Stream:
@@ -58,29 +79,28 @@ class OutputStage:
         self._thread.start()
 
     def publish(self, events: list[Event]) -> None:
-        """A tick's events at once, in order: (TOKEN, req, token, logprob, t_ns, hidden) (logprob:
-        a float, a TokenLogprob with the step's most probable tokens, or None) or
-        (END, req, reason, error, t_ns, False). One hand-over and one wake-up a tick, however
+        """A tick's events at once, in order. One hand-over and one wake-up a tick, however
         many streams."""
         self._queue.put(events)
 
     def close(self) -> None:
         """Publishes everything queued so far, then stops the thread."""
-        self._queue.put(((_QUIT, None, None, None, 0, False),))
+        self._queue.put(_QUIT)
         self._thread.join()
 
     def _run(self) -> None:
         while True:
-            for kind, req, a, b, t_ns, hidden in self._queue.get():
-                if kind == _QUIT:
-                    return
+            events = self._queue.get()
+            if events is _QUIT:
+                return
+            for event in events:
                 try:
-                    if kind == TOKEN:
-                        self._publish_token(req, a, b, t_ns, hidden)
+                    if isinstance(event, Token):
+                        self._publish_token(*event)
                     else:
-                        self._publish_end(req, a, b, t_ns)
+                        self._publish_end(*event)
                 except Exception as exc:  # noqa: BLE001 - this request's alone
-                    self._failed(req, kind == END, exc, t_ns)
+                    self._failed(event.req, isinstance(event, Ended), exc, event.t_ns)
 
     def _failed(self, req: Request, ended: bool, exc: Exception, t_ns: int) -> None:
         """Ends one request's output after a failure producing it."""
