@@ -5,6 +5,7 @@ more than one slice."""
 
 from __future__ import annotations
 
+import contextlib
 import time as time_module
 
 import numpy as np
@@ -14,6 +15,20 @@ from uma import _core
 from uma import fake_core as fc
 from uma.errors import UmaError
 from uma.snapshots import FIRST_SLICE, Snapshots
+
+
+@contextlib.contextmanager
+def decoded(model, n_ctx: int, tokens: np.ndarray):
+    """A three-sequence context holding `tokens` in sequence 0, and a batch to decode more."""
+    ctx = _core.Context(model, n_ctx=n_ctx, n_seq_max=3)
+    batch = _core.Batch(256)
+    try:
+        batch.add_sequence(tokens, 0, 0)
+        ctx.decode(batch)
+        yield ctx, batch
+    finally:
+        batch.close()
+        ctx.close()
 
 
 def next_logits(ctx, batch, token, pos, seq):
@@ -27,12 +42,8 @@ def test_an_entry_copied_in_slices_reads_back_as_it_was(model):
     """100 positions in seq 0, copied out in slices of growing size (a tiny budget a call),
     their cells freed slice by slice; read back into seq 1, the next token's logits are those
     seq 0 gave before, and a read of the first 40 positions only holds just those."""
-    ctx = _core.Context(model, n_ctx=512, n_seq_max=3)
-    batch = _core.Batch(128)
-    try:
-        tokens = np.arange(100, 200, dtype=np.int32)
-        batch.add_sequence(tokens, 0, 0)
-        ctx.decode(batch)
+    tokens = np.arange(100, 200, dtype=np.int32)
+    with decoded(model, 512, tokens) as (ctx, batch):
         expected = next_logits(ctx, batch, 7, 100, 0)
         ctx.seq_rm(0, 100, -1)
         snaps = Snapshots(ctx, scratch=2)
@@ -57,18 +68,11 @@ def test_an_entry_copied_in_slices_reads_back_as_it_was(model):
         ctx.seq_rm(1)
         snaps.restore(1, tuple(parts), 40)
         assert ctx.seq_pos_max(1) >= 39 and ctx.seq_pos_max(1) < 99
-    finally:
-        batch.close()
-        ctx.close()
 
 
 def test_a_read_back_with_no_room_leaves_the_sequences_empty(model):
-    ctx = _core.Context(model, n_ctx=256, n_seq_max=3)
-    batch = _core.Batch(256)
-    try:
-        tokens = np.arange(100, 300, dtype=np.int32)
-        batch.add_sequence(tokens, 0, 0)
-        ctx.decode(batch)
+    tokens = np.arange(100, 300, dtype=np.int32)
+    with decoded(model, 256, tokens) as (ctx, _):
         snaps = Snapshots(ctx, scratch=2)
         snaps.start(tokens, 0)
         ctx.seq_cp(0, 1, 0, 200)  # another sequence shares every cell: nothing is freed
@@ -78,9 +82,6 @@ def test_a_read_back_with_no_room_leaves_the_sequences_empty(model):
         with pytest.raises(UmaError):
             snaps.restore(0, tuple(parts), 200)
         assert ctx.seq_pos_max(0) == -1 and ctx.seq_pos_max(2) == -1
-    finally:
-        batch.close()
-        ctx.close()
 
 
 class SlowCopies:

@@ -88,7 +88,6 @@ class Executor:
         self.fair_quantum_ms = fair_quantum_ms
         self.ledger = fair.Ledger()  # what each app has been served (uma.sched.fair)
         self._rows: list[tuple[Request, float]] = []  # the tick's requests and their price
-        self.grammars = grammars
         # What the tick hands on, kept until _flush: output events in order, the tokens'
         # latencies for the metrics, and the tick's report for the statistics.
         self._outbox: list[Event] = []
@@ -520,7 +519,9 @@ class Executor:
                 self._prompt_attended += attended(req.n_past, item.n_tokens)
                 self._background_prompt |= req.priority is Priority.BACKGROUND
         self._solo = (len(items), solo_kv)
-        return dataclasses.replace(plan, items=tuple(items))
+        return plan if len(items) == len(plan.items) and all(
+            a is b for a, b in zip(items, plan.items, strict=True)) \
+            else dataclasses.replace(plan, items=tuple(items))
 
     def _room_for(self, ran: Ran) -> Plan:
         """After a batch the KV cache had no room for: its failures ended, then a cached

@@ -169,7 +169,7 @@ class KvPrefixCache:
         last = len(tokens) - 1
         candidates = Candidates(min(kv.length, last) if kv is not None else 0,
                                 min(ram.length, last) if ram is not None else 0,
-                                _nbytes(self._snapshot[ram.entry]) if ram is not None else 0)
+                                self.index.entry(ram.entry).nbytes if ram is not None else 0)
         choice = choose_reuse(candidates, cost or CostEstimate(), self.restore_bytes_per_ms,
                               prompt_ms_per_token)
         if choice.tier == "ram" and ram is not None:
@@ -258,7 +258,7 @@ class KvPrefixCache:
 
     def _file(self, tokens: np.ndarray, parts: tuple[Part, ...]) -> None:
         """Keeps a complete snapshot in the "ram" tier, within the RAM budget."""
-        nbytes = _nbytes(parts)
+        nbytes = sum(len(p.data) for p in parts)
         if nbytes > self.ram_budget or self.index.covering(tokens, "ram") is not None:
             return
         saved = self.index.insert(tokens, "ram", nbytes=nbytes)
@@ -272,7 +272,3 @@ class KvPrefixCache:
         """Frees the cells of a spare sequence no running request shares, and the sequence."""
         self.ctx.seq_rm(spare)
         self._free.append(spare)
-
-
-def _nbytes(parts: tuple[Part, ...]) -> int:
-    return sum(len(p.data) for p in parts)

@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("uma.runner")
 
+_NONE = np.empty(0, np.int32)  # no rows sampled (read only: shared by every such Ran)
+_NONE.flags.writeable = False
+
 
 @dataclass(frozen=True, slots=True)
 class Failure:
@@ -179,9 +182,8 @@ class Runner:
         """The tick's Ran: the plan without the items of requests that failed in it."""
         if self._failed:
             plan = dataclasses.replace(plan, items=self._live(plan.items))
-        empty = np.empty(0, np.int32)
-        return Ran(plan, decode_s, sample_s, empty if seqs is None else seqs,
-                   empty if tokens is None else tokens, logprobs, top, tuple(self._failed),
+        return Ran(plan, decode_s, sample_s, _NONE if seqs is None else seqs,
+                   _NONE if tokens is None else tokens, logprobs, top, tuple(self._failed),
                    no_room)
 
     def _fail(self, seq: int, exc: BaseException) -> None:
