@@ -6,7 +6,6 @@ import pytest
 import uma
 from uma.config import EngineConfig
 from uma.errors import InvalidRequestError
-from uma.sched.state import BatchItem, Phase, Plan
 
 from .helpers import assert_same_greedy
 
@@ -73,9 +72,10 @@ def test_a_prompt_too_long_for_the_background_context_runs_in_the_streams(tiny_p
         assert e._lane.ex.trace == []
 
 
-def test_a_slice_runs_background_ticks_while_its_budget_lasts(tiny_path):
-    # No stream: the lane's slices are idle ones of 100 ms, and a 16-token chunk of the tiny
-    # model takes about a millisecond, so one slice runs the prompt through several ticks.
+def test_a_grant_runs_background_ticks_while_it_lasts(tiny_path):
+    # No stream: the streams' policy grants the lane the idle tick (100 ms), and a 16-token
+    # chunk of the tiny model takes about a millisecond, so one grant runs the prompt through
+    # several ticks.
     with uma.Engine(tiny_path, n_ctx=1024, n_seq_max=2, n_batch=16, background_ctx=512,
                     background_seqs=1) as e:
         e.wait_ready()
@@ -83,16 +83,16 @@ def test_a_slice_runs_background_ticks_while_its_budget_lasts(tiny_path):
         bg = e.submit(list(range(10, 210)), max_tokens=4, ignore_eos=True,
                       priority="background")
         assert bg.result(timeout=60).usage.completion_tokens == 4
-        slices = [(cut, prompt) for _, cut, _, prompt in e._lane.trace if cut.ms > 0]
-        assert {cut.kind for cut, _ in slices} == {"idle"}
-        assert sum(prompt for _, prompt in slices) == 200
-        assert max(prompt for _, prompt in slices) > 16  # more than one tick's chunk
+        grants = e._lane.trace
+        assert all(granted >= 50 for granted, _, _ in grants)  # the idle tick, less its own
+        assert sum(prompt for *_, prompt in grants) == 200
+        assert max(prompt for *_, prompt in grants) > 16  # more than one tick's chunk
 
 
-def test_an_idle_slice_ends_at_the_next_background_tick_once_work_arrives(tiny_path):
-    # As test_a_slice_runs_background_ticks_while_its_budget_lasts, with the engine told that
-    # a request is always arriving: each idle slice then runs one 16-token tick, so a new
-    # interactive request waits for one background tick, not for a 100 ms slice.
+def test_an_idle_grant_ends_at_the_next_background_tick_once_work_arrives(tiny_path):
+    # As test_a_grant_runs_background_ticks_while_it_lasts, with the engine told that a
+    # request is always arriving: each idle grant then runs one 16-token tick, so a new
+    # interactive request waits for one background tick, not for a 100 ms grant.
     with uma.Engine(tiny_path, n_ctx=1024, n_seq_max=2, n_batch=16, background_ctx=512,
                     background_seqs=1) as e:
         e.wait_ready()
@@ -101,21 +101,21 @@ def test_an_idle_slice_ends_at_the_next_background_tick_once_work_arrives(tiny_p
         bg = e.submit(list(range(10, 210)), max_tokens=4, ignore_eos=True,
                       priority="background")
         assert bg.result(timeout=60).usage.completion_tokens == 4
-        slices = [prompt for _, cut, _, prompt in e._lane.trace if cut.kind == "idle"]
-        assert sum(slices) == 200 and max(slices) == 16
+        prompts = [prompt for *_, prompt in e._lane.trace]
+        assert sum(prompts) == 200 and max(prompts) == 16
 
 
-def test_the_lane_sees_whether_the_streams_next_tick_decodes(tiny_path):
-    # what decides a ride: a prompt tick with decode rows has clients waiting in it
+def test_the_lane_shows_the_streams_policy_its_work(tiny_path):
     with uma.Engine(tiny_path, n_ctx=1024, n_seq_max=2, background_ctx=256,
                     background_seqs=1) as e:
         e.wait_ready()
-        prompt = BatchItem(0, Phase.PREFILL, 8, logits=True)
-        alone = e._lane._view(e._executor, Plan(items=(prompt,)))
-        beside = e._lane._view(e._executor,
-                               Plan(items=(prompt, BatchItem(1, Phase.DECODE, 1, logits=True))))
-        assert alone.prompt_next and not alone.decoding
-        assert beside.prompt_next and beside.decoding
+        assert e._lane.view() is None  # nothing to grant time to
+        blocker = e.submit("busy", max_tokens=100_000, ignore_eos=True, priority="background")
+        next(iter(blocker))
+        view = e._lane.view()  # one decoder: a call moves it, whatever the chunk
+        assert view is not None and 0 < view.one_ms == view.least_ms and view.read_ms == 0
+        blocker.cancel()
+        blocker.result(timeout=60)
 
 
 def test_a_background_tick_that_breaks_ends_only_the_background_requests(tiny_path):

@@ -1,16 +1,17 @@
-"""The background lane: background requests in a second context on the same weights, run in
-time slices between the interactive requests' ticks (EngineConfig.background_ctx).
+"""The background context: background requests in a second context on the same weights
+(EngineConfig.background_ctx), so the streams' attention never spans a long background prompt.
 
-Its own executor (uma.executor) runs them, with the baseline policy given each slice as its
-tick budget; uma.sched.slices decides the slices from the streams' next plan, between its
-planning and its run. The two executors share the compute thread, the output stage and the
-metrics (the lane's gauges are named background_...), so a request is served the same whichever
-context holds it; only its KV, and so its attention, is apart.
+The streams' scheduler decides when it runs and for how long: its policy grants the time each
+tick's limit leaves (PlanNotes.apart_ms, uma.sched.bound's `apart_time`), from the view this
+lane gives it (`view`), and the lane runs background ticks back to back in that grant just
+before the streams' tick. Its own executor (uma.executor) packs each of them with the baseline
+policy, the grant's time left as its tick budget. The two executors share the compute thread,
+the output stage and the metrics (the lane's gauges are named background_...), so a request is
+served the same whichever context holds it; only its KV, and so its attention, is apart.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import time
 from collections.abc import Callable
@@ -21,17 +22,14 @@ from uma.executor import Executor
 from uma.metrics import Registry
 from uma.output import OutputStage
 from uma.sched.baseline import BaselinePolicy
-from uma.sched.slices import Slice, SliceKnobs, SliceView, background_slice, owed_after
-from uma.sched.state import Phase, Plan
-from uma.tick_stats import p95
+from uma.sched.state import ApartView, Phase
+from uma.sched.policy import prefill_rank
 
 if TYPE_CHECKING:
     from uma import _core
 
 # the smallest prompt chunk a background tick is worth (the baseline policy's least)
 MIN_CHUNK = 16
-ALONE_WINDOW = 256  # the streams' recent ticks their p95 alone is taken over
-ALONE_EVERY = 16  # ticks between two takes of it
 
 
 def _never() -> bool:
@@ -39,124 +37,87 @@ def _never() -> bool:
 
 
 class BackgroundLane:
-    """Runs background requests on ctx between the streams' ticks, as the slices allow."""
+    """Runs background requests on ctx for the time the streams' plan grants."""
 
     def __init__(self, ctx: _core.Context, output: OutputStage, metrics: Registry,
-                 core: ModuleType, knobs: SliceKnobs, device_sampling: bool = False) -> None:
+                 core: ModuleType, device_sampling: bool = False) -> None:
         self.ctx = ctx
-        self.knobs = knobs
-        self.policy = BaselinePolicy(tick_target_ms=knobs.idle_ms, min_prefill=MIN_CHUNK)
+        self.policy = BaselinePolicy(min_prefill=MIN_CHUNK)
         # Not overlapped: its tokens go out at the end of its own tick, which may be many of
         # the streams' ticks before the next. Settled: a GPU's decode returns once queued, and
-        # a prompt chunk without logits would end its slice at once, its work landing in the
+        # a prompt chunk without logits would end its grant at once, its work landing in the
         # streams' next tick and its cost model learning it for free (under Vulkan on an H100
         # the storm's gaps were as long as with one KV buffer).
         self.ex = Executor(ctx, self.policy, output, metrics.lane("background_"), core,
                            device_sampling=device_sampling, overlap=False, fair_share=False,
                            settle=True)
-        self._alone: collections.deque[float] = collections.deque(maxlen=ALONE_WINDOW)
-        self._pushed = 0
-        self.alone_p95_ms = 0.0
-        self.owed_ms = 0.0
-        self._since_slice = 0
-        self._sliced = False  # a slice ran before the streams' tick now running
-        self._seen = 0  # the streams' ticks seen measured
-        # set to a list to record (view, slice, its ms, the prompt tokens it ran) of every
-        # decision, for traces and tests; None costs nothing
-        self.trace: list[tuple[SliceView, Slice, float, int]] | None = None
+        # set to a list to record (grant ms, ms spent, prompt tokens run) of every grant, for
+        # traces and tests; None costs nothing
+        self.trace: list[tuple[float, float, int]] | None = None
 
     @property
     def idle(self) -> bool:
         return self.ex.idle
 
-    def run_slice(self, streams: Executor, plan: Plan,
-                  arrived: Callable[[], bool] = _never) -> float:
-        """Called between the streams' plan and its run: runs background ticks for as long as
-        the slice policy gives them; returns the seconds they took. Decided here, not after
-        the streams' tick, because the plan says what their next tick is: one that carries a
-        new prompt is their own tail, and a slice rides before it. arrived: whether a new
-        request came in since the plan; an idle slice (no stream to plan for) ends at the
-        next background tick when one did, so that it waits for one tick, not the slice."""
-        if streams.n_ticks != self._seen:  # their last tick, measured
-            self._seen = streams.n_ticks
-            self._measured_streams(streams.last_tick_ms)
+    def view(self) -> ApartView | None:
+        """Its work as the streams' policy sees it (None: nothing to run)."""
         if self.ex.idle:
-            self._sliced = False
-            return 0.0
-        view = self._view(streams, plan)
-        cut = background_slice(view, self.knobs)
-        spent, prompt = 0.0, 0
-        if plan.items:
-            self._since_slice += 1
-        if cut.ms > 0:
-            spent, prompt = self._run(cut.ms, arrived if cut.kind == "idle" else _never)
-            if cut.kind != "idle":
-                self._since_slice = 0
-        self._sliced = cut.kind == "pause"
-        if view.streams:
-            cap = self.knobs.pause_factor * max(view.alone_p95_ms, view.tick_ms) * 4
-            self.owed_ms = owed_after(self.owed_ms, view.tick_ms, spent * 1e3, self.knobs, cap)
-        else:
-            self.owed_ms = 0.0
-        if self.trace is not None:
-            self.trace.append((view, cut, spent * 1e3, prompt))
-        return spent
+            return None
+        return ApartView(least_ms=self._least_ms(), one_ms=self._least_ms(1),
+                         read_ms=self._read_ms())
 
-    def _run(self, budget_ms: float, arrived: Callable[[], bool]) -> tuple[float, int]:
-        """Background ticks back to back while the slice has room for the least useful one:
-        a ride may be longer than one full chunk takes (n_batch tokens), and under Vulkan on
-        an H100 one tick a ride left two background prompts 30-41x slower than alone where
-        several made them 17x. Returns the seconds they took and, while tracing, the prompt
-        tokens they ran."""
+    def run(self, grant_ms: float, arrived: Callable[[], bool] = _never) -> float:
+        """Background ticks back to back, each packed within the grant's time left (the
+        first, at least one token), while it has room for one worth a call (MIN_CHUNK prompt
+        tokens); returns the seconds they took. A grant may be longer than one full chunk takes
+        (n_batch tokens), and under Vulkan on an H100 one tick a grant left two background
+        prompts 30-41x slower than alone where several made them 17x. arrived: whether a new
+        request came in meanwhile; the grant then ends at the next tick (with no stream
+        decoding, so that a newcomer waits for one background tick, not the grant)."""
         t0 = time.perf_counter()
-        left, prompt = budget_ms, 0
-        while True:
-            self.ex.policy = dataclasses.replace(self.policy, tick_target_ms=left)
+        left, prompt = grant_ms, 0
+        spent = 0.0
+        while left > 0 and not self.ex.idle:
+            # A grant too short for a chunk worth a call (a pause where MIN_CHUNK tokens cost
+            # more than the gap bound leaves) takes what fits in it, down to one token.
+            least = MIN_CHUNK if left >= self._least_ms() else 1
+            self.ex.policy = dataclasses.replace(self.policy, tick_target_ms=left,
+                                                 min_prefill=least)
             ran = self.ex.step()
             if ran and self.trace is not None:  # counted for traces only
                 prompt += sum(i.n_tokens for i in self.ex.last_plan.items
                               if i.phase is Phase.PREFILL)
             spent = time.perf_counter() - t0
-            left = budget_ms - spent * 1e3
-            if not ran or self.ex.idle or left < self._least_ms() or arrived():
-                return spent, prompt
+            left = grant_ms - spent * 1e3
+            if not ran or left < self._least_ms() or arrived():
+                break
+        if self.trace is not None:
+            self.trace.append((grant_ms, spent * 1e3, prompt))
+        return spent
 
-    def _measured_streams(self, ms: float) -> None:
-        """The streams' tick that just ran: part of their p95 alone if no slice preceded it.
-        Ticks, not gaps: weighted by the tokens each sampled, the p95 of an H100's eight
-        streams under Vulkan read 7.2 ms where their clients measured 11.6 (a token published
-        a tick late is a gap of two), and slices never fitted."""
-        if not self._sliced:
-            self._note_alone(ms)
-        self._sliced = False
-
-    def _view(self, streams: Executor, plan: Plan) -> SliceView:
-        notes = plan.notes
-        tick_ms = 0.0
-        if plan.items:
-            tick_ms = notes.predicted_ms if notes is not None and notes.predicted_ms > 0 \
-                else streams.last_tick_ms
-        return SliceView(
-            streams=bool(plan.items) or bool(streams.running) or bool(streams.n_waiting),
-            prompt_next=any(i.phase is Phase.PREFILL for i in plan.items),
-            decoding=any(i.phase is Phase.DECODE for i in plan.items),
-            tick_ms=tick_ms, alone_p95_ms=self.alone_p95_ms, min_ms=self._least_ms(),
-            owed_ms=self.owed_ms, since_slice=self._since_slice)
-
-    def _note_alone(self, ms: float) -> None:
-        self._alone.append(ms)
-        self._pushed += 1
-        if len(self._alone) >= 2 * ALONE_EVERY and self._pushed % ALONE_EVERY == 0:
-            self.alone_p95_ms = p95(sorted(self._alone))
-
-    def _least_ms(self) -> float:
-        """The background's least useful tick, predicted: its decoders, and a prompt chunk of
-        MIN_CHUNK tokens where one prefills."""
+    def _least_ms(self, chunk: int = MIN_CHUNK) -> float:
+        """A background tick, predicted: its decoders, and a prompt chunk of `chunk` tokens
+        at the depth of the prompt next in line, where one prefills (MIN_CHUNK: the least
+        worth a call)."""
+        cost = self.ex.cost.estimate
         decoders = [r for r in self.ex.running.values() if r.phase is Phase.DECODE]
-        kv = sum(r.n_past for r in decoders)
-        prefill = MIN_CHUNK if len(decoders) < len(self.ex.running) or self.ex.n_waiting else 0
-        return self.ex.cost.estimate.predict(prefill, len(decoders), kv)
+        ms = cost.predict(0, len(decoders), sum(r.n_past for r in decoders))
+        prompts = [r.view() for r in self.ex.running.values() if r.phase is Phase.PREFILL]
+        if prompts:
+            depth = min(prompts, key=prefill_rank).n_past
+        elif self.ex.n_waiting:
+            depth = 0
+        else:
+            return ms
+        return ms + cost.prefill_ms(chunk, depth, len(decoders))
+
+    def _read_ms(self) -> float:
+        """The next prompt chunk's read of this context's cache, predicted (0: no prompt is
+        part way in): what an idle tick stretches to amortise."""
+        prompts = [r.view() for r in self.ex.running.values() if r.phase is Phase.PREFILL]
+        if not prompts:
+            return 0.0
+        return self.ex.cost.estimate.chunk_overhead_ms(min(prompts, key=prefill_rank).n_past)
 
     def close(self) -> None:
         self.ex.close()
-

@@ -51,7 +51,6 @@ from uma.priority import Priority
 from uma.request import Request
 from uma.sched.bmt import BmtModel, probe_bandwidth_gbps
 from uma.sched.policies import create_policy
-from uma.sched.slices import SliceKnobs
 from uma.sched.state import Plan
 from uma.templates import ChatTemplate
 
@@ -60,6 +59,10 @@ T = TypeVar("T")
 log = logging.getLogger("uma.engine")
 
 Progress = Callable[[float], object]  # a load's fraction done; returning False cancels it
+
+
+def _never() -> bool:
+    return False
 
 
 def rss_bytes() -> int:
@@ -180,7 +183,7 @@ class Engine:
             config.n_seq_max)
         self.metrics.gauge("kv_cells_total", "KV cache positions in all").set(self.ctx.n_ctx)
         try:
-            self._lane = self._background_lane(config, core, policy)
+            self._lane = self._background_lane(config, core)
         except BaseException:
             self._executor.close()
             self.ctx.close()
@@ -193,8 +196,8 @@ class Engine:
             threading.Thread(target=self._watch_aborts, name="uma-abort-watch",
                              daemon=True).start()
 
-    def _background_lane(self, config: EngineConfig, core: ModuleType,
-                         policy: object) -> BackgroundLane | None:
+    def _background_lane(self, config: EngineConfig, core: ModuleType
+                         ) -> BackgroundLane | None:
         """Background requests' own context, when configured (uma.background)."""
         if not config.background_ctx:
             return None
@@ -204,14 +207,12 @@ class Engine:
             kv_unified=config.kv_unified, type_k=config.type_k, type_v=config.type_v,
             flash_attn=config.flash_attn, n_threads=config.n_threads,
             n_threads_batch=config.n_threads_batch)
-        knobs = SliceKnobs(ride=config.background_ride, **{
-            k: getattr(policy, k) for k in ("background_share", "pause_factor", "pause_share",
-                                            "gap_ms", "gap_factor", "gap_margin")
-            if hasattr(policy, k)})
         self.metrics.gauge("background_kv_cells_total",
                            "KV positions of the background context").set(ctx.n_ctx)
-        return BackgroundLane(ctx, self._output, self.metrics, core, knobs,
+        lane = BackgroundLane(ctx, self._output, self.metrics, core,
                               device_sampling=self._device_sampling(config, core))
+        self._executor.apart = lane.view  # the streams' policy grants it time (uma.background)
+        return lane
 
     def _executor_for(self, req: Request) -> Executor:
         """Where a request runs: the background lane's context for a background request,
@@ -598,11 +599,16 @@ class Engine:
             if lane is None:
                 self._guarded(ex, ex.step)
                 continue
-            # The background lane's slice goes between the streams' plan and its run: the
-            # plan tells what their tick will be (uma.background).
+            # The background context runs between the streams' plan and its tick, for the
+            # time the plan grants it (uma.background).
             plan = self._guarded(ex, ex.plan) or Plan.empty()
-            away = self._guarded(lane.ex, functools.partial(lane.run_slice, ex, plan,
-                                                            self._arrived)) or 0.0
+            grant = plan.notes.apart_ms if plan.notes is not None else 0.0
+            away = 0.0
+            if grant > 0:
+                # with nobody decoding a newcomer ends the grant at its next background tick
+                arrived = self._arrived if not plan.items else _never
+                away = self._guarded(lane.ex, functools.partial(lane.run, grant, arrived)) \
+                    or 0.0
             self._guarded(ex, functools.partial(ex.execute, plan, away))
 
     def _idle(self) -> bool:

@@ -21,6 +21,7 @@ import dataclasses
 import heapq
 import logging
 import time
+from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +39,7 @@ from uma.sched import fair, reuse
 from uma.sched.bmt import BmtModel
 from uma.sched.cost import CostModel, attended
 from uma.sched.policy import BatchPolicy
-from uma.sched.state import BatchItem, Phase, Plan, Priority, SchedulerState
+from uma.sched.state import ApartView, BatchItem, Phase, Plan, Priority, SchedulerState
 from uma.tick_stats import TickReport, TickStats
 
 if TYPE_CHECKING:
@@ -50,6 +51,10 @@ log = logging.getLogger("uma.executor")
 # The time the prefix cache's snapshots get per turn of the compute thread while nothing runs
 # or waits: what a request that comes in meanwhile may wait for before its first tick.
 IDLE_SAVE_MS = 10.0
+
+
+def _nothing_apart() -> ApartView | None:
+    return None
 
 
 class Executor:
@@ -144,6 +149,10 @@ class Executor:
         # later when overlapped): last_tick_ms is new when this changes
         self.n_ticks = 0
         self.last_plan = Plan.empty()  # the last tick's plan, as run
+        # Background work in a context of its own (uma.background), as the policy sees it,
+        # and what that context ran before the last tick (ms): its plan grants it time.
+        self.apart: Callable[[], ApartView | None] = _nothing_apart
+        self._apart_ms = 0.0
 
     @property
     def trace(self) -> list[tuple[Any, ...]] | None:
@@ -436,7 +445,8 @@ class Executor:
 
     def execute(self, plan: Plan, away_s: float = 0.0) -> bool:
         """Runs a plan from plan(). away_s: time the thread spent elsewhere since it was made
-        (another context's tick, uma.background), which is not this tick's."""
+        (the background context's grant, uma.background), which is not this tick's."""
+        self._apart_ms = away_s * 1e3
         if not plan.items:
             self._flush()
             self._save(plan)
@@ -454,11 +464,12 @@ class Executor:
         self._tick_start = time.perf_counter()
         self._tick_snapshots = self._snapshot_seconds()
         self._reap()
+        apart = self.apart()
         if self._steady is not None and self._steady_at == self._changes \
-                and not any(self.waiting.values()):
+                and not any(self.waiting.values()) and apart is None:
             return self._steady
         self._admit()
-        if not self.running:
+        if not self.running and apart is None:
             return Plan.empty()
         state = SchedulerState(
             now_ns=time.monotonic_ns(),
@@ -478,6 +489,8 @@ class Executor:
             alone_ratios=self.stats.spread.alone_sorted,
             bmt=self.bmt,
             bmt_budget_gbps=self.bmt_budget_gbps,
+            apart=apart,
+            last_apart_ms=self._apart_ms,
         )
         plan = self.policy.schedule_tick(state)
         self._steady = plan if self.overlap and self._repeatable(plan) else None

@@ -9,9 +9,11 @@ import itertools
 
 import pytest
 
+from uma.background import MIN_CHUNK
+from uma.sched.baseline import BaselinePolicy
 from uma.sched.bound import BoundMemory, BoundPolicy
 from uma.sched.cost import WIDE_ROWS, CostEstimate, CostModel, attended
-from uma.sched.state import Phase, SchedulerState
+from uma.sched.state import ApartView, Phase, SchedulerState
 
 from .test_slo import BG, INT, advanced, session
 
@@ -188,3 +190,130 @@ def test_without_a_background_share_background_prompts_get_only_what_the_line_le
     # (the model believes the decode rows' reads of the cache cost a little: 2 % here)
     assert all(t.measured_ms <= 1.2 * 1.02 * decode_ms for t in ticks[1:])
     assert sum(t.back_tokens for t in ticks) == 300
+
+
+# --- background work in a context of its own (uma.background) ---------------------------------
+
+
+@dataclasses.dataclass
+class Gap:
+    apart_ms: float  # what the background context ran before the tick, measured
+    tick_ms: float  # the streams' tick, measured
+    granted_ms: float
+    back_tokens: int
+    gap_bound_ms: float
+
+    @property
+    def ms(self) -> float:  # what a stream's client waits between two tokens
+        return self.apart_ms + self.tick_ms
+
+
+def run_apart(dev, *, prompt: int = 2000, streams: int = 3, max_ticks: int = 30000,
+              policy: BoundPolicy | None = None) -> list[Gap]:
+    """As run(), with the background prompt in a context of its own: each plan's grant spent
+    as the lane spends it (baseline ticks back to back, packed by that context's own cost
+    model, while the least useful one fits), at the device's price, both models learning."""
+    policy = policy or BoundPolicy()
+    model, lane_model = CostModel(BELIEF), CostModel(BELIEF)
+    lane = BaselinePolicy(min_prefill=1)
+    sessions = tuple(session(i, INT, Phase.DECODE, prompt=200) for i in range(streams))
+    back = session(0, BG, Phase.PREFILL, prompt=prompt)
+    memory, last_ms, last_apart, gaps = None, 0.0, 0.0, []
+    for t in range(max_ticks):
+        est = lane_model.estimate  # as the lane's view prices its calls
+        view = ApartView(est.predict(0, 0) + est.prefill_ms(MIN_CHUNK, back.n_past),
+                         est.predict(0, 0) + est.prefill_ms(1, back.n_past),
+                         est.chunk_overhead_ms(back.n_past))
+        plan = policy.schedule_tick(SchedulerState(
+            now_ns=0, sessions=sessions, n_waiting=0, n_batch=512, n_seq_max=8,
+            decode_ms_ewma=0.0, cost=model.estimate, tick=t, last_tick_ms=last_ms,
+            last_tick_tokens=0, memory=memory, apart=view, last_apart_ms=last_apart))
+        memory, grant = plan.memory, plan.notes.apart_ms
+        spent, moved = 0.0, 0
+        while grant - spent > 0 and back.phase is Phase.PREFILL:
+            chunk = dataclasses.replace(lane, tick_target_ms=grant - spent)
+            item, = chunk.schedule_tick(SchedulerState(
+                now_ns=0, sessions=(back,), n_waiting=0, n_batch=512, n_seq_max=2,
+                decode_ms_ewma=0.0, cost=lane_model.estimate, tick=t)).items
+            ms = dev(0, [(item.n_tokens, back.n_past)])
+            lane_model.observe(item.n_tokens, 0, back.n_past, ms,
+                               attended(back.n_past, item.n_tokens))
+            spent += ms
+            moved += item.n_tokens
+            back = advanced(back, item)
+            est = lane_model.estimate
+            if grant - spent < est.predict(0, 0) + est.prefill_ms(MIN_CHUNK, back.n_past):
+                break
+        last_apart = spent
+        kv = sum(s.n_past for s in sessions)
+        last_ms = dev(streams, [])
+        model.observe(0, streams, kv, last_ms, 0)
+        gaps.append(Gap(spent, last_ms, grant, moved,
+                        max(policy.gap_ms, policy.gap_factor * plan.notes.target_ms
+                            / policy.latency_cap)))
+        sessions = tuple(advanced(s, i) for s, i in zip(sessions, plan.items, strict=True))
+        if back.phase is Phase.DECODE:
+            break
+    return gaps
+
+
+@pytest.mark.parametrize("name", list(DEVICES))
+def test_the_background_context_keeps_every_gap_within_the_bound(name):
+    gaps = run_apart(DEVICES[name])
+    over = [g.ms > g.gap_bound_ms for g in gaps]
+    streaks = [len(list(g)) for k, g in itertools.groupby(over) if k]
+    assert max(streaks, default=0) <= 1, streaks
+    assert sum(over) <= 5, sum(over)
+    # the grants themselves, with the streams' tick as the model predicts it, are within it
+    decode_ms = DEVICES[name](3, [])
+    assert all(g.granted_ms + decode_ms <= 1.05 * g.gap_bound_ms for g in gaps)
+
+
+@pytest.mark.parametrize("name", ["as believed", "prompts 3x dearer",
+                                  "prices growing with depth"])
+def test_the_background_context_gets_its_share_and_the_line_holds(name):
+    dev = DEVICES[name]
+    gaps = run_apart(dev)
+    assert sum(g.back_tokens for g in gaps) == 2000  # it ended on its last chunk
+    total = sum(g.ms for g in gaps)
+    assert sum(g.apart_ms for g in gaps) / total >= 0.10
+    # ordinary gaps stay under the line: only pauses pass it, one tick in 25 at most
+    past_line = [g for g in gaps if g.ms > 1.2 * 1.02 * dev(3, [])]
+    assert len(past_line) <= 0.04 * len(gaps) + 1
+
+
+def test_a_grant_that_ran_over_shrinks_the_next_at_once_and_grows_back_slowly():
+    policy = BoundPolicy()
+    sessions = tuple(session(i, INT, Phase.DECODE) for i in range(3))
+    view = ApartView(least_ms=5.0)
+
+    def grant(memory, apart_ms):
+        plan = policy.schedule_tick(SchedulerState(
+            now_ns=0, sessions=sessions, n_waiting=0, n_batch=512, n_seq_max=8,
+            decode_ms_ewma=0.0, cost=BELIEF, tick=0, memory=memory, apart=view,
+            last_apart_ms=apart_ms))
+        return plan
+
+    first = grant(BoundMemory(cap=16), 0.0)  # a pause: the share owed, within the bound
+    assert first.memory.since_pause == 0 and first.notes.apart_ms > view.least_ms
+    granted = first.notes.apart_ms
+    # it took three times its grant: the next pause's grant is a third
+    after = grant(dataclasses.replace(first.memory, since_pause=1 << 30), 3 * granted)
+    assert after.memory.apart_price == pytest.approx(3.0)
+    assert after.notes.apart_ms == pytest.approx(granted / 3, rel=0.01)
+    # a grant that took what it was given eases the price back by a fifth a tick
+    again = grant(dataclasses.replace(after.memory, since_pause=1 << 30), after.notes.apart_ms)
+    assert again.memory.apart_price == pytest.approx(2.4)
+
+
+def test_no_grant_while_a_lone_new_prompt_waits_for_its_first_token():
+    new = session(7, INT, Phase.PREFILL, prompt=300)
+    plan = BoundPolicy().schedule_tick(SchedulerState(
+        now_ns=0, sessions=(new,), n_waiting=0, n_batch=512, n_seq_max=8, decode_ms_ewma=0.0,
+        cost=BELIEF, tick=0, apart=ApartView(least_ms=5.0)))
+    assert plan.notes.apart_ms == 0 and sum(i.n_tokens for i in plan.items) == 300
+    # with nothing else to run, the background context gets the idle tick
+    idle = BoundPolicy().schedule_tick(SchedulerState(
+        now_ns=0, sessions=(), n_waiting=0, n_batch=512, n_seq_max=8, decode_ms_ewma=0.0,
+        cost=BELIEF, tick=0, apart=ApartView(least_ms=5.0)))
+    assert idle.items == () and idle.notes.apart_ms >= BoundPolicy().idle_budget_ms - BELIEF.fixed_ms

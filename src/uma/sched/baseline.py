@@ -14,7 +14,16 @@ from uma.sched.policy import (
     rotated,
     shed_for_room,
 )
-from uma.sched.state import BatchItem, Phase, Plan, SchedulerState, SessionView, Shed, Waiting
+from uma.sched.state import (
+    BatchItem,
+    Phase,
+    Plan,
+    PlanNotes,
+    SchedulerState,
+    SessionView,
+    Shed,
+    Waiting,
+)
 
 
 @dataclass(frozen=True)
@@ -23,7 +32,8 @@ class BaselinePolicy:
 
     Every decoding sequence gets one token per tick (rotated fairly when more decode than the
     batch holds). Prompt tokens fill what the learned cost model predicts still fits in
-    `tick_target_ms`, but at least `min_prefill` so prompts always progress.
+    `tick_target_ms`, but at least `min_prefill` so prompts always progress. Background work
+    in a context of its own gets `tick_target_ms` before every tick: no guard.
     """
 
     tick_target_ms: float = 30.0
@@ -53,4 +63,5 @@ class BaselinePolicy:
                                             depth=prefills[0].n_past)
             budget = min(room, max(budget, self.min_prefill))
             items += chunk_prefills(prefills, budget)
-        return Plan(items=tuple(items), token_budget=len(served) + budget)
+        notes = None if state.apart is None else PlanNotes(apart_ms=self.tick_target_ms)
+        return Plan(items=tuple(items), token_budget=len(served) + budget, notes=notes)

@@ -27,6 +27,13 @@ prompts go in whole, and background work runs in ticks of idle_budget_ms (a newc
 for at most one), stretched deep into a long prompt until a chunk's work amortises its read
 of the cache.
 
+Background work in a context of its own (EngineConfig.background_ctx: its KV apart from the
+streams', so their attention never spans it) is paid from the same limits and the same
+ledger: it runs just before the tick, for what the tick's limit leaves past the tick's own
+work (`apart_time`), so an ordinary tick with it stays under the line and a pause within the
+gap bound. Its measured time bounds its next grant as a background chunk's does (shrink at
+once on an overrun, grow by a quarter a tick).
+
 A pure function of the snapshot; what it remembers travels in BoundMemory (Plan.memory).
 """
 
@@ -76,6 +83,8 @@ class BoundMemory:
     back_tokens: int = 0  # background prompt tokens it carried
     price: float = 1.0  # background chunks' measured time / the cost model's, lately
     overruns: int = 0  # background ticks that ran past their plan, in all
+    apart_ms: float = 0.0  # the background context's last grant
+    apart_price: float = 1.0  # what its grants took / the grant, lately (at least 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +129,10 @@ class BoundPolicy:
         decode_ms = state.cost.predict(0, len(decoders), decode_kv(decoders))
         first = first_tokens(self, state, limits, decoders, decode_ms)
         back = background_chunks(state, limits, decoders, decode_ms, first, mem)
-        return settled(state, limits, decoders, decode_ms, first, back, mem)
+        own_ms = decode_ms + first.ms + mem.price * back.ms if decoders or first.items \
+            or back.items else 0.0  # no tick of its own: no call to pay for
+        apart = apart_time(state, limits, own_ms, first, back, mem)
+        return settled(state, limits, decoders, decode_ms, first, back, apart, mem)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +171,11 @@ def remembered(policy: BoundPolicy, state: SchedulerState) -> BoundMemory:
     if mem.cap == 0:
         mem = dataclasses.replace(mem, cap=policy.min_prefill)
     mem = dataclasses.replace(mem, since_pause=mem.since_pause + 1)
+    if mem.apart_ms > 0 and state.last_apart_ms > 0:
+        ratio = min(mem.apart_price * state.last_apart_ms / mem.apart_ms, MAX_PRICE)
+        price = ratio if ratio > mem.apart_price else max(1.0, 0.8 * mem.apart_price)
+        over = ratio > mem.apart_price * max(1.1, state.decode_noise)
+        mem = dataclasses.replace(mem, apart_price=price, overruns=mem.overruns + over)
     n = mem.back_tokens
     if n == 0 or state.last_tick_ms <= 0:
         return mem
@@ -202,6 +219,8 @@ def tick_limits(policy: BoundPolicy, state: SchedulerState, mem: BoundMemory) ->
         prompts = [s for s in back if s.phase is Phase.PREFILL]
         read_ms = cost.chunk_overhead_ms(min(prompts, key=prefill_rank).n_past) \
             if prompts else 0.0
+        if state.apart is not None:
+            read_ms = max(read_ms, state.apart.read_ms)
         idle = max(policy.idle_budget_ms, (1 + policy.idle_amortise) * read_ms)
         return Limits(False, solo_ms, idle, idle, 0.0, False, 0.0, back_ids)
     # An app's own latency cap: every stream shares the tick, the most demanding one sets it.
@@ -221,7 +240,8 @@ def tick_limits(policy: BoundPolicy, state: SchedulerState, mem: BoundMemory) ->
                  / max(margin, policy.gap_margin))
     rate = pause_rate(policy, state, cap)
     spacing = math.ceil(1 / rate) if rate > 0 else math.inf
-    waiting = any(s.phase is Phase.PREFILL or s.phase is Phase.DECODE for s in back)
+    waiting = state.apart is not None \
+        or any(s.phase is Phase.PREFILL or s.phase is Phase.DECODE for s in back)
     pause = policy.background_share > 0 and waiting and mem.since_pause >= spacing
     pause_ms = 0.0
     if pause:
@@ -352,30 +372,52 @@ def fitting(state: SchedulerState, ms: float, depth: int, rows: int, most: int) 
     return lo
 
 
+def apart_time(state: SchedulerState, lim: Limits, predicted: float, first: Chunks,
+               back: Chunks, mem: BoundMemory) -> float:
+    """The background context's time before this tick: what the tick's limit (the line, a
+    pause's, or the idle budget) leaves past the tick's own work, at its measured price; none
+    while a new interactive prompt waits for its first token with no stream decoding (nobody
+    else is in a gap then, and the newcomer would wait). A grant in an ordinary tick is one
+    worth a call (apart.least_ms); a pause, or a tick with nothing else to move, grants at
+    least the call that moves one token: background work always moves, and a chunk too dear
+    for the bound costs one tick past it."""
+    apart = state.apart
+    if apart is None or (not lim.streams and first.items):
+        return 0.0
+    left = (lim.tick_ms - predicted) / mem.apart_price
+    if left >= apart.least_ms:
+        return left
+    must = (lim.pause and not back.items) or not lim.streams
+    return max(left, apart.one_ms) if must else 0.0
+
+
 def settled(state: SchedulerState, lim: Limits, decoders: tuple[SessionView, ...],
-            decode_ms: float, first: Chunks, back: Chunks, mem: BoundMemory) -> Plan:
+            decode_ms: float, first: Chunks, back: Chunks, apart_ms: float,
+            mem: BoundMemory) -> Plan:
     """The plan, its figures, and what the next tick must remember."""
     rows = len(decoders)
     own_ms = decode_ms + first.ms  # all but the background chunks
     predicted = own_ms + mem.price * back.ms
     back_tokens = sum(i.n_tokens for i in back.items)
     back_decoders = frozenset(s.seq_id for s in decoders if s.seq_id in lim.back_ids)
-    paused = lim.pause and (back_tokens > 0 or bool(back_decoders)) \
-        and predicted > lim.line_ms + 1e-9
+    paused = lim.pause and (back_tokens > 0 or bool(back_decoders) or apart_ms > 0) \
+        and predicted + apart_ms > lim.line_ms + 1e-9
     mem = dataclasses.replace(mem, since_pause=0 if paused else mem.since_pause,
                               planned_ms=predicted, decode_ms=own_ms,
-                              back_tokens=back_tokens)
+                              back_tokens=back_tokens, apart_ms=apart_ms)
     served = {s.seq_id for s in decoders}
     parked = frozenset(s.seq_id for s in state.sessions
                        if s.phase is Phase.DECODE and s.seq_id not in served)
     prefill = first.items + back.items
     notes = PlanNotes(
-        budget_ms=lim.tick_ms if paused else lim.line_ms,
+        # the tick's own: the background context's grant runs before it
+        budget_ms=max((lim.tick_ms if paused else lim.line_ms) - apart_ms, 0.0),
         predicted_ms=predicted, line_ms=lim.line_ms, target_ms=lim.target_ms,
         pause_ms=lim.pause_ms, served_decoders=rows, parked=len(parked), parked_seqs=parked,
         chunk_cap=mem.cap, overruns=mem.overruns,
         bmt_bytes=state.bmt.tick_bytes(rows + sum(i.n_tokens for i in prefill),
                                        sum(s.n_past for s in decoders)) if state.bmt else 0.0,
-        background=back_decoders | frozenset(i.seq_id for i in back.items))
+        background=back_decoders | frozenset(i.seq_id for i in back.items),
+        apart_ms=apart_ms)
     items = [BatchItem(s.seq_id, Phase.DECODE, 1, logits=True) for s in decoders] + list(prefill)
     return Plan(items=tuple(items), token_budget=rows + mem.cap, notes=notes, memory=mem)

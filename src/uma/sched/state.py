@@ -15,7 +15,7 @@ from uma.priority import Priority
 from uma.sched.bmt import BmtModel
 from uma.sched.cost import CostEstimate
 
-__all__ = ["BatchItem", "Phase", "Plan", "PlanNotes", "Priority", "SchedulerState",
+__all__ = ["ApartView", "BatchItem", "Phase", "Plan", "PlanNotes", "Priority", "SchedulerState",
            "SessionView", "Shed", "Waiting"]
 
 
@@ -73,6 +73,18 @@ class Shed:
 
 
 @dataclass(frozen=True, slots=True)
+class ApartView:
+    """Background work in a context of its own (EngineConfig.background_ctx), as the policy
+    sees it: its KV is apart from the streams', so it never slows their attention, and it
+    runs in decode calls of its own just before the tick, for the time the plan grants it
+    (PlanNotes.apart_ms). That context's own cost model prices it."""
+
+    least_ms: float  # its least worthwhile call: its decoders, and a small prompt chunk
+    one_ms: float = 0.0  # its least call that moves: its decoders, or one prompt token
+    read_ms: float = 0.0  # its next prompt chunk's read of that context's cache (0: none)
+
+
+@dataclass(frozen=True, slots=True)
 class SchedulerState:
     """Everything a policy may base one tick's plan on."""
 
@@ -96,6 +108,8 @@ class SchedulerState:
     alone_ratios: tuple[float, ...] = ()  # the recent ones behind it, sorted
     bmt: BmtModel | None = None  # bytes a tick moves, from the model's shape
     bmt_budget_gbps: float = 0.0  # memory bandwidth the ticks may use; 0: no ΣBMT guard
+    apart: ApartView | None = None  # background work waiting in its own context (None: none)
+    last_apart_ms: float = 0.0  # what that context ran before the previous tick, measured
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +142,7 @@ class PlanNotes(NamedTuple):
     bmt_bytes: float = 0.0  # bytes the tick moves through memory (estimate)
     overruns: int = 0  # ticks over budget so far
     background: frozenset[int] = frozenset()  # the batch's sequences that are background work
+    apart_ms: float = 0.0  # the background context's time before this tick (0: none)
 
 
 @dataclass(frozen=True, slots=True)
