@@ -20,7 +20,7 @@ at no less than their p95 alone and at most ride_cap × it), at most one slice i
 1 / pause_share of their ticks (each adds a tail gap where the prompt tick alone would have
 stayed under the line). Where no prompt tick comes for as many ticks again, background work
 owed (background_share of the streams' time) is paid in a planned pause (up to pause_factor ×
-that p95), as the SLO policy's floor is. With no interactive request in the engine, slices of
+that p95). With no interactive request in the engine, slices of
 idle_ms run background ticks back to back; the lane ends one at the next tick once a request
 arrives, so a new interactive request waits for one background tick.
 
