@@ -141,7 +141,7 @@ def main() -> int:
     ns = ap.parse_args()
     path = Path(ns.model) if Path(ns.model).exists() else synth.cached_model(ns.model)
     prompts = [long_prompt(path, ns.long_prompt_tokens, salt=k) for k in range(64)]
-    quantum = () if ns.quantum_ms is None else ("--fair-quantum-ms", str(ns.quantum_ms))
+    quantum = {} if ns.quantum_ms is None else {"UMA_FAIR_QUANTUM_MS": str(ns.quantum_ms)}
     runs = run_sides(fair_sides(ns, path, SLOTS, quantum), ns.repeat,
                      lambda server: Load(server, ns, prompts).run())
     report: dict = {"model": str(path), "threads": ns.threads, "args": vars(ns) | {

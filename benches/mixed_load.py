@@ -54,6 +54,7 @@ from llama_tools import ensure_tools  # noqa: E402
 from servers import Server, llama_server, uma_server  # noqa: E402
 from streams import Stream, long_prompt, percentiles, sse_completion  # noqa: E402
 from uma import Client, synth  # noqa: E402
+from uma.sched.policies import POLICIES  # noqa: E402
 
 ITL_TARGET = 1.2  # interactive p95 under the storm / alone
 PAUSE_TARGET = 2.0  # worst interactive pause under the storm / p95 alone
@@ -421,7 +422,8 @@ def main() -> int:
                          "llama-server caps a slot there)")
     ap.add_argument("--chat-step", type=int, default=1024, help="chat: tokens added a turn")
     ap.add_argument("--ctx", type=int, default=0, help="KV cells [enough for every slot]")
-    ap.add_argument("--sides", default="uma slo,uma baseline,llama-server")
+    ap.add_argument("--sides", default="uma bound,uma baseline,llama-server",
+                    help="comma-separated: uma POLICY (bound or baseline) or llama-server")
     ap.add_argument("--kv-unified", action="store_true",
                     help="one KV buffer for all sequences, on both sides (default: one per "
                          "sequence, llama-server's own default with --parallel)")
@@ -433,6 +435,10 @@ def main() -> int:
         ap.error(f"--phases: unknown phase(s) {', '.join(sorted(unknown))}")
 
     sides = ns.sides.split(",")
+    known = ["llama-server", *(f"uma {policy}" for policy in POLICIES)]
+    wrong = [s for s in sides if s not in known]
+    if wrong:  # before any build or model work
+        ap.error(f"--sides: unknown side(s) {', '.join(wrong)}; known: {', '.join(known)}")
     tools = ensure_tools(ns.backend) if any(not s.startswith("uma ") for s in sides) else {}
     model = Path(ns.model) if Path(ns.model).exists() else synth.cached_model(ns.model)
     # Each scenario's background prompts are its own: one already computed in another phase

@@ -52,11 +52,14 @@ def memory_kb(pid: int) -> dict[str, int]:
 
 
 @contextmanager
-def uma_server(model: Path, *, threads: int, ctx: int, parallel: int, policy: str = "slo",
-               gpu_layers: int = 0, args: tuple[str, ...] = ()) -> Iterator[Server]:
+def uma_server(model: Path, *, threads: int, ctx: int, parallel: int, policy: str = "bound",
+               gpu_layers: int = 0, args: tuple[str, ...] = (),
+               env: dict[str, str] | None = None) -> Iterator[Server]:
+    """`uma run` with these flags, and `env` for settings that have no flag (UMA_<NAME>)."""
     cmd = ("--http", "127.0.0.1:0", "--threads", str(threads), "--parallel", str(parallel),
            "--ctx", str(ctx), "--policy", policy, "--gpu-layers", str(gpu_layers), *args)
-    with testing.run_daemon(model, *cmd, env={"UMA_THREADS_BATCH": str(threads)}) as d:
+    with testing.run_daemon(model, *cmd,
+                            env={"UMA_THREADS_BATCH": str(threads), **(env or {})}) as d:
         port = int(re.search(r"http://127\.0\.0\.1:(\d+)", "".join(d.stderr)).group(1))
         yield Server(f"uma {policy}", d.pid, port, socket=d.socket)
 
@@ -159,14 +162,16 @@ def add_fair_sides_arg(ap: argparse.ArgumentParser) -> None:
                     help="which of the sides to run")
 
 
-def fair_sides(ns: argparse.Namespace, model: Path, slots: int, uma_args: tuple[str, ...] = ()
+def fair_sides(ns: argparse.Namespace, model: Path, slots: int,
+               uma_env: dict[str, str] | None = None
                ) -> dict[str, Callable[[], AbstractContextManager[Server]]]:
-    """The fair-share benchmarks' sides that ns.sides names: UMA Serve (with uma_args), UMA
-    without fair share, and llama-server with one KV buffer, each with `slots` slots."""
+    """The fair-share benchmarks' sides that ns.sides names: UMA Serve (with uma_env's
+    settings), UMA without fair share, and llama-server with one KV buffer, each with `slots`
+    slots."""
     common = {"threads": ns.threads, "ctx": slots * 1024, "parallel": slots,
               "gpu_layers": ns.gpu_layers}
     sides: dict[str, Callable[[], AbstractContextManager[Server]]] = {
-        "uma": lambda: uma_server(model, args=uma_args, **common),
+        "uma": lambda: uma_server(model, env=uma_env, **common),
         "uma, fair share off": lambda: uma_server(model, args=("--no-fair-share",), **common),
     }
     if "llama-server" in ns.sides:

@@ -1,10 +1,10 @@
 """Where a storm's ticks go: the mixed-load scenario in process, with the executor's trace.
 
     python benches/storm_trace.py --model 1b --gpu-layers 99 --threads 8 --streams 8 \
-        --background 2 --storm-tokens 6000 --variant default: --variant tight:overrun_slack_ms=0.2
+        --background 2 --storm-tokens 6000 --variant default: --variant short:gap_ms=50
 
 K interactive streams run alone, then while background prompts arrive, on one engine; each
-variant sets SloPolicy fields for both phases. Per variant it prints the streams' inter-token
+variant sets BoundPolicy fields for both phases. Per variant it prints the streams' inter-token
 p50/p95/worst in both phases, the background TTFT, and the storm's ticks by kind (decode only,
 with background prompt tokens, with interactive prompt tokens): how many, measured and predicted
 milliseconds, the budget the policy set and the prompt tokens taken. That is what tells a cost
@@ -27,20 +27,20 @@ import numpy as np
 
 import uma
 from uma import synth
+from uma.sched.bound import BoundPolicy
 from uma.sched.cost import RAGGED_EDGES, ROW_EDGES
-from uma.sched.slo import SloPolicy
 from uma.sched.state import Phase, PlanNotes, Priority
 
 
 def parse_variant(text: str, fields: dict[str, dataclasses.Field]) -> tuple[str, dict]:
-    """'name:field=value,field=value' → (name, {field: value}) for SloPolicy fields."""
+    """'name:field=value,field=value' → (name, {field: value}) for BoundPolicy fields."""
     name, _, spec = text.partition(":")
     knobs = {}
     for pair in filter(None, spec.split(",")):
         key, _, value = pair.partition("=")
         if key not in fields:
-            raise SystemExit(f"--variant {text!r}: SloPolicy has no field {key!r}")
-        kind = type(getattr(SloPolicy(), key))
+            raise SystemExit(f"--variant {text!r}: BoundPolicy has no field {key!r}")
+        kind = type(getattr(BoundPolicy(), key))
         if kind is bool:  # bool("0") is True
             if value.lower() not in ("0", "1", "true", "false"):
                 raise SystemExit(f"--variant {text!r}: {key} takes 0/1 or true/false")
@@ -129,13 +129,11 @@ class Tick(NamedTuple):
     sample_ms: float  # sampling, with the wait for the device's logits
     predicted_ms: float
     budget_ms: float
-    held: bool  # the guard held prompts back
     overruns: int  # the policy's count so far
     line_ms: float
     target_ms: float
-    owed_ms: float  # the policy's memory after planning it: what the floor still owes,
-    credit_ms: float  # the saved time, and the ticks without background progress
-    starve: int
+    price: float  # the policy's memory after planning it: background chunks' measured price
+    cap: int  # ... and the slow start's cap on their tokens
 
 
 class CompactTrace(list):
@@ -154,10 +152,9 @@ class CompactTrace(list):
         mem = plan.memory
         super().append(Tick(kind, n_prefill, n_decode, tick_s * 1e3, native_s * 1e3,
                             call_s * 1e3, sample_s * 1e3,
-                            notes.predicted_ms, notes.budget_ms, notes.guard_active,
-                            notes.overruns, notes.line_ms, notes.target_ms,
-                            getattr(mem, "owed_ms", 0.0), getattr(mem, "credit_ms", 0.0),
-                            getattr(mem, "starve", 0)))
+                            notes.predicted_ms, notes.budget_ms, notes.overruns,
+                            notes.line_ms, notes.target_ms, getattr(mem, "price", 1.0),
+                            getattr(mem, "cap", 0)))
 
 
 KINDS = ("decode only", "background prompt", "interactive prompt", "both prompts")
@@ -214,12 +211,10 @@ def slice_summary(trace: list) -> dict:
 
 
 def guard_summary(trace: list[Tick]) -> dict:
-    """How much of a phase the guard held prompts back, how often ticks overran, and what
-    share of the phase's tick time carried background prompt tokens: where a starved
-    background prompt's time went."""
+    """How often a phase's ticks overran, and what share of its tick time carried background
+    prompt tokens: where a starved background prompt's time went."""
     total_ms = sum(t.ms for t in trace) or 1.0
     return {
-        "held_share": sum(t.held for t in trace) / len(trace),
         "overruns": trace[-1].overruns - trace[0].overruns,
         "background_time_share": sum(t.ms for t in trace
                                      if t.kind in ("background prompt", "both prompts"))
@@ -227,6 +222,7 @@ def guard_summary(trace: list[Tick]) -> dict:
         "prompt_tokens": sum(t.prompt_tokens for t in trace),
         "line_p50_ms": pct([t.line_ms for t in trace], 50),
         "target_p50_ms": pct([t.target_ms for t in trace], 50),
+        "price_p50": pct([t.price for t in trace], 50),
     }
 
 
@@ -249,7 +245,7 @@ def main() -> int:
     ap.add_argument("--storm-tokens", type=int, default=3000)
     ap.add_argument("--bg-tokens", type=int, default=16)
     ap.add_argument("--variant", action="append", default=[],
-                    help="name:field=value,... SloPolicy fields for one run (repeatable)")
+                    help="name:field=value,... BoundPolicy fields for one run (repeatable)")
     ap.add_argument("--engine", action="append", default=[], metavar="KEY=VALUE",
                     help="an EngineConfig setting for the engine (repeatable), e.g. "
                          "prefix_cache_ram_mb=0")
@@ -258,13 +254,13 @@ def main() -> int:
                     help="with --out, every tick of both phases too (Tick's fields)")
     ns = ap.parse_args()
     settings = parse_settings(ns.engine)
-    fields = {f.name: f for f in dataclasses.fields(SloPolicy)}
+    fields = {f.name: f for f in dataclasses.fields(BoundPolicy)}
     variants = [parse_variant(v, fields) for v in ns.variant or ["default:"]]
     path = Path(ns.model) if Path(ns.model).exists() else synth.cached_model(ns.model)
     n_seq = ns.streams + ns.background
     engine = uma.Engine(path, n_ctx=n_seq * (ns.storm_tokens + 256), n_seq_max=n_seq,
                         n_threads=ns.threads, n_gpu_layers=ns.gpu_layers,
-                        **{"kv_unified": True, "policy": "slo", **settings})
+                        **{"kv_unified": True, "policy": "bound", **settings})
     engine.generate("warm up", max_tokens=4)
     executor = engine._executor
     base = executor.policy
@@ -309,10 +305,10 @@ def report(name: str, knobs: dict, alone: dict, storm: dict, cost) -> None:
 def print_phase(phase: dict) -> None:
     if "guard" in phase:
         g = phase["guard"]
-        print(f"    guard: held {100 * g['held_share']:.1f} % of ticks, {g['overruns']} overruns, "
-              f"ticks with background prompt tokens {100 * g['background_time_share']:.1f} % of "
-              f"the time, {g['prompt_tokens']} prompt tokens; line p50 {g['line_p50_ms']:.2f} "
-              f"ms, p95 target p50 {g['target_p50_ms']:.2f} ms")
+        print(f"    guard: {g['overruns']} overruns, ticks with background prompt tokens "
+              f"{100 * g['background_time_share']:.1f} % of the time, {g['prompt_tokens']} "
+              f"prompt tokens; line p50 {g['line_p50_ms']:.2f} "
+              f"ms, p95 target p50 {g['target_p50_ms']:.2f} ms, price p50 {g['price_p50']:.2f}")
     for kind, t in phase.get("slices", {}).items():
         print(f"    slice {kind:18s} n {t['n']:5d}  budget {t['budget_p50_ms']:6.2f}  took "
               f"p50/p95 {t['spent_p50_ms']:6.2f}/{t['spent_p95_ms']:6.2f}  streams' tick "

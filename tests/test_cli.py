@@ -22,8 +22,8 @@ from uma import cli, service, synth, testing
 from uma.chat import ChatSession
 from uma.client import Client
 from uma.knobs import KNOBS
+from uma.sched.bound import BoundPolicy
 from uma.sched.policies import create_policy
-from uma.sched.slo import SloPolicy
 from uma.server import main as server_main
 from uma.server import settings
 
@@ -110,50 +110,80 @@ def test_shell_completion_is_offered():
     assert r.returncode == 0 and "--install-completion" in r.stdout
 
 
-def test_run_help_lists_the_policy_knobs_in_their_own_section():
-    r = uma("run", "--help")
-    main, knobs = r.stdout.split("Scheduling policy:\n")
-    options = {s.option for s in settings.SETTINGS if s.flag and s.config == "slo"}
-    assert options == {"--" + k.name.replace("_", "-") for k in KNOBS if k.flag}
-    assert all(re.search(rf"^  {o}\b", knobs, re.M) for o in options)
-    assert not any(o in main for o in options)
-    assert "--ctx" in main and "--latency-cap" in main and "--ctx" not in knobs
+def run_help_sections() -> dict[str, list[str]]:
+    """`uma run --help` at 80 columns: each section's options, by the section's title."""
+    text = uma("run", "--help", env={"COLUMNS": "80"}).stdout
+    sections: dict[str, list[str]] = {}
+    for block in text.split("\n\n")[1:]:
+        title, *rows = block.splitlines()
+        if title.endswith(":"):
+            sections[title[:-1]] = [m[1] for row in rows
+                                    if (m := re.match(r"  (?:-\w, )?(--[\w-]+)", row))]
+    return sections
+
+
+def test_run_help_fits_two_screens_with_few_scheduling_flags():
+    r = uma("run", "--help", env={"COLUMNS": "80"})
+    assert r.returncode == 0 and len(r.stdout.splitlines()) <= 100, len(r.stdout.splitlines())
+    sections = run_help_sections()
+    scheduling = sections["Scheduling"] + sections["Apps"]
+    assert len(scheduling) <= 11, scheduling
+    # the knobs that are flags are scheduling options; the rest stay in the file and the
+    # environment
+    knobs = {"--" + k.name.replace("_", "-") for k in KNOBS if k.flag}
+    assert knobs <= set(sections["Scheduling"])
+    assert {s.option for s in settings.SETTINGS if s.flag and s.config == "slo"} == knobs
+    # every flag is in one section, each section a panel of its own
+    shown = [o for options in sections.values() for o in options]
+    assert len(shown) == len(set(shown))
+    assert set(shown) == {s.option for s in settings.SETTINGS if s.flag} | {"--config", "--help"}
+    assert list(sections) == ["Arguments", "Options", *cli.PANELS]
 
 
 def test_run_flags_reach_the_policy(monkeypatch):
     served = []
     monkeypatch.setattr(server_main, "serve", lambda conf, say: served.append(conf) or 0)
-    # the older guard's knobs are for experts: the file or the environment, not flags
-    r = CliRunner().invoke(cli.app, ["run", "m.gguf", "--policy", "slo", "--ttft-burst-tokens",
-                                     "0", "--latency-cap", "1.5"],
-                           env={"UMA_PAUSE_FACTOR": "2.5", "UMA_HOLD_ON_DECODE_OVERRUN": "off"})
+    # the knobs for experts are in the file or the environment, not flags
+    r = CliRunner().invoke(cli.app, ["run", "m.gguf", "--policy", "bound", "--gap-ms", "80",
+                                     "--latency-cap", "1.5"],
+                           env={"UMA_GAP_FACTOR": "2.5", "UMA_TTFT_BURST_TOKENS": "0"})
     assert r.exit_code == 0, r.output
     policy = create_policy(served[0].engine.policy, served[0].engine)
-    assert isinstance(policy, SloPolicy)
-    assert (policy.pause_factor, policy.ttft_burst_tokens, policy.latency_cap) == (2.5, 0, 1.5)
-    assert policy.hold_on_decode_overrun is False
-    assert policy.background_share == SloPolicy.background_share
+    assert isinstance(policy, BoundPolicy)
+    assert (policy.gap_factor, policy.ttft_burst_tokens, policy.latency_cap) == (2.5, 0, 1.5)
+    assert policy.gap_ms == 80.0
+    assert policy.background_share == BoundPolicy().background_share
+
+
+def test_run_refuses_the_removed_slo_policy_naming_the_flag():
+    r = CliRunner().invoke(cli.app, ["run", "m.gguf", "--policy", "slo"])
+    assert r.exit_code == cli.EXIT_USAGE
+    assert "invalid --policy: must be 'bound' or 'baseline', not 'slo'" in r.output
 
 
 def test_config_shows_the_knobs(tmp_path):
     conf = tmp_path / "uma.toml"
-    conf.write_text("pause_window = 40\n")
+    conf.write_text("min_prefill = 40\n")
     r = CliRunner().invoke(cli.app, ["config", "-c", str(conf), "--json"],
-                           env={"UMA_PAUSE_SHARE": "0.02"})
+                           env={"UMA_MAX_PAUSE_RATE": "0.02"})
     shown = json.loads(r.output)
-    assert shown["pause_share"] == {"value": 0.02, "from": "UMA_PAUSE_SHARE"}
-    assert shown["pause_window"] == {"value": 40, "from": f"pause_window in {conf}"}
-    assert shown["hold_on_decode_overrun"] == {"value": True, "from": "default"}
+    assert shown["max_pause_rate"] == {"value": 0.02, "from": "UMA_MAX_PAUSE_RATE"}
+    assert shown["min_prefill"] == {"value": 40, "from": f"min_prefill in {conf}"}
+    assert shown["ttft_stretch"] == {"value": 1.25, "from": "default"}
 
 
-def test_every_run_option_shows_its_default_and_variable():
-    text = " ".join(uma("run", "--help").stdout.split())  # unwrapped
+def test_every_run_option_shows_its_default_and_the_help_names_the_variables():
+    out = uma("run", "--help").stdout
+    text = " ".join(out.split())  # unwrapped
     for s in settings.SETTINGS:
         if s.flag:
             # the option with its metavar (or its --no- twin), up to the next option
             head = rf" {re.escape(s.option)}(?: <\w+>| / --no-[\w-]+) "
             after = re.split(r" --(?!no-)", re.split(head, text, maxsplit=1)[1], maxsplit=1)[0]
-            assert f"env {s.env}" in after and f"[default: {s.default}]" in after, s.name
+            assert f"[default: {s.default}]" in after, s.name
+            assert "env UMA_" not in after, s.name  # said once, for every option
+    assert "environment variable UMA_<NAME> (UMA_CTX)" in text
+    assert "a key of the --config TOML file; docs/CONFIG.md lists every setting" in text
 
 
 def test_status_and_stop(tiny_path):
@@ -224,7 +254,9 @@ def test_config_shows_each_setting_and_where_it_came_from(tmp_path):
     (("run",), {"UMA_GRACE": "-1"}, 4, "invalid UMA_GRACE: must be > 0"),
     (("run",), {"UMA_KV_UNIFIED": "maybe"}, 4, "invalid UMA_KV_UNIFIED: must be true or false"),
     (("run", "--gap-ms", "0"), {}, 4, "invalid --gap-ms: must be > 0, not 0"),
-    (("run",), {"UMA_PAUSE_FACTOR": "0.5"}, 4, "invalid UMA_PAUSE_FACTOR: must be >= 1, not 0.5"),
+    (("run",), {"UMA_GAP_FACTOR": "0.5"}, 4, "invalid UMA_GAP_FACTOR: must be >= 1, not 0.5"),
+    (("run",), {"UMA_POLICY": "slo"}, 4,
+     "invalid UMA_POLICY: must be 'bound' or 'baseline', not 'slo'"),
     (("run",), {"UMA_BACKGROUND_SHARE": "1"}, 4,
      "invalid UMA_BACKGROUND_SHARE: must be in [0, 0.9], not 1.0"),
     (("generate",), {}, 4, "Missing option"),
@@ -401,10 +433,13 @@ def test_the_launch_agent_is_a_valid_plist():
     assert parsed["ProgramArguments"][-1] == "a & b.gguf" and parsed["RunAtLoad"] is True
 
 
-def test_run_has_flags_for_the_few_scheduling_knobs_a_user_may_need():
+def test_run_has_flags_for_the_few_scheduling_settings_a_user_may_need():
     text = CliRunner().invoke(cli.app, ["run", "--help"], env={"COLUMNS": "100"}).output
-    for flag in ("--background-share", "--gap-ms", "--ttft-burst-tokens", "--latency-cap"):
+    for flag in ("--policy", "--latency-cap", "--tick-budget-ms", "--gap-ms",
+                 "--background-share", "--idle-budget-ms", "--background-ctx",
+                 "--background-seqs", "--fair-share", "--app-weights", "--app-latency-caps"):
         assert flag in text
-    for expert in ("--pause-factor", "--gap-factor", "--hold-ticks", "--climb-window"):
+    for expert in ("--gap-factor", "--ttft-burst-tokens", "--tick-ms", "--bmt-budget",
+                   "--background-ride", "--fair-quantum-ms", "--max-pause-rate"):
         assert expert not in text
 

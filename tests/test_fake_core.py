@@ -578,8 +578,9 @@ def test_a_full_kv_cache_preempts_and_every_request_still_matches_alone():
 
 def test_prompts_that_fit_one_at_a_time_but_not_together_both_run():
     # Two prompts of 150 tokens, 256 cells, an empty cache: each fits, both do not. The
-    # baseline policy plans both whole (on a fast device the slo policy does the same, and
-    # with more sequences preempted requests' prompts get here on their own, real core too).
+    # baseline policy plans both whole (the bound policy does the same with no stream
+    # decoding, and with more sequences preempted requests' prompts get here on their own,
+    # real core too).
     prompts = [" ".join(f"w{i}x{j}" for j in range(149)) for i in range(2)]
     with make_engine(n_ctx=256, n_seq_max=2, policy="baseline") as e:
         assert e.wait_ready(TIMEOUT)

@@ -46,7 +46,7 @@ class Import:
 
 @functools.cache
 def modules() -> dict[str, Path]:
-    """Every module of the package, by name: 'uma' for uma/__init__.py, 'uma.sched.slo'."""
+    """Every module of the package, by name: 'uma' for uma/__init__.py, 'uma.sched.bound'."""
     found = dict(COMPILED)
     for path in PACKAGE.rglob("*.py"):
         parts = path.relative_to(SRC).with_suffix("").parts

@@ -1,6 +1,6 @@
 """UMA Serve: one llama.cpp model, many local apps, latency-guarded continuous batching.
 
-The names below load on first use (PEP 562), so `import uma.sched.slo` or `import uma.synth`
+The names below load on first use (PEP 562), so `import uma.sched.bound` or `import uma.synth`
 needs neither the compiled core nor the client's dependencies.
 """
 

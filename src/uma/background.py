@@ -22,8 +22,8 @@ from uma.executor import Executor
 from uma.metrics import Registry
 from uma.output import OutputStage
 from uma.sched.baseline import BaselinePolicy
-from uma.sched.state import ApartView, Phase
 from uma.sched.policy import prefill_rank
+from uma.sched.state import ApartView, Phase
 
 if TYPE_CHECKING:
     from uma import _core

@@ -2,7 +2,7 @@
 an integer" that every setting and request field shares (uma.config's fields, the scheduling
 knobs of uma.knobs).
 
-bool is an int to Python, never to a user: both refuse it, so `hold_ticks = true` is an error
+bool is an int to Python, never to a user: both refuse it, so `min_prefill = true` is an error
 rather than 1. Each raises InvalidRequestError naming the field and what it got instead.
 """
 

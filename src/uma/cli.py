@@ -62,22 +62,38 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version, is
     """UMA Serve: one llama.cpp model, many local apps."""
 
 
-# `uma run --help` sections beyond "Options", by the settings' config
-PANELS = {"slo": "Scheduling policy"}
+# `uma run --help`'s sections after "Options" (--config, --log-level), each with its settings
+# in the order shown
+PANELS: dict[str, tuple[str, ...]] = {
+    "Model and device": ("threads", "gpu_layers", "flash_attn", "device_sampling", "overlap",
+                         "batch", "ubatch", "chat_template", "embedding_ctx", "pooling", "rpc",
+                         "tensor_split"),
+    "KV cache and prefix cache": ("ctx", "parallel", "kv_type", "kv_unified", "prefix_cache",
+                                  "prefix_cache_tokens", "prefix_cache_ram_mb"),
+    "Scheduling": ("policy", "latency_cap", "tick_budget_ms", "gap_ms", "background_share",
+                   "idle_budget_ms", "background_ctx", "background_seqs"),
+    "Apps": ("fair_share", "app_weights", "app_latency_caps"),
+    "Requests and socket": ("socket", "max_tokens", "max_prompt_bytes", "grace",
+                            "max_connections", "max_inflight", "idle_timeout", "max_frame_bytes",
+                            "max_input_bytes", "frame_timeout"),
+    "HTTP": ("http", "api_key", "api_key_file", "allow_public", "http_max_connections",
+             "http_header_timeout", "http_body_timeout", "http_max_body_bytes"),
+}
+_PANEL_OF = {name: title for title, names in PANELS.items() for name in names}
 
 
 def _opt(name: str, *decls: str):
     """A `uma run` option from the settings table: its help, and its default shown."""
     s = BY_NAME[name]
     # In the help text, not show_default: click puts a string default in parentheses.
-    return typer.Option(None, *decls, help=f"{s.help}; env {s.env}  [default: {s.default}]",
-                        show_default=False, rich_help_panel=PANELS.get(s.config))
+    return typer.Option(None, *decls, help=f"{s.help}  [default: {s.default}]",
+                        show_default=False, rich_help_panel=_PANEL_OF.get(name))
 
 
 def _with_knob_options(command):
     """Adds a keyword parameter, and so a `uma run` option, for each scheduling-policy knob in
-    the settings table (uma.knobs): typer reads the options from the signature, and a
-    knob added to the policy gets its flag without a line here."""
+    the settings table that is a flag (uma.knobs): typer reads the options from the
+    signature, and a knob made a flag gets it without a line here."""
     signature = inspect.signature(command, eval_str=True)
     params = [p for p in signature.parameters.values() if p.kind is not p.VAR_KEYWORD]
     for s in SETTINGS:
@@ -92,19 +108,24 @@ def _with_knob_options(command):
 
 class _PanelledHelp(TyperCommand):
     """Plain help that still puts each rich_help_panel in a section of its own: typer draws
-    panels only when it renders help with rich, which would read "[f16]" as markup."""
+    panels only when it renders help with rich, which would read "[f16]" as markup. The
+    sections come in PANELS' order, each option where PANELS lists it."""
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        sections: dict[str, list[tuple[str, str]]] = {}
-        for param in self.get_params(ctx):
+        sections: dict[str, list[tuple[int, tuple[str, str]]]] = {
+            "Arguments": [], "Options": [], **{title: [] for title in PANELS}}
+        for k, param in enumerate(self.get_params(ctx)):
             record = param.get_help_record(ctx)
             if record is not None:
                 title = "Arguments" if param.param_type_name == "argument" else (
                     getattr(param, "rich_help_panel", None) or "Options")
-                sections.setdefault(title, []).append(record)
+                names = PANELS.get(title, ())
+                at = names.index(param.name) if param.name in names else len(names) + k
+                sections[title].append((at, record))
         for title, rows in sections.items():
-            with formatter.section(title):
-                formatter.write_dl(rows)
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl([record for _, record in sorted(rows)])
 
 
 def _fail(message: str, code: int) -> typer.Exit:
@@ -116,9 +137,9 @@ def _fail(message: str, code: int) -> typer.Exit:
 @_with_knob_options
 def run(
     model: str | None = typer.Argument(
-        None, help=f"GGUF model to serve, or a model's name from `uma model list` "
-                   f"({', '.join(catalog.CATALOG)}), fetched on first use  [default: "
-                   f"{catalog.DEMO} where fetched, else a small demo model with random weights]",
+        None, help=f"GGUF file, or a name from `uma model list` ({', '.join(catalog.CATALOG)}) "
+                   f"fetched on first use  [default: {catalog.DEMO} if fetched, else a "
+                   f"random-weight demo]",
         show_default=False),
     config: Path | None = typer.Option(None, "--config", "-c", help="TOML settings file"),
     socket: str | None = _opt("socket"),
@@ -138,21 +159,17 @@ def run(
     prefix_cache_ram_mb: int | None = _opt("prefix_cache_ram_mb"),
     background_ctx: int | None = _opt("background_ctx"),
     background_seqs: int | None = _opt("background_seqs"),
-    background_ride: float | None = _opt("background_ride"),
     chat_template: str | None = _opt("chat_template"),
     fair_share: bool | None = _opt("fair_share", "--fair-share/--no-fair-share"),
     app_weights: str | None = _opt("app_weights"),
-    fair_quantum_ms: float | None = _opt("fair_quantum_ms"),
     app_latency_caps: str | None = _opt("app_latency_caps"),
     embedding_ctx: int | None = _opt("embedding_ctx"),
     pooling: str | None = _opt("pooling"),
     rpc: str | None = _opt("rpc"),
     tensor_split: str | None = _opt("tensor_split"),
     policy: str | None = _opt("policy"),
-    tick_ms: float | None = _opt("tick_ms"),
     latency_cap: float | None = _opt("latency_cap"),
     tick_budget_ms: float | None = _opt("tick_budget_ms"),
-    bmt_budget: float | None = _opt("bmt_budget"),
     max_connections: int | None = _opt("max_connections"),
     max_inflight: int | None = _opt("max_inflight"),
     max_prompt_bytes: int | None = _opt("max_prompt_bytes"),
@@ -173,8 +190,10 @@ def run(
     http_max_body_bytes: int | None = _opt("http_max_body_bytes"),
     **knobs: float | int | bool | None,  # the scheduling policy's (_with_knob_options)
 ) -> None:
-    """Serve a model to every app on this machine over a Unix socket (and HTTP, with --http).
-    It prints 'uma: serving ...' once it answers requests."""
+    """Serve a model to every app on this machine over a Unix socket (and HTTP, with --http);
+    prints 'uma: serving ...' once it answers. Every option is also the environment variable
+    UMA_<NAME> (UMA_CTX) and a key of the --config TOML file; docs/CONFIG.md lists every
+    setting, those without a flag too."""
     from uma.server.main import serve
 
     conf = _settings(config, {**locals(), **knobs})

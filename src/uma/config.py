@@ -244,11 +244,10 @@ class EngineConfig:
     # publish a tick's tokens while the device runs the next decode: "auto" where the model
     # runs on a GPU (a decode call returns once queued there), "on" or "off"
     overlap: str = "auto"
-    policy: str = "bound"  # the latency bound; "slo", the older guard; "baseline"
-    # (docs/SCHEDULING.md)
+    policy: str = "bound"  # the latency bound, or "baseline" (docs/SCHEDULING.md)
     tick_target_ms: float = 30.0  # the baseline policy's tick time budget
     latency_cap: float = 1.20  # the streams' gap p95 allowed, relative to their own
-    tick_budget_ms: float | None = None  # slo: a fixed tick budget instead of the cap
+    tick_budget_ms: float | None = None  # a fixed tick line instead of the cap
     bmt_budget_gbps: float | None = None  # memory bandwidth for ticks; None: probe on CPU, 0: off
     max_queue: int = 1024  # requests waiting beyond this are refused
     # prefix cache: finished requests' KV kept for prompts that start the same (0: off; needs
@@ -257,8 +256,9 @@ class EngineConfig:
     prefix_cache: int = 8
     prefix_cache_tokens: int | None = None
     prefix_cache_ram_mb: int = 1024  # host memory for entries that leave the KV cache (0: none)
-    # slo: the scheduling policy's knobs given, as (name, value) pairs (hashable, so the config
-    # stays frozen; a dict is taken too); the rest keep their policy's defaults (uma.knobs)
+    # the scheduling policy's knobs given (the config file's [slo] table), as (name, value)
+    # pairs (hashable, so the config stays frozen; a dict is taken too); the rest keep their
+    # policy's defaults (uma.knobs)
     slo: tuple[tuple[str, float | int | bool], ...] = ()
     # fair share between apps (uma.sched.fair): each app's weight, as (name, weight) pairs or a
     # dict (apps not named weigh 1); fair_share off: first come, first served within a class
@@ -270,8 +270,8 @@ class EngineConfig:
     # fair share's time slice: an app served this many tick ms (per unit of weight) beyond
     # one waiting for a sequence gives it one; None: half the largest recent request's cost
     fair_quantum_ms: float | None = None
-    # slo: each app's own latency_cap, as (name, cap) pairs or a dict (others: latency_cap);
-    # the latency guard holds a tick to the lowest cap among the apps decoding in it
+    # each app's own latency_cap, as (name, cap) pairs or a dict (others: latency_cap); the
+    # bound policy holds a tick to the lowest cap among the apps decoding in it
     app_latency_caps: tuple[tuple[str, float], ...] = ()
     # embeddings (Engine.embed): the most tokens of one input, and so of the second context
     # that pools them (made at the first request); and how it pools: the model's own ('auto',
@@ -285,15 +285,10 @@ class EngineConfig:
     tensor_split: tuple[float, ...] = ()
     # background requests in a second context on the same weights, of this many KV positions
     # (0: off, they share the interactive requests' KV), running background_seqs at once in
-    # time slices between the streams' ticks (uma.sched.slices): their cells never slow the
-    # streams' attention. For GPUs: a background tick pays a decode call of its own
+    # the time the streams' policy grants it before their ticks (uma.background): their cells
+    # never slow the streams' attention, and a background tick pays a decode call of its own
     background_ctx: int = 0
     background_seqs: int = 2
-    # how long a slice before the streams' prompt tick may stretch their gap, as a multiple of
-    # that tick (at least their p95 alone, at most twice it; uma.sched.slices: a ride; 0: none,
-    # the background runs in pauses only).
-    # A ride also delays that prompt's first token by its length
-    background_ride: float = 4.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -346,10 +341,6 @@ class EngineConfig:
         if not 1 <= checks.integer("background_seqs", self.background_seqs) <= 64:
             raise InvalidRequestError(
                 f"background_seqs must be in [1, 64], not {self.background_seqs}")
-        ride = checks.number("background_ride", self.background_ride)
-        if not (ride == 0 or 1 < ride <= 100):
-            raise InvalidRequestError(
-                f"background_ride must be 0 (off) or in (1, 100], not {self.background_ride}")
         if 0 < self.background_ctx < self.background_seqs:
             raise InvalidRequestError(
                 f"background_ctx ({self.background_ctx}) must hold at least one position for "
@@ -364,9 +355,9 @@ class EngineConfig:
         if not 0 <= checks.integer("prefix_cache_ram_mb", self.prefix_cache_ram_mb) < 1 << 24:
             raise InvalidRequestError(
                 f"prefix_cache_ram_mb must be in [0, 2**24), not {self.prefix_cache_ram_mb}")
-        if self.policy not in ("bound", "slo", "baseline"):
+        if self.policy not in ("bound", "baseline"):
             raise InvalidRequestError(
-                f"policy must be 'bound', 'slo' or 'baseline', not {self.policy!r}")
+                f"policy must be 'bound' or 'baseline', not {self.policy!r}")
         if self.chat_template is not None and (not isinstance(self.chat_template, str)
                                                or not self.chat_template):
             raise InvalidRequestError("chat_template must be a built-in name or a file path")

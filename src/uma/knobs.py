@@ -1,5 +1,5 @@
-"""The scheduling policies' knobs: every policy field a user may set, its kind, its valid
-range, what raising it buys and costs, and whether it is a `uma run` flag.
+"""The scheduling policy's knobs: every field of the bound policy a user may set, its kind,
+its valid range, what raising it buys and costs, and whether it is a `uma run` flag.
 
 Each knob is a daemon setting of the same name (`background_share` in uma.toml, also in its
 `[slo]` table; UMA_BACKGROUND_SHARE; docs/CONFIG.md, "Scheduling policy"), and
@@ -7,11 +7,12 @@ EngineConfig.slo holds the ones given, checked by check_knobs. The few a user ma
 also flags (`--background-share`); the rest are for experts, in the file or the environment.
 
 The table is vocabulary, below the policies, so that uma.config checks the knobs without
-importing the scheduler (which imports uma.config). What only the policies know, each knob's
-default, is read from them by uma.sched.knob_defaults; tests/sched/test_knobs.py fails when a
-policy field has no row here, or a row's kind is not its field's. latency_cap and
-tick_budget_ms are settings of their own (EngineConfig fields), and `name` is the policy's,
-not a knob.
+importing the scheduler (which imports uma.config). What only the policy knows, each knob's
+default, is read from it by uma.sched.knob_defaults; tests/test_knobs.py fails when a field of
+the bound policy has no row here, a row names no field of it, or a row's kind is not its
+field's. latency_cap and tick_budget_ms are settings of their own (EngineConfig fields), and
+`name` is the policy's, not a knob. The baseline policy reads tick_ms alone; the background
+context (uma.background) is granted its time by the bound policy, under the same knobs.
 """
 
 from __future__ import annotations
@@ -77,11 +78,9 @@ FACTOR = Range(1)  # times something, never less than it
 
 KNOBS: tuple[Knob, ...] = (
     Knob("idle_budget_ms", Range(0, low_open=True),
-         "tick budget in ms while no stream decodes: higher moves background work faster, "
-         "delays first tokens", flag=True),
+         "tick ms while no stream decodes", flag=True),
     Knob("gap_ms", Range(0, low_open=True),
-         "worst interactive gap in ms (or gap_factor x the p95 alone, if larger): higher "
-         "moves background sooner", flag=True),
+         "longest stream gap in ms (or gap_factor x their p95 alone)", flag=True),
     Knob("gap_factor", FACTOR,
          "worst interactive gap, x the streams' p95 alone (or gap_ms): higher moves "
          "background sooner, longer stalls"),
@@ -94,91 +93,24 @@ KNOBS: tuple[Knob, ...] = (
     Knob("min_pause_rate", SHARE,
          "pause rate kept when the streams' own tail uses up the p95's room: higher moves "
          "background, risks p95"),
-    Knob("pause_factor", FACTOR,
-         "longest tick while streams decode, x their p95 alone: higher takes prompts in larger "
-         "chunks, stalls longer"),
-    Knob("pause_share", SHARE,
-         "most of recent ticks background work may push past the p95 line: higher moves it "
-         "faster, more late tokens"),
-    Knob("min_pause_share", SHARE,
-         "pause share kept when the streams' own tail uses up the p95's room: higher moves "
-         "background, risks p95"),
-    # the pause record is a bit mask this long
-    Knob("pause_window", Range(1, 10_000, integers=True),
-         "ticks the pause share is counted over: longer lets pauses bunch up (share x window "
-         "< 1: no pauses)"),
     Knob("quantile", Range(0, 1, low_open=True, high_open=True),
          "stream gap percentile latency_cap is held at: higher guards more of the tail, leaves "
          "fewer pauses"),
     Knob("tail_margin", SHARE,
          "share of ticks kept free of pauses below 1 - quantile: higher is a safer p95, fewer "
          "background pauses"),
-    Knob("hold_ticks", COUNT,
-         "ticks without prompt tokens after an overrun: higher lets streams recover longer, "
-         "delays prompts"),
-    Knob("hold_on_decode_overrun", None,
-         "also hold prompts after an overrun of a tick without any: on kept the p95, off moves "
-         "prompts sooner"),
-    Knob("ramp_steps", POSITIVE_COUNT,
-         "ticks to let prompt time back in after a hold: more is gentler on streams, slower "
-         "to regain throughput"),
-    Knob("overrun_slack", FACTOR,
-         "a tick overruns past its budget x this: higher ignores more noise, reacts later to "
-         "real overruns"),
-    Knob("overrun_slack_ms", Range(0),
-         "ms added to the overrun line (noise on short ticks): higher ignores more noise, "
-         "reacts later"),
-    Knob("interactive_reserve", SHARE,
-         "share of prompt time kept for interactive prompts while both wait: higher is faster "
-         "TTFT, slower background"),
-    Knob("initial_s", POSITIVE_COUNT,
-         "background decoders a tick to start (dense model; then climbed): higher is more "
-         "throughput, longer ticks"),
-    Knob("moe_initial_s", POSITIVE_COUNT,
-         "the same for an MoE (each decoder may reach more experts): higher is more "
-         "throughput, longer ticks"),
-    Knob("burst", POSITIVE_COUNT,
-         "ticks a burst keeps its background decoders, to start: higher reads fewer streams, "
-         "others wait longer"),
-    Knob("max_burst", POSITIVE_COUNT,
-         "longest burst the climb may reach: higher allows cheaper ticks, longer waits for "
-         "decoders left out"),
-    Knob("max_starve_ticks", POSITIVE_COUNT,
-         "ticks background work may go without progress before a rescue: lower is surer "
-         "progress, more overruns"),
-    Knob("rescue_slack", FACTOR,
-         "a rescue may stretch a tick to its budget x this: higher moves starving work "
-         "further, stalls longer"),
     Knob("min_prefill", POSITIVE_COUNT,
-         "the slow start's first (and least) prompt chunk: higher ramps up sooner, risks a "
+         "the slow start's first background prompt chunk: higher ramps up sooner, risks a "
          "misjudged large chunk"),
-    Knob("step_amortise", Range(0),
-         "a background chunk must do this x its overhead in work: higher wastes less, moves "
-         "prompts more rarely"),
-    Knob("climb_window", POSITIVE_COUNT,
-         "ticks per hill-climb step of S or k: longer measures throughput surer, adapts "
-         "slower"),
-    Knob("climb_deadband", SHARE,
-         "a window this much slower turns the climb back: higher ignores more noise, turns "
-         "back later"),
     Knob("background_share", Range(0, 0.9),
-         "least share of time owed to background prompts while streams decode (0: none): "
-         "higher is sooner, more pauses", flag=True),
-    Knob("ride_share", Range(0, 10),
-         "background chunks ride in new prompts' ticks, adding at most this x the tick (0: "
-         "off)"),
-    Knob("even_rows", None,
-         "background tokens that round a tick's rows up to a power of two where that costs "
-         "no more (Vulkan: free work)"),
-    Knob("floor_growth", FACTOR,
-         "a floor chunk grows up to 2x its time where that moves this x the tokens per ms: "
-         "lower, fewer longer pauses"),
+         "least share of the streams' time owed to background work "
+         "(0: none)", flag=True),
     Knob("idle_amortise", Range(0),
          "idle ticks stretch until a prompt chunk's work is this x its cache read: higher is "
          "faster prompts, later TTFT"),
     Knob("ttft_burst_tokens", COUNT,
          "interactive prompts this short go in whole while streams decode (0: off): higher "
-         "is faster TTFT, longer pauses", flag=True),
+         "is faster TTFT, longer pauses"),
     Knob("ttft_stretch", Range(1),
          "longer interactive prompts' first token within this x their time in whole: lower "
          "is sooner, longer ticks"),
@@ -192,7 +124,7 @@ def check_knobs(
     """The knobs given, as (name, value) pairs in the table's order, each checked: a known
     name, a value of its kind (true or false for a switch, an integer for a count, a finite
     number for the rest) within its range. Raises InvalidRequestError naming the first bad one
-    ('pause_factor must be >= 1, not 0.5')."""
+    ('gap_factor must be >= 1, not 0.5')."""
     try:
         given = dict(values)
     except (TypeError, ValueError):

@@ -70,7 +70,6 @@ class TickMetrics:
         self.parked = reg.gauge("parked_sessions", "decoding sequences left out of the last tick")
         self.bmt_last = reg.gauge("bmt_estimate_last", "bytes the last tick moved (estimate)")
         self.bmt_budget = reg.gauge("bmt_budget_gbps", "memory bandwidth budget, GB/s (0: off)")
-        self.guard_active = reg.gauge("prefill_guard_active", "1 while prompts are held back")
         self.tick_budget = reg.gauge("tick_budget_ms", "the last tick's time budget")
         self.over_budget = reg.counter("ticks_over_budget_total", "ticks longer than budget")
         self.kv_full = reg.counter("kv_full_total", "decodes that found no KV slot")
@@ -236,7 +235,6 @@ class TickStats:
             m.served.set(notes.served_decoders)
             m.parked.set(notes.parked)
             m.bmt_last.set(notes.bmt_bytes)
-            m.guard_active.set(1 if notes.guard_active else 0)
             m.tick_budget.set(notes.budget_ms)
             if notes.budget_ms and tick_ms > notes.budget_ms:
                 m.over_budget.inc()

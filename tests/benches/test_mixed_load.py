@@ -41,9 +41,9 @@ def test_a_phase_reports_each_background_request_over_its_time_alone():
 
 
 def test_verdicts_compare_each_loaded_phase_with_its_alone_phase():
-    rows = [{"side": "uma slo", "phase": "churn alone", "itl_p95_ms": 20.0,
+    rows = [{"side": "uma bound", "phase": "churn alone", "itl_p95_ms": 20.0,
              "worst_pause_ms": 30.0, "i_ttft_p50_ms": 40.0},
-            {"side": "uma slo", "phase": "churn + background", "itl_p95_ms": 26.0,
+            {"side": "uma bound", "phase": "churn + background", "itl_p95_ms": 26.0,
              "worst_pause_ms": 100.0, "i_ttft_p50_ms": 50.0, "bg_ttft_ms": 900.0,
              "bg_slowdown_max": 2.5}]
     (v,) = mixed_load.verdicts(rows)
@@ -60,9 +60,9 @@ def test_the_histogram_quantile_interpolates_within_its_bucket():
 
 
 def test_a_result_keeps_its_timelines_compressed_beside_it_and_reads_back_whole(tmp_path):
-    timelines = {"uma slo | storm": [{"class": "interactive", "label": "i0", "sent": 0.0,
+    timelines = {"uma bound | storm": [{"class": "interactive", "label": "i0", "sent": 0.0,
                                       "times": [0.01 * i for i in range(2000)]}]}
-    rows = [{"side": "uma slo", "phase": "storm", "itl_p95_ms": 12.5}]
+    rows = [{"side": "uma bound", "phase": "storm", "itl_p95_ms": 12.5}]
     path = report.write("m", {"command": "x"}, rows, {"verdicts": []}, timelines,
                         out_dir=tmp_path)
     summary = json.loads(path.read_text())
@@ -87,16 +87,16 @@ def test_the_scenario_figure_has_a_column_per_side(tmp_path):
     line = {"class": "interactive", "label": "i0", "sent": 0.0, "times": [0.1, 0.12, 0.2]}
     bg = {"class": "background", "label": "bg0", "sent": 0.05, "times": [0.3, 0.31]}
     path = report.write("m", {}, [], timelines={
-        "uma slo | poisson + background": [line, bg],
+        "uma bound | poisson + background": [line, bg],
         "llama-server | poisson + background": [line, bg],
-        "uma slo | poisson alone": [line]}, out_dir=tmp_path)
+        "uma bound | poisson alone": [line]}, out_dir=tmp_path)
     out = plots.scenario(path, "poisson + background")
     assert out == tmp_path / "m_poisson_background.png" and out.stat().st_size > 0
     assert plots.scenario(path, "chat + background") is None
     # a result already in hand is drawn without reading the files again
     (tmp_path / "m.timelines.json.xz").unlink()
     again = plots.scenario(path, "poisson + background",
-                           {"timelines": {"uma slo | poisson + background": [line, bg]}})
+                           {"timelines": {"uma bound | poisson + background": [line, bg]}})
     assert again == out and again.stat().st_size > 0
 
 

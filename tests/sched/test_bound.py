@@ -11,11 +11,13 @@ import pytest
 
 from uma.background import MIN_CHUNK
 from uma.sched.baseline import BaselinePolicy
+from uma.sched.bmt import BmtModel
 from uma.sched.bound import BoundMemory, BoundPolicy
 from uma.sched.cost import WIDE_ROWS, CostEstimate, CostModel, attended
+from uma.sched.policy import decode_kv
 from uma.sched.state import ApartView, Phase, SchedulerState
 
-from .test_slo import BG, INT, advanced, session
+from .snapshots import BG, INT, advanced, session
 
 # What the policy believes at the start: the 134M model on two CPU threads, roughly.
 BELIEF = CostEstimate(fixed_ms=14.0, per_prefill_ms=0.8, per_decode_ms=1.5,
@@ -316,4 +318,44 @@ def test_no_grant_while_a_lone_new_prompt_waits_for_its_first_token():
     idle = BoundPolicy().schedule_tick(SchedulerState(
         now_ns=0, sessions=(), n_waiting=0, n_batch=512, n_seq_max=8, decode_ms_ewma=0.0,
         cost=BELIEF, tick=0, apart=ApartView(least_ms=5.0)))
-    assert idle.items == () and idle.notes.apart_ms >= BoundPolicy().idle_budget_ms - BELIEF.fixed_ms
+    assert idle.items == () and idle.notes.apart_ms == BoundPolicy().idle_budget_ms
+
+
+def test_the_tick_is_held_to_the_lowest_cap_of_the_apps_decoding_in_it():
+    def limits(sessions):
+        plan = BoundPolicy().schedule_tick(SchedulerState(
+            now_ns=0, sessions=tuple(sessions), n_waiting=0, n_batch=512, n_seq_max=8,
+            decode_ms_ewma=0.0, cost=BELIEF, tick=0))
+        return plan.notes.line_ms, plan.notes.target_ms
+
+    editor = dataclasses.replace(session(0, INT, Phase.DECODE), app="editor", latency_cap=1.1)
+    chat = dataclasses.replace(session(1, INT, Phase.DECODE), app="chat", latency_cap=1.3)
+    other = session(2, INT, Phase.DECODE)  # no cap of its own: the policy's 1.2
+    two = BELIEF.predict(0, 2, decode_kv([editor, chat]))
+    assert limits([chat, other])[0] == pytest.approx(1.2 * two)
+    assert limits([chat, dataclasses.replace(other, latency_cap=1.25)])[0] \
+        == pytest.approx(1.25 * two)
+    assert limits([editor, chat]) == pytest.approx((1.1 * two, 1.1 * two))
+    # an app's cap counts only while its stream decodes: its prompt alone sets nothing
+    starting = dataclasses.replace(editor, phase=Phase.PREFILL, n_prefilled=0, n_past=0)
+    assert limits([starting, chat])[1] == pytest.approx(
+        1.3 * BELIEF.predict(0, 2, decode_kv([starting, chat])))
+
+
+def test_the_bandwidth_guard_trims_background_prompt_chunks():
+    bmt = BmtModel(dense_bytes=100e6, expert_bytes=0, n_expert=0, n_expert_used=0,
+                   kv_bytes_per_pos=0, act_bytes_per_token=1e6)
+    sessions = (session(0, INT, Phase.DECODE), session(5, BG, Phase.PREFILL, prompt=5000))
+    policy = BoundPolicy(tick_budget_ms=40.0)  # a 40 ms line
+    proven = BoundMemory(cap=512, since_pause=0)  # past the slow start, no pause due
+
+    def tokens(**guard):
+        plan = policy.schedule_tick(SchedulerState(
+            now_ns=0, sessions=sessions, n_waiting=0, n_batch=512, n_seq_max=8,
+            decode_ms_ewma=0.0, cost=BELIEF, tick=0, memory=proven, **guard))
+        return sum(i.n_tokens for i in plan.items if i.seq_id == 5)
+
+    loose = tokens()
+    # 40 ms × 3 GB/s = 120 MB: the weights and 20 rows' activations, the decoder's among them
+    tight = tokens(bmt=bmt, bmt_budget_gbps=3.0)
+    assert tight == 19 < loose

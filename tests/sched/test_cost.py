@@ -211,23 +211,6 @@ def test_a_prompt_chunk_reads_the_cache_before_it_once():
     assert cpu.prefill_ms(n, 1500) <= 30.0 < cpu.prefill_ms(n + 1, 1500)
 
 
-@pytest.mark.parametrize("rows", [0, 3, 8, 30])
-def test_amortising_tokens_is_the_fewest_whose_work_covers_the_overhead(rows):
-    cpu = CostEstimate(fixed_ms=7.0, per_prefill_ms=2.0, per_decode_ms=3.0, per_kv_kpos_ms=10.0,
-                       per_prompt_kv_kpos_ms=1.0, row_steps_ms=row_steps(r8=0.5, r32=20.0))
-
-    def amortised(n, depth):
-        overhead = cpu.chunk_overhead_ms(depth, rows, n)
-        return cpu.prefill_ms(n, depth, rows) - overhead >= overhead
-
-    for depth in (0, 600, 3000):
-        n = cpu.amortising_tokens(depth, rows)
-        assert amortised(n, depth)
-        assert not any(amortised(m, depth) for m in range(1, n))
-    assert cpu.amortising_tokens(3000, rows, factor=2.0) > cpu.amortising_tokens(3000, rows)
-    assert CostEstimate(per_kv_kpos_ms=0.0).amortising_tokens(500, rows) == 1
-
-
 def test_decode_rows_and_prompt_tokens_pay_for_attention_apart():
     # The same CPU-like device. A storm's ticks are mostly three decoders whose caches grow;
     # one in twenty-five carries two tokens deep into a prompt, which read the cache before

@@ -1,9 +1,14 @@
-"""Decisions every policy shares (uma.sched.policy): admission and shedding on a full cache."""
+"""Decisions the policies share (uma.sched.policy): admission, shedding on a full cache, the
+chunk that brings a long prompt's first token in time."""
 
-from uma.sched.policy import admit_by_class, shed_for_room
+import math
+
+import pytest
+
+from uma.sched.policy import admit_by_class, shed_for_room, ttft_chunk_ms
 from uma.sched.state import BatchItem, Phase, Plan, Waiting
 
-from .test_slo import BG, INT, session
+from .snapshots import BG, INT, session
 
 
 def test_admission_is_interactive_first_then_by_arrival():
@@ -49,3 +54,15 @@ def test_prompt_chunks_alone_are_halved_then_one_token_makes_room_by_preempting(
     assert shed.preempt is None
     one = shed_for_room(Plan(items=(BatchItem(0, Phase.PREFILL, 1, logits=False),)), sessions)
     assert one.preempt == 1 and one.plan.items == (BatchItem(0, Phase.PREFILL, 1, logits=False),)
+
+
+def test_the_stretch_chunk_finishes_the_prompt_in_the_time_left():
+    # In chunks of c ms, each paying the overhead, a prompt of `work` ms takes
+    # work / (c - overhead) ticks of beside + c: at c = ttft_chunk_ms exactly the time left.
+    for work, overhead, beside, left in [(390, 10, 18, 627), (100, 0, 30, 160),
+                                         (1000, 25, 5, 2060)]:
+        c = ttft_chunk_ms(work, overhead, beside, left)
+        assert overhead < c < work + overhead
+        assert work / (c - overhead) * (beside + c) == pytest.approx(left)
+    assert ttft_chunk_ms(100, 5, 0, 500) == math.inf  # nothing beside it: in whole
+    assert ttft_chunk_ms(100, 5, 10, 115) == math.inf  # due: in whole

@@ -10,7 +10,6 @@ from uma.knobs import KNOBS
 from uma.sched.bound import BoundPolicy
 from uma.sched.knob_defaults import knob_default
 from uma.sched.policies import create_policy
-from uma.sched.slo import SloPolicy
 from uma.server import settings
 
 
@@ -84,18 +83,30 @@ def test_errors_name_the_setting_as_it_was_given(source, label):
 
 def test_a_knob_from_file_environment_or_flag_reaches_the_policy(tmp_path):
     conf = tmp_path / "uma.toml"
-    conf.write_text('pause_window = 50\nbackground_share = 0.3\nhold_on_decode_overrun = false\n')
-    env = settings.from_environment({"UMA_BACKGROUND_SHARE": "0.4", "UMA_PAUSE_FACTOR": "2"})
-    s = settings.resolve([settings.read_file(conf), env,
-                          {"ttft_burst_tokens": 0, "policy": "slo"}])
+    conf.write_text('min_prefill = 32\nbackground_share = 0.3\nmax_pause_rate = 0.02\n')
+    env = settings.from_environment({"UMA_BACKGROUND_SHARE": "0.4", "UMA_GAP_FACTOR": "2"})
+    s = settings.resolve([settings.read_file(conf), env, {"gap_ms": 80.0}])
     policy = create_policy(s.engine.policy, s.engine)
-    assert isinstance(policy, SloPolicy)
-    assert (policy.pause_window, policy.background_share, policy.pause_factor) == (50, 0.4, 2.0)
-    assert policy.hold_on_decode_overrun is False and policy.ttft_burst_tokens == 0
-    assert policy.pause_share == SloPolicy.pause_share  # not given: the policy's default
-    assert dict(s.engine.slo).keys() == {"pause_window", "background_share",
-                                         "hold_on_decode_overrun", "pause_factor",
-                                         "ttft_burst_tokens"}
+    assert isinstance(policy, BoundPolicy)
+    assert (policy.min_prefill, policy.background_share, policy.gap_factor) == (32, 0.4, 2.0)
+    assert policy.max_pause_rate == 0.02 and policy.gap_ms == 80.0
+    assert policy.tail_margin == BoundPolicy().tail_margin  # not given: the policy's default
+    assert dict(s.engine.slo).keys() == {"min_prefill", "background_share", "max_pause_rate",
+                                         "gap_factor", "gap_ms"}
+
+
+@pytest.mark.parametrize("source", ["file", "env", "flag"])
+def test_the_removed_slo_policy_is_refused_naming_the_setting_and_the_policies(tmp_path,
+                                                                               source):
+    conf = tmp_path / "uma.toml"
+    conf.write_text('policy = "slo"\n')
+    given = {"file": settings.read_file(conf),
+             "env": settings.from_environment({"UMA_POLICY": "slo"}),
+             "flag": {"policy": "slo"}}[source]
+    with pytest.raises(InvalidRequestError) as info:
+        settings.resolve([given])
+    label = {"file": f"policy in {conf}", "env": "UMA_POLICY", "flag": "--policy"}[source]
+    assert str(info.value) == f"invalid {label}: must be 'bound' or 'baseline', not 'slo'"
 
 
 def test_config_shows_each_knobs_effective_value_and_source():
@@ -105,7 +116,7 @@ def test_config_shows_each_knobs_effective_value_and_source():
     assert rows["ttft_burst_tokens"] == (64, "UMA_TTFT_BURST_TOKENS")
     assert rows["gap_ms"] == (80.0, "--gap-ms")
     assert rows["background_share"] == (BoundPolicy().background_share, "default")
-    assert rows["pause_factor"] == (SloPolicy.pause_factor, "default")
+    assert rows["gap_margin"] == (BoundPolicy().gap_margin, "default")
     assert all(k.name in rows for k in KNOBS)
 
 
@@ -121,14 +132,13 @@ def test_knob_settings_show_the_policys_defaults():
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("pause_factor = 0.5", "invalid pause_factor in {}: must be >= 1, not 0.5"),
-    ("pause_window = 2.5", "invalid pause_window in {}: must be an integer, not 2.5"),
-    ("hold_ticks = true", "invalid hold_ticks in {}: must be an integer, not True"),
-    ("hold_on_decode_overrun = 1",
-     "invalid hold_on_decode_overrun in {}: must be true or false, not 1"),
+    ("gap_factor = 0.5", "invalid gap_factor in {}: must be >= 1, not 0.5"),
+    ("min_prefill = 2.5", "invalid min_prefill in {}: must be an integer, not 2.5"),
+    ("ttft_burst_tokens = true", "invalid ttft_burst_tokens in {}: must be an integer, not True"),
     ("background_share = 0.95", "invalid background_share in {}: must be in [0, 0.9], not 0.95"),
     ("idle_budget_ms = inf", "invalid idle_budget_ms in {}: must be finite, not inf"),
-    ("pause_facter = 2.0", "{}: unknown setting(s) pause_facter; known: "),
+    ("gap_facter = 2.0", "{}: unknown setting(s) gap_facter; known: "),
+    ("hold_ticks = 4", "{}: unknown setting(s) hold_ticks; known: "),
 ])
 def test_bad_knobs_in_a_file_name_the_key(tmp_path, text, message):
     conf = tmp_path / "uma.toml"
@@ -143,8 +153,7 @@ def test_bad_knobs_in_a_file_name_the_key(tmp_path, text, message):
     ({"UMA_TTFT_BURST_TOKENS": "-1"},
      "invalid UMA_TTFT_BURST_TOKENS: must be in [0, 1048576], not -1"),
     ({"UMA_MIN_PREFILL": "8.5"}, "invalid UMA_MIN_PREFILL: must be an integer, not '8.5'"),
-    ({"UMA_HOLD_ON_DECODE_OVERRUN": "maybe"},
-     "invalid UMA_HOLD_ON_DECODE_OVERRUN: must be true or false"),
+    ({"UMA_IDLE_AMORTISE": "lots"}, "invalid UMA_IDLE_AMORTISE: must be a number, not 'lots'"),
 ])
 def test_bad_knobs_in_the_environment_name_the_variable(source, message):
     with pytest.raises(InvalidRequestError) as info:
@@ -154,17 +163,20 @@ def test_bad_knobs_in_the_environment_name_the_variable(source, message):
 
 def test_a_bad_knob_flag_names_the_flag():
     with pytest.raises(InvalidRequestError) as info:
-        settings.resolve([{"rescue_slack": 0.9}])
-    assert str(info.value) == "invalid --rescue-slack: must be >= 1, not 0.9"
+        settings.resolve([{"ttft_stretch": 0.9}])
+    assert str(info.value) == "invalid --ttft-stretch: must be >= 1, not 0.9"
 
 
-def test_the_knobs_the_bound_policy_has_reach_it_and_the_rest_are_the_older_guards():
+def test_the_older_guards_knobs_are_unknown_settings():
+    # the environment ignores variables that name no setting, as it does any other
     env = settings.from_environment({"UMA_BACKGROUND_SHARE": "0.25", "UMA_PAUSE_FACTOR": "2"})
+    assert dict(env.values) == {"background_share": 0.25}
     s = settings.resolve([env, {"ttft_burst_tokens": 0, "latency_cap": 1.5}])
     policy = create_policy(s.engine.policy, s.engine)
     assert isinstance(policy, BoundPolicy)
     assert (policy.background_share, policy.ttft_burst_tokens, policy.latency_cap) \
         == (0.25, 0, 1.5)
+    assert "pause_factor" not in settings.NAMES and "hold_ticks" not in settings.NAMES
 
 
 

@@ -323,7 +323,8 @@ def background_chunks(state: SchedulerState, lim: Limits, decoders: tuple[Sessio
     tokens: the line's, or a pause's. At most the cap (the slow start) and the bandwidth
     guard's tokens. A pause, and a tick with nothing else in it, moves at least one token
     (the cost model may overprice a deep prompt; what one token really costs then corrects
-    it). Their time is returned at the model's price, unmeasured."""
+    it), unless new interactive prompts wait for more than the tick gives them. Their time
+    is returned at the model's price, unmeasured."""
     cost = state.cost
     prompts = [s for s in shortest_background_first(state.sessions)
                if s.phase is Phase.PREFILL and s.seq_id in lim.back_ids]
@@ -333,7 +334,11 @@ def background_chunks(state: SchedulerState, lim: Limits, decoders: tuple[Sessio
     used = sum(i.n_tokens for i in first.items)
     spare_ms = lim.tick_ms - decode_ms - first.ms
     cap = min(mem.cap, bmt_room(state, lim.tick_ms, decoders, state.n_batch - rows - used))
-    must = lim.pause or (not lim.streams and not first.items)
+    # ... unless a new interactive prompt is still waiting for tokens this tick did not give
+    given = sum(i.n_tokens for i in first.items)
+    left_out = sum(s.prefill_left for s in state.sessions
+                   if s.phase is Phase.PREFILL and s.priority is Priority.INTERACTIVE) > given
+    must = (lim.pause or (not lim.streams and not first.items)) and not left_out
     items: list[BatchItem] = []
     ms = 0.0
     for s in prompts:

@@ -243,23 +243,6 @@ class CostEstimate:
             even = next_even_rows(even + 1)
         return best
 
-    def amortising_tokens(self, depth: int, rows: int = 0, factor: float = 1.0) -> int:
-        """The fewest prompt tokens, in a chunk starting at KV position `depth` in a tick that
-        already has `rows` rows, whose own work (tokens and their scoring) is at least factor
-        × the chunk's overhead (its read, the steps it passes, its ragged price; at least 1).
-        Where a span's sizes do not, the one that leaves the tick at a power of two may."""
-        for lo, hi, _ in self._spans(rows):
-            work = factor * self.chunk_overhead_ms(depth, rows, lo)
-            n = max(lo, math.ceil(self._tokens_of_work(work, depth, rows + lo) - 1e-9)) \
-                if work > 0 else lo
-            if n <= hi:
-                return n
-            even = next_even_rows(rows + lo) - rows
-            if even <= hi and self.work_ms(even, depth, rows) \
-                    >= factor * self.chunk_overhead_ms(depth, rows, even) - 1e-9:
-                return even
-        raise AssertionError("the last span is unbounded")  # pragma: no cover
-
     def _spans(self, rows: int) -> list[tuple[int, float, float]]:
         """The chunk sizes (from, to) between the row edges a tick with `rows` rows has left,
         each with the steps a tick that reaches its edge has passed: within a span, a chunk

@@ -1,24 +1,20 @@
-"""Each scheduling knob's default: its field's value in the policy that has it (the bound
-policy first, then the older SLO guard), so what `uma run --help` and `uma config` show is
-what the policies run with and cannot drift from them.
+"""Each scheduling knob's default: its field's value in the bound policy, so what
+`uma config` and docs/CONFIG.md show is what the policy runs with and cannot drift from it.
 
 The knobs themselves (names, kinds, ranges, help) are uma.knobs, vocabulary that uma.config
-checks EngineConfig.slo with; only their defaults need the policies, so they are read here.
+checks EngineConfig.slo with; only their defaults need the policy, so they are read here.
 """
 
 from __future__ import annotations
 
 from uma.knobs import Knob, KnobValue
 from uma.sched.bound import BoundPolicy
-from uma.sched.slo import SloPolicy
 
-_BOUND, _SLO = BoundPolicy(), SloPolicy()
-_BOUND_FIELDS = frozenset(_BOUND.__dataclass_fields__)
+_BOUND = BoundPolicy()
 
 
 def knob_default(knob: Knob) -> KnobValue:
-    """What the policy that has the knob's field sets it to unless told otherwise: what the
+    """What the bound policy sets the knob's field to unless told otherwise: what the
     benchmarks were measured with."""
-    policy = _BOUND if knob.name in _BOUND_FIELDS else _SLO
-    value: KnobValue = getattr(policy, knob.name)
+    value: KnobValue = getattr(_BOUND, knob.name)
     return value

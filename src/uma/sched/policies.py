@@ -9,10 +9,9 @@ from uma.errors import InvalidRequestError
 from uma.sched.baseline import BaselinePolicy
 from uma.sched.bound import BoundPolicy
 from uma.sched.policy import BatchPolicy
-from uma.sched.slo import SloPolicy
 
-POLICIES: dict[str, type[BaselinePolicy] | type[BoundPolicy] | type[SloPolicy]] = {
-    "baseline": BaselinePolicy, "bound": BoundPolicy, "slo": SloPolicy}
+POLICIES: dict[str, type[BaselinePolicy] | type[BoundPolicy]] = {
+    "baseline": BaselinePolicy, "bound": BoundPolicy}
 
 
 def create_policy(name: str, config: EngineConfig | None = None,

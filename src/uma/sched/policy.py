@@ -4,8 +4,7 @@ A policy is a pure function from a SchedulerState to a Plan: it never touches th
 clock or any mutable state of its own; anything it needs to remember between ticks (cost
 estimates, tick count) arrives in the snapshot. That makes every decision reproducible from the
 snapshot alone, which is how the tests check them. The policies themselves are in
-uma.sched.bound (the default), uma.sched.slo and uma.sched.baseline; uma.sched.policies names
-them.
+uma.sched.bound (the default) and uma.sched.baseline; uma.sched.policies names them.
 """
 
 from __future__ import annotations

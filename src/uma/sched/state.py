@@ -128,16 +128,12 @@ class PlanNotes(NamedTuple):
 
     budget_ms: float = 0.0  # the time the tick was allowed
     predicted_ms: float = 0.0  # what the cost model predicts the plan takes
-    line_ms: float = 0.0  # the p95 line prompt work plans up to (slo)
+    line_ms: float = 0.0  # what an ordinary tick may take while streams decode
     target_ms: float = 0.0  # latency_cap × the streams' p95 alone (0: no stream decodes)
     pause_ms: float = 0.0  # the longest a tick with background work may run past its decoders
-    credit_ms: float = 0.0  # saved prompt time carried to the next tick
     served_decoders: int = 0  # decoding sequences in the batch
     parked: int = 0  # decoding sequences left out of it
     parked_seqs: frozenset[int] = frozenset()  # which: parked to keep the budget
-    guard_active: bool = False  # prompts held back after an overrun (the hold or its ramp)
-    s: int = 0  # background decoders served per tick (the hill-climbed S)
-    k: int = 1  # ticks a burst keeps its background decoders
     chunk_cap: int = 0  # most background prompt tokens (slow start)
     bmt_bytes: float = 0.0  # bytes the tick moves through memory (estimate)
     overruns: int = 0  # ticks over budget so far

@@ -13,8 +13,9 @@ Every source uses the same names (the `uma run` options with underscores), e.g.:
 
 The table (SETTINGS) is where `uma run --help`, `uma config`, the environment's parsing and the
 errors get their names, types and defaults; docs/CONFIG.md is checked against it. An error
-names the setting as the user gave it: `--ctx`, `UMA_CTX` or `ctx in uma.toml`. The SLO
-policy's knobs (uma.knobs) are settings too, one each, gathered into EngineConfig.slo.
+names the setting as the user gave it: `--ctx`, `UMA_CTX` or `ctx in uma.toml`. The
+scheduling policy's knobs (uma.knobs) are settings too, one each, gathered into
+EngineConfig.slo (the file may also hold them in its [slo] table).
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from uma.errors import InvalidRequestError
 from uma.knobs import KNOBS, Knob
 from uma.sched.bound import BoundPolicy
 from uma.sched.knob_defaults import knob_default
-from uma.sched.slo import SloPolicy
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -88,87 +88,77 @@ SETTINGS: tuple[Setting, ...] = (
     _e("ctx", int, "4096", "KV cache positions in all", "n_ctx"),
     _e("parallel", int, "8", "requests decoded at once", "n_seq_max"),
     _e("batch", int, "2048", "most tokens per decode call", "n_batch"),
-    _e("ubatch", int, "512 (at most batch)", "most tokens per compute step", "n_ubatch"),
-    _e("threads", int, "the cores available, at most 16", "CPU threads", "n_threads"),
+    _e("ubatch", int, "512 (at most batch)", "compute step size", "n_ubatch"),
+    _e("threads", int, "the cores, at most 16", "CPU threads", "n_threads"),
     _e("threads_batch", int, "= threads", "CPU threads for prompt batches", "n_threads_batch",
        flag=False),
     _e("gpu_layers", int, "-1 (all)", "layers offloaded to the GPU", "n_gpu_layers"),
-    Setting("kv_type", str, "f16", "KV cache type: f32, f16, bf16, q8_0, q5_1, q5_0, q4_1 or "
-            "q4_0 (sets type_k and type_v)"),
+    Setting("kv_type", str, "f16", "K and V cache type: f32, f16, bf16, q8_0, q5_1, q5_0, q4_1 "
+            "or q4_0"),
     _e("type_k", str, "f16", "K cache type (kv_type sets both)", flag=False),
     _e("type_v", str, "f16", "V cache type (kv_type sets both)", flag=False),
-    _e("kv_unified", bool, "on", "one KV buffer shared by all requests"),
+    _e("kv_unified", bool, "on", "one KV buffer for all requests"),
     _e("flash_attn", str, "auto", "flash attention: auto, on or off"),
-    _e("device_sampling", str, "auto (on a CUDA GPU, with parallel at most 16)",
-       "sample on the device where a request allows: auto, on or off"),
-    _e("overlap", str, "auto (on where the model runs on a GPU)",
-       "publish a tick's tokens while the device runs the next: auto, on or off"),
-    _e("policy", str, "bound", "scheduling policy: bound, slo (the older guard) or baseline"),
-    _e("tick_ms", float, "30", "baseline policy: tick time budget in ms", "tick_target_ms"),
-    _e("latency_cap", float, "1.2",
-       "the streams' gap p95 allowed beside other work, relative to their own"),
-    _e("tick_budget_ms", float, "none", "a fixed tick budget in ms instead of the cap"),
+    _e("device_sampling", str, "auto",
+       "sample on the device: auto (a CUDA GPU, parallel <= "
+       "16), on or off"),
+    _e("overlap", str, "auto", "hand a tick's tokens on while the device runs the next: "
+       "auto (GPUs), on or off"),
+    _e("policy", str, "bound", "bound or baseline"),
+    _e("tick_ms", float, "30", "baseline policy: tick time budget in ms", "tick_target_ms",
+       flag=False),
+    _e("latency_cap", float, "1.2", "the streams' gap p95 allowed beside other work, x "
+       "theirs alone"),
+    _e("tick_budget_ms", float, "none", "a fixed tick line in ms"),
     _e("bmt_budget", float, "probed on CPU, off on GPUs",
-       "slo: memory bandwidth for ticks in GB/s (0: off)", "bmt_budget_gbps"),
+       "memory bandwidth for ticks in GB/s (0: off)", "bmt_budget_gbps", flag=False),
     _e("max_queue", int, "1024", "requests waiting beyond this are refused", flag=False),
-    _e("prefix_cache", int, "8", "finished requests' prompts kept for reuse (0: off)"),
-    _e("prefix_cache_tokens", int, "half of ctx", "tokens the prefix cache may hold"),
+    _e("prefix_cache", int, "8", "cached prompts (0: off)"),
+    _e("prefix_cache_tokens", int, "half of ctx", "tokens it may hold"),
     _e("prefix_cache_ram_mb", int, "1024",
-       "host memory for cached prompts that leave the KV cache, MiB (0: none)"),
+       "host memory for prompts that leave the KV cache, MiB (0: none)"),
     _e("background_ctx", int, "0 (off)",
-       "KV positions of a second context for background requests, run in time slices "
-       "between the interactive ones' ticks (GPUs)"),
-    _e("background_seqs", int, "2", "background requests decoded at once in background_ctx"),
-    _e("background_ride", float, "4",
-       "a background slice before the streams' new prompt may stretch their gap to this x "
-       "that prompt's tick, counted at 1-2x their p95 alone (0: pauses only)"),
+       "KV positions of a second context for background requests (GPUs)"),
+    _e("background_seqs", int, "2", "background decoders at once"),
     _e("chat_template", str, "the model's, else chatml",
-       "chat messages' template: chatml, llama2, llama3 or a Jinja file"),
-    _e("fair_share", bool, "on", "share sequences fairly between apps (off: first come, first "
-       "served)"),
-    _e("app_weights", str, "none (every app 1)",
-       "apps' weights for fair share, as NAME=W,NAME=W"),
+       "chatml, llama2, llama3 or a Jinja file"),
+    _e("fair_share", bool, "on", "fair share between apps"),
+    _e("app_weights", str, "every app 1", "apps' weights for fair share, as NAME=W,NAME=W"),
     _e("fair_quantum_ms", float, "half the largest recent request's cost",
-       "fair share: tick ms an app may be served beyond one waiting for a sequence"),
-    _e("app_latency_caps", str, "none (every app latency_cap)",
-       "slo: apps' own latency caps, as NAME=CAP,NAME=CAP"),
-    _e("embedding_ctx", int, "2048", "most tokens of one /v1/embeddings input"),
-    _e("rpc", str, "none", "RPC workers holding layers of the model, as HOST:PORT,HOST:PORT "
-       "(`uma rpc-worker` on each)"),
-    _e("tensor_split", str, "by free memory",
-       "each device's share of the offloaded layers, RPC workers first: e.g. 1,1,2"),
-    _e("pooling", str, "the model's own, else mean",
-       "how embeddings pool an input: auto, mean, cls or last", "embedding_pooling"),
+       "fair share: tick ms an app may be served beyond one waiting for a sequence",
+       flag=False),
+    _e("app_latency_caps", str, "latency_cap",
+       "apps' own latency caps, as NAME=CAP,NAME=CAP"),
+    _e("embedding_ctx", int, "2048", "most tokens of an embeddings input"),
+    _e("rpc", str, "none", "RPC workers: HOST:PORT,HOST:PORT"),
+    _e("tensor_split", str, "by free memory", "each device's share of the layers, e.g. 1,1,2"),
+    _e("pooling", str, "the model's, else mean", "embeddings pooling: auto, mean, cls or last",
+       "embedding_pooling"),
     *(_knob(k) for k in KNOBS),
     _s("socket", str, "$XDG_RUNTIME_DIR/uma.sock, else /tmp/uma-$UID.sock",
-       "Unix socket path"),
-    _s("max_connections", int, "64",
-       "socket connections at once (3/4 to one process; idle ones make room)"),
+       "socket path"),
+    _s("max_connections", int, "64", "socket connections at once"),
     _s("max_inflight", int, "16", "requests in flight per connection"),
     _s("max_prompt_bytes", int, "1048576", "UTF-8 bytes of a prompt"),
     _s("max_tokens", int, "4096", "cap on a request's max_tokens"),
     _s("default_max_tokens", int, "256", "max_tokens of requests that name none", flag=False),
-    _s("idle_timeout", float, "300", "seconds before a client with no request is closed",
-       "idle_timeout_s"),
+    _s("idle_timeout", float, "300", "seconds an idle client is kept", "idle_timeout_s"),
     _s("max_frame_bytes", int, "2 x max_prompt_bytes + 64 KiB", "largest request frame"),
-    _s("max_input_bytes", int, "33554432",
-       "request bytes buffered across all connections"),
-    _s("frame_timeout", float, "30", "seconds a request frame may take to arrive whole",
+    _s("max_input_bytes", int, "33554432", "request bytes buffered in all"),
+    _s("frame_timeout", float, "30", "seconds a request frame may take",
        "frame_timeout_s"),
     _s("max_outbuf_bytes", int, "8388608",
        "output a slow reader may fall behind before it is dropped", flag=False),
-    _s("grace", float, "5", "seconds in-flight requests get on SIGINT/SIGTERM", "grace_s"),
+    _s("grace", float, "5", "seconds to finish requests on stop", "grace_s"),
     Setting("log_level", str, "warn", "none, error, warn, info or debug"),
-    _s("http", str, "off", "also serve the OpenAI-compatible HTTP API on HOST:PORT"),
-    _s("api_key", str, "none", "require 'Authorization: Bearer KEY' on /v1 (a flag is visible "
-       "in ps: prefer a key file or UMA_API_KEY)"),
-    Setting("api_key_file", str, "none", "read the API key from this file"),
-    _s("allow_public", bool, "off", "allow HTTP beyond loopback without an API key"),
-    _s("http_max_connections", int, "64",
-       "HTTP connections at once (3/4 to one address; idle ones make room)"),
-    _s("http_header_timeout", float, "10", "seconds a request's headers may take to arrive",
+    _s("http", str, "off", "OpenAI API on HOST:PORT"),
+    _s("api_key", str, "none", "require 'Bearer KEY' on /v1 (shows in ps: prefer a key file)"),
+    Setting("api_key_file", str, "none", "API key from this file"),
+    _s("allow_public", bool, "off", "public HTTP without a key"),
+    _s("http_max_connections", int, "64", "HTTP connections at once"),
+    _s("http_header_timeout", float, "10", "seconds headers may take",
        "http_header_timeout_s"),
-    _s("http_body_timeout", float, "30", "seconds a request's body may take to arrive",
+    _s("http_body_timeout", float, "30", "seconds a body may take",
        "http_body_timeout_s"),
     _s("http_max_body_bytes", int, "2 x max_prompt_bytes + 64 KiB", "largest request body"),
 )
@@ -207,13 +197,13 @@ class Settings:
     def table(self) -> list[tuple[str, object, str]]:
         """(setting, effective value, where it came from) for every setting."""
         rows = []
-        # the knobs' effective values: each from the policy that has the field
-        policies = (BoundPolicy.from_config(self.engine), SloPolicy.from_config(self.engine))
+        # the knobs' effective values, as the bound policy reads them
+        bound = BoundPolicy.from_config(self.engine)
         for s in SETTINGS:
             if s.name in ("kv_type", "api_key_file"):
                 continue  # shown as type_k/type_v and api_key
             if s.config == "slo":
-                value = next(getattr(p, s.field) for p in policies if hasattr(p, s.field))
+                value = getattr(bound, s.field)
             elif s.config:
                 value = getattr(self.engine if s.config == "engine" else self.server, s.field)
             else:

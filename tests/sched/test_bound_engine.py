@@ -1,4 +1,4 @@
-"""The SLO policy on the real core: plan membership under a prompt storm, end to end."""
+"""The bound policy on the real core: plan membership under a prompt storm, end to end."""
 
 import uma
 from uma.sched.state import Phase
@@ -8,7 +8,7 @@ from ..helpers import assert_same_greedy
 
 def test_interactive_streams_are_served_every_tick_while_a_long_prompt_prefills(tiny_path):
     opts = {"ignore_eos": True, "logprobs": True}
-    with uma.Engine(tiny_path, n_ctx=4096, n_seq_max=4, policy="slo") as e:
+    with uma.Engine(tiny_path, n_ctx=4096, n_seq_max=4, policy="bound") as e:
         alone = [e.generate(p, max_tokens=40, **opts) for p in ("first stream", "second one")]
         e._executor.trace = trace = []
         streams = [e.submit(p, max_tokens=40, **opts) for p in ("first stream", "second one")]
@@ -42,7 +42,7 @@ def test_interactive_streams_are_served_every_tick_while_a_long_prompt_prefills(
 def test_a_short_interactive_prompt_goes_in_whole_beside_streams_and_a_long_prompt(tiny_path):
     # TTFT first: with two streams decoding and a background prompt prefilling, a new short
     # interactive prompt is computed in one tick, and no background chunk goes before it.
-    with uma.Engine(tiny_path, n_ctx=4096, n_seq_max=4, policy="slo") as e:
+    with uma.Engine(tiny_path, n_ctx=4096, n_seq_max=4, policy="bound") as e:
         streams = [e.submit(p, max_tokens=60, ignore_eos=True) for p in ("first", "second")]
         for s in streams:
             next(iter(s))
