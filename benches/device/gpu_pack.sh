@@ -23,7 +23,7 @@ SCENARIOS=${SCENARIOS:-mixed scaling overhead}
 # mixes prompt chunks and decode rows into several micro-batches (equal tokens per sequence),
 # each reading all the weights again.
 MIXED_ARGS=${MIXED_ARGS:---kv-unified}
-SIDES=${SIDES:-uma slo,uma baseline,llama-server}
+SIDES=${SIDES:-uma bound,uma baseline,llama-server}
 
 . benches/device/setup.sh
 GPU="--backend cuda --gpu-layers 99 --threads 8"
