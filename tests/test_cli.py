@@ -435,11 +435,43 @@ def test_the_launch_agent_is_a_valid_plist():
 
 def test_run_has_flags_for_the_few_scheduling_settings_a_user_may_need():
     text = CliRunner().invoke(cli.app, ["run", "--help"], env={"COLUMNS": "100"}).output
-    for flag in ("--policy", "--latency-cap", "--tick-budget-ms", "--gap-ms",
+    for flag in ("--policy", "--latency-cap", "--bmt-budget", "--gap-ms",
                  "--background-share", "--idle-budget-ms", "--background-ctx",
                  "--background-seqs", "--fair-share", "--app-weights", "--app-latency-caps"):
         assert flag in text
-    for expert in ("--gap-factor", "--ttft-burst-tokens", "--tick-ms", "--bmt-budget",
+    for expert in ("--gap-factor", "--ttft-burst-tokens", "--tick-ms", "--tick-budget-ms",
                    "--background-ride", "--fair-quantum-ms", "--max-pause-rate"):
         assert expert not in text
 
+
+
+def test_run_takes_the_design_notes_command_line_as_written(monkeypatch):
+    served = []
+    monkeypatch.setattr(server_main, "serve", lambda conf, say: served.append(conf) or 0)
+    r = CliRunner().invoke(cli.app, ["run", "--model", "m.gguf", "--latency-cap", "1.20",
+                                     "--bmt-budget", "320GBps", "--kv-type", "q8", "--ipc",
+                                     "uds", "--http", "off"])
+    assert r.exit_code == 0, r.output
+    conf = served[0]
+    assert conf.engine.model.endswith("m.gguf") and conf.engine.latency_cap == 1.2
+    assert conf.engine.bmt_budget_gbps == 320.0
+    assert (conf.engine.type_k, conf.engine.type_v) == ("q8_0", "q8_0")
+    assert conf.server.http is None
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--kv-pack", "head-major"], "--kv-pack head-major: the KV cache's layout is llama.cpp's"),
+    (["--kv-type", "q6"], "invalid --kv-type: must be one of f32, f16, bf16, q8_0, q5_1, q5_0, "
+                          "q4_1, q4_0 (or q8, q5, q4): llama.cpp has no 6-bit KV cache type"),
+    (["--ipc", "tcp"], "invalid --ipc: must be uds"),
+    (["--bmt-budget", "fast"], "invalid --bmt-budget: must be a bandwidth such as 320GBps"),
+])
+def test_run_refuses_what_llama_cpp_cannot_do_saying_why(args, message):
+    r = CliRunner().invoke(cli.app, ["run", "m.gguf", *args])
+    assert r.exit_code == cli.EXIT_USAGE
+    assert message in " ".join(r.output.split())
+
+
+def test_the_model_is_given_once():
+    r = CliRunner().invoke(cli.app, ["run", "a.gguf", "--model", "b.gguf"])
+    assert r.exit_code == cli.EXIT_USAGE and "not both" in r.output

@@ -70,7 +70,7 @@ PANELS: dict[str, tuple[str, ...]] = {
                          "tensor_split"),
     "KV cache and prefix cache": ("ctx", "parallel", "kv_type", "kv_unified", "prefix_cache",
                                   "prefix_cache_tokens", "prefix_cache_ram_mb"),
-    "Scheduling": ("policy", "latency_cap", "tick_budget_ms", "gap_ms", "background_share",
+    "Scheduling": ("policy", "latency_cap", "bmt_budget", "gap_ms", "background_share",
                    "idle_budget_ms", "background_ctx", "background_seqs"),
     "Apps": ("fair_share", "app_weights", "app_latency_caps"),
     "Requests and socket": ("socket", "max_tokens", "max_prompt_bytes", "grace",
@@ -169,7 +169,7 @@ def run(
     tensor_split: str | None = _opt("tensor_split"),
     policy: str | None = _opt("policy"),
     latency_cap: float | None = _opt("latency_cap"),
-    tick_budget_ms: float | None = _opt("tick_budget_ms"),
+    bmt_budget: str | None = _opt("bmt_budget"),
     max_connections: int | None = _opt("max_connections"),
     max_inflight: int | None = _opt("max_inflight"),
     max_prompt_bytes: int | None = _opt("max_prompt_bytes"),
@@ -188,6 +188,11 @@ def run(
     http_header_timeout: float | None = _opt("http_header_timeout"),
     http_body_timeout: float | None = _opt("http_body_timeout"),
     http_max_body_bytes: int | None = _opt("http_max_body_bytes"),
+    # the design notes' spellings (seed 004), not shown: `--model X`, `--ipc uds`, and
+    # `--kv-pack`, which is refused with the reason
+    model_option: str | None = typer.Option(None, "--model", hidden=True),
+    ipc: str | None = typer.Option(None, "--ipc", hidden=True),
+    kv_pack: str | None = typer.Option(None, "--kv-pack", hidden=True),
     **knobs: float | int | bool | None,  # the scheduling policy's (_with_knob_options)
 ) -> None:
     """Serve a model to every app on this machine over a Unix socket (and HTTP, with --http);
@@ -196,6 +201,17 @@ def run(
     setting, those without a flag too."""
     from uma.server.main import serve
 
+    if model_option is not None:
+        if model is not None:
+            raise _fail("give the model as the argument or as --model, not both", EXIT_USAGE)
+        model = model_option
+    if ipc is not None and ipc != "uds":
+        raise _fail(f"invalid --ipc: must be uds (a Unix socket, --socket), not {ipc!r}",
+                    EXIT_USAGE)
+    if kv_pack is not None:
+        raise _fail(f"--kv-pack {kv_pack}: the KV cache's layout is llama.cpp's, which UMA "
+                    f"Serve drives and does not change (its kernels read their own layout)",
+                    EXIT_USAGE)
     conf = _settings(config, {**locals(), **knobs})
     path = _model_path(conf.engine.model)
     conf = dataclasses.replace(conf, engine=dataclasses.replace(conf.engine, model=path))

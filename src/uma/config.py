@@ -213,6 +213,8 @@ _SAMPLER_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty",
 
 EMBEDDING_POOLING = ("auto", "mean", "cls", "last")
 _KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
+# the design notes' short names for the quantised types llama.cpp's KV cache has
+_KV_ALIASES = {"q8": "q8_0", "q5": "q5_0", "q4": "q4_0"}
 
 
 @dataclass(frozen=True)
@@ -309,9 +311,17 @@ class EngineConfig:
             raise InvalidRequestError(
                 f"n_gpu_layers must be in [-1, 2**31) (-1: all), not {self.n_gpu_layers}")
         for name in ("type_k", "type_v"):
-            if getattr(self, name) not in _KV_TYPES:
+            value = getattr(self, name)
+            if value in _KV_ALIASES:
+                object.__setattr__(self, name, value := _KV_ALIASES[value])
+            if value == "q6":
                 raise InvalidRequestError(
-                    f"{name} must be one of {', '.join(_KV_TYPES)}, not {getattr(self, name)!r}")
+                    f"{name} must be one of {', '.join(_KV_TYPES)} (or q8, q5, q4): llama.cpp "
+                    f"has no 6-bit KV cache type, the nearest are q8_0 and q5_1, not 'q6'")
+            if value not in _KV_TYPES:
+                raise InvalidRequestError(
+                    f"{name} must be one of {', '.join(_KV_TYPES)} (or q8, q5, q4), not "
+                    f"{value!r}")
         if self.embedding_pooling not in EMBEDDING_POOLING:
             raise InvalidRequestError(f"embedding_pooling must be one of "
                                       f"{', '.join(EMBEDDING_POOLING)}, not "

@@ -27,6 +27,27 @@ def test_kv_type_sets_both_caches():
     assert (s.engine.type_k, s.engine.type_v) == ("q8_0", "q8_0")
 
 
+@pytest.mark.parametrize(("written", "gbps"), [
+    ("320GBps", 320.0), ("320 GB/s", 320.0), ("1.5TB/s", 1500.0), ("800 MBps", 0.8),
+    ("64", 64.0), (64, 64.0), (0, 0)])
+def test_a_bandwidth_is_read_with_its_unit(written, gbps):
+    s = settings.resolve([{"model": "m.gguf", "bmt_budget": written}])
+    assert s.engine.bmt_budget_gbps == pytest.approx(gbps)
+
+
+def test_a_bandwidth_in_the_environment_and_a_file_takes_units(tmp_path):
+    conf = tmp_path / "uma.toml"
+    conf.write_text('bmt_budget = "100 GB/s"\nhttp = "off"\n')
+    s = settings.resolve([settings.read_file(conf)], demo_model="m.gguf")
+    assert s.engine.bmt_budget_gbps == 100.0 and s.server.http is None
+    s = settings.resolve([settings.from_environment({"UMA_BMT_BUDGET": "2.5gbps"})],
+                         demo_model="m.gguf")
+    assert s.engine.bmt_budget_gbps == 2.5
+    with pytest.raises(InvalidRequestError, match=r"invalid UMA_BMT_BUDGET: must be a bandwidth"):
+        settings.resolve([settings.from_environment({"UMA_BMT_BUDGET": "lots"})],
+                         demo_model="m.gguf")
+
+
 def test_demo_model_and_default_socket(monkeypatch):
     monkeypatch.setenv("UMA_SOCKET", "/tmp/from-env.sock")
     s = settings.resolve([{}], demo_model="demo.gguf")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -109,9 +110,9 @@ SETTINGS: tuple[Setting, ...] = (
        flag=False),
     _e("latency_cap", float, "1.2", "the streams' gap p95 allowed beside other work, x "
        "theirs alone"),
-    _e("tick_budget_ms", float, "none", "a fixed tick line in ms"),
+    _e("tick_budget_ms", float, "none", "a fixed tick line in ms", flag=False),
     _e("bmt_budget", float, "probed on CPU, off on GPUs",
-       "memory bandwidth for ticks in GB/s (0: off)", "bmt_budget_gbps", flag=False),
+       "memory bandwidth for ticks in GB/s, e.g. 320GBps (0: off)", "bmt_budget_gbps"),
     _e("max_queue", int, "1024", "requests waiting beyond this are refused", flag=False),
     _e("prefix_cache", int, "8", "cached prompts (0: off)"),
     _e("prefix_cache_tokens", int, "half of ctx", "tokens it may hold"),
@@ -151,7 +152,7 @@ SETTINGS: tuple[Setting, ...] = (
        "output a slow reader may fall behind before it is dropped", flag=False),
     _s("grace", float, "5", "seconds to finish requests on stop", "grace_s"),
     Setting("log_level", str, "warn", "none, error, warn, info or debug"),
-    _s("http", str, "off", "OpenAI API on HOST:PORT"),
+    _s("http", str, "off", "OpenAI API on HOST:PORT (off: none)"),
     _s("api_key", str, "none", "require 'Bearer KEY' on /v1 (shows in ps: prefer a key file)"),
     Setting("api_key_file", str, "none", "API key from this file"),
     _s("allow_public", bool, "off", "public HTTP without a key"),
@@ -289,6 +290,10 @@ def resolve(sources: Iterable[Source | Mapping[str, object]],
         for name, value in source.values.items():
             if value is not None:
                 merged[name], origins[name] = value, source
+    if "bmt_budget" in merged:
+        merged["bmt_budget"] = _bandwidth(merged["bmt_budget"], "bmt_budget", origins)
+    if str(merged.get("http", "")).strip().lower() == "off":
+        del merged["http"]  # the design notes' `--http off`: the default
     if "kv_type" in merged:
         kv = merged.pop("kv_type")
         for name in ("type_k", "type_v"):
@@ -357,7 +362,28 @@ def _rename(message: str, which: str, origins: Mapping[str, Source]) -> InvalidR
     return InvalidRequestError(message)
 
 
+# a bandwidth with its unit, as the design notes write it (320GBps, 320 GB/s); a bare number
+# is GB/s
+_BANDWIDTH = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*"
+                        r"(gbps|gb/s|g|mbps|mb/s|tbps|tb/s)?\s*$", re.IGNORECASE)
+_PER_GB = {"g": 1.0, "gbps": 1.0, "gb/s": 1.0, "mbps": 1e-3, "mb/s": 1e-3, "tbps": 1e3,
+           "tb/s": 1e3}
+
+
+def _bandwidth(value: object, name: str, origins: Mapping[str, Source]) -> object:
+    """A bandwidth setting in GB/s: a number, or text with a unit (MB/s, GB/s, TB/s)."""
+    if not isinstance(value, str):
+        return value
+    match = _BANDWIDTH.match(value)
+    if match is None:
+        raise _named(name, origins, f"must be a bandwidth such as 320GBps, 320 GB/s or 320 "
+                                    f"(GB/s), not {value!r}")
+    return float(match.group(1)) * _PER_GB[(match.group(2) or "g").lower()]
+
+
 def _check_kind(name: str, value: object, source: Source) -> None:
+    if name == "bmt_budget" and isinstance(value, str):
+        return  # a bandwidth with its unit, read in resolve
     kind = BY_NAME[name].kind
     ok = (type(value) is kind) or (kind is float and type(value) is int)
     if not ok:
@@ -369,6 +395,8 @@ def _check_kind(name: str, value: object, source: Source) -> None:
 
 def _parse(setting: Setting, raw: str, source: Source) -> object:
     text = raw.strip()
+    if setting.name == "bmt_budget":
+        return raw  # a bandwidth with its unit, read in resolve
     try:
         if setting.kind is bool:
             lowered = text.lower()
