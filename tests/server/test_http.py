@@ -930,3 +930,38 @@ def test_public_bind_needs_a_key_or_allow_public(tmp_path, tiny_path):
                           testing.short_socket_path(), "--http", "0.0.0.0:0"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 4 and "--allow-public" in out.stderr  # a usage error
+
+
+def test_a_request_in_flight_is_demoted_by_the_id_its_response_carries(gateway, http):
+    with http.stream("POST", "/v1/completions", json={
+            "prompt": PROMPT, "max_tokens": ENDLESS, "ignore_eos": True, "stream": True}) as r:
+        lines = r.iter_lines()  # kept: a closed line iterator closes the stream
+        first = next(line for line in lines if line.startswith("data: "))
+        rid = json.loads(first[len("data: "):])["id"]
+        answer = http.post("/priority", json={"id": rid, "priority": "background"})
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == {"id": rid, "priority": "background"}
+        # The compute thread takes the change with the next request it takes in: once a later
+        # request has finished, the change is in.
+        http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 1}).raise_for_status()
+        handle = gateway.app.state.api.live.get(rid)
+        assert handle._request.priority.value == "background"
+    # ended (the client left): no longer in flight
+    gone = http.post("/priority", json={"id": rid, "priority": "interactive"})
+    assert gone.status_code == 404 and gone.json()["error"]["param"] == "id"
+
+
+@pytest.mark.parametrize(("body", "status", "param"), [
+    ({"id": "cmpl-none", "priority": "background"}, 404, "id"),
+    ({"id": 5, "priority": "background"}, 400, "id"),
+    ({"id": "cmpl-x", "priority": "urgent"}, 400, "priority"),
+    ({"id": "cmpl-x", "priority": ["background"]}, 400, "priority"),
+])
+def test_a_bad_priority_change_is_refused_naming_the_field(http, body, status, param):
+    r = http.post("/priority", json=body)
+    assert r.status_code == status and r.json()["error"]["param"] == param
+
+
+def test_priority_changes_need_the_api_key(gateway):
+    r = httpx.post(f"{gateway.url}/priority", json={"id": "x", "priority": "background"})
+    assert r.status_code == 401

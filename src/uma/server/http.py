@@ -67,7 +67,7 @@ log = logging.getLogger("uma.http")
 
 _DONE = b"data: [DONE]\n\n"
 _ANSWERED = ("stop", "length", "tool_calls")  # finish reasons that are answers
-_KEYED = ("/v1", "/tokenize", "/detokenize", "/infill")  # the paths an API key guards
+_KEYED = ("/v1", "/tokenize", "/detokenize", "/infill", "/priority")  # the paths an API key guards
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 _ALWAYS = ("/health", "/metrics")  # answered while the gateway drains
 
@@ -88,6 +88,7 @@ def create_app(engine: Engine, config: ServerConfig,
         Route("/detokenize", api.detokenize, methods=["POST"]),
         Route("/health", api.health, methods=["GET"]),
         Route("/metrics", api.metrics, methods=["GET"]),
+        Route("/priority", api.priority, methods=["POST"]),
     ]
     middleware = [Middleware(Draining, api=api)]
     if config.api_key:
@@ -164,8 +165,8 @@ class _Api:
             raise
         fmt = format_cls(self.model_id, self._piece)
         if api_req.stream:
-            return _EventStream(self, handle, self._events(handle, fmt, api_req))
-        self.live.add(handle)
+            return _EventStream(self, handle, self._events(handle, fmt, api_req), fmt.id)
+        self.live.add(handle, fmt.id)
         try:
             result = await self._wait(handle, request)
         finally:
@@ -308,6 +309,31 @@ class _Api:
                                 status_code=503, headers={"retry-after": "1"})
         return JSONResponse({"status": "ok", "model": self.model_id})
 
+    async def priority(self, request: Request) -> Response:
+        """POST /priority {"id": ..., "priority": "interactive" | "background"}: promotes or
+        demotes a request in flight, named by the id its response carries (the design notes'
+        endpoint, as the socket's priority message). Unknown or finished: 404."""
+        body = await _read_json(request, self.max_body, self.body_timeout_s)
+        if not isinstance(body, dict):
+            raise ApiError(400, "the body must be a JSON object with id and priority")
+        rid, value = body.get("id"), body.get("priority")
+        if not isinstance(rid, str) or not rid:
+            raise ApiError(400, f"id must be a response's id (a string), not {shown(rid)}",
+                           param="id")
+        try:
+            if not isinstance(value, str):
+                raise InvalidRequestError("not a string")
+            priority = Priority.parse(value)
+        except InvalidRequestError:
+            raise ApiError(400, f"priority must be 'interactive' or 'background', not "
+                                f"{shown(value)}", param="priority") from None
+        handle = self.live.get(rid)
+        if handle is None or handle.done:
+            raise ApiError(404, f"no request {shown(rid)} is in flight", param="id",
+                           code="not_found")
+        self.engine.set_priority(handle, priority)
+        return JSONResponse({"id": rid, "priority": priority.value})
+
     async def metrics(self, request: Request) -> Response:
         return Response(prometheus.render(self.metrics_source),
                         media_type=prometheus.CONTENT_TYPE)
@@ -317,13 +343,15 @@ class _EventStream(StreamingResponse):
     """A server-sent event stream that cancels its request however the response ends: a client
     that disconnects, or a server that stops, frees the request's KV at the next tick."""
 
-    def __init__(self, api: _Api, handle: RequestHandle, chunks: AsyncIterator[bytes]) -> None:
+    def __init__(self, api: _Api, handle: RequestHandle, chunks: AsyncIterator[bytes],
+                 rid: str) -> None:
         super().__init__(chunks, media_type="text/event-stream", headers=_SSE_HEADERS)
         self._api = api
         self._handle = handle
+        self._rid = rid
 
     async def __call__(self, scope, receive, send) -> None:
-        self._api.live.add(self._handle)
+        self._api.live.add(self._handle, self._rid)
         try:
             await super().__call__(scope, receive, send)
         finally:
@@ -337,21 +365,29 @@ class _EventStream(StreamingResponse):
 
 
 class _Live:
-    """The requests being answered: what cancel_all ends and the drain waits for."""
+    """The requests being answered, by their responses' ids: what cancel_all ends, the drain
+    waits for and POST /priority finds."""
 
     def __init__(self) -> None:
-        self._handles: set[RequestHandle] = set()
+        self._handles: dict[RequestHandle, str] = {}
+        self._by_id: dict[str, RequestHandle] = {}
         self._none = asyncio.Event()  # set while there are none
         self._none.set()
 
-    def add(self, handle: RequestHandle) -> None:
-        self._handles.add(handle)
+    def add(self, handle: RequestHandle, rid: str) -> None:
+        self._handles[handle] = rid
+        self._by_id[rid] = handle
         self._none.clear()
 
     def discard(self, handle: RequestHandle) -> None:
-        self._handles.discard(handle)
+        rid = self._handles.pop(handle, None)
+        if rid is not None:
+            self._by_id.pop(rid, None)
         if not self._handles:
             self._none.set()
+
+    def get(self, rid: str) -> RequestHandle | None:
+        return self._by_id.get(rid)
 
     def __iter__(self):
         return iter(self._handles)
