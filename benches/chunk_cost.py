@@ -8,7 +8,7 @@ price is not close to linear in C (a fixed cost for any mixed batch, or a cliff 
 shows here as a row that a line through the others misses. --history puts that many cells of
 an earlier prompt in the KV cache first, as a storm's background prompt does. --prompt-seq puts
 the chunk on a sequence among the decoders' (a stream starting its next prompt: decoders on
-0..K but that one) and --layout how the batch lists them: in sequence order, as uma.executor
+0..K but that one) and --layout how the batch lists them: in sequence order, as uma.engine.scheduler
 does, or decode rows first. With a KV buffer per sequence llama.cpp makes a micro-batch of
 consecutive sequence ids only, in batch order, so the layout decides how many there are.
 """

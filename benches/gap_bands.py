@@ -6,7 +6,7 @@ were: a gap with another interactive request's first token in it (the streams' o
 tick: a new prompt beside the others' decode) or any other (decode ticks, and whatever ran
 between two: a background slice, a pause). Also interactive tokens/s while background work
 ran, and the share of gaps in bands of milliseconds. The split is approximate: with the
-overlapped executor a prompt tick's first token can be published at the end of the next tick,
+overlapped scheduler a prompt tick's first token can be published at the end of the next tick,
 so some prompt ticks count among the others and some decode ticks among the prompt ticks'.
 
     python benches/gap_bands.py benches/results/mixed_load_h100_1b_vulkan_lane_ride_1.json

@@ -4,10 +4,10 @@
 
 The core loop is what uma._core alone achieves: decode and sample with no Python scheduling,
 sampling on the host (native greedy) or on the device (an arg-max in the graph). The engine
-figures time each step of its tick (uma.executor: plan, build, run, apply) on decode-only
-ticks, with run split into the decode call, the wait for the device (a GPU decode returns once
-queued), and sampling; "between" is the time from one tick's end to the next one's start (the
-compute thread's loop and waits for the GIL). Medians in ms.
+figures time each step of its tick (uma.engine.scheduler: schedule, build, run, update) on
+decode-only ticks, with run split into the decode call, the wait for the device (a GPU decode
+returns once queued), and sampling; "between" is the time from one tick's end to the next one's
+start (the compute thread's loop and waits for the GIL). Medians in ms.
 """
 
 from __future__ import annotations
@@ -76,19 +76,19 @@ def core_loop(model: _core.Model, streams: int, pp: int, tg: int, threads: int,
 
 
 class TickClock:
-    """Times the executor's steps by wrapping its methods on the instance (nothing in
-    uma.executor changes, nor costs anything when not profiled)."""
+    """Times the scheduler's steps by wrapping its methods on the instance (nothing in
+    uma.engine.scheduler changes, nor costs anything when not profiled)."""
 
-    STEPS = ("plan", "build", "run", "apply")
+    STEPS = ("schedule", "build", "run", "update")
 
-    def __init__(self, executor) -> None:
+    def __init__(self, scheduler) -> None:
         self.ticks: list[dict[str, float]] = []
         self._cur: dict[str, float] = {}
         self._end = 0.0
         for name in self.STEPS:
-            setattr(executor, name, self._timed(name, getattr(executor, name)))
-        sample = executor._sample
-        ctx = executor.ctx
+            setattr(scheduler, name, self._timed(name, getattr(scheduler, name)))
+        sample = scheduler._sample
+        ctx = scheduler.ctx
 
         def timed_sample(*args, **kwargs):
             t0 = time.perf_counter()
@@ -99,19 +99,19 @@ class TickClock:
             self._cur["sample"] = time.perf_counter() - t1
             return out
 
-        executor._sample = timed_sample
+        scheduler._sample = timed_sample
 
     def _timed(self, name, fn):
         def timed(*args, **kwargs):
             t0 = time.perf_counter()
-            if name == "plan":
+            if name == "schedule":
                 self._cur = {"between": t0 - self._end if self._end else float("nan")}
             out = fn(*args, **kwargs)
             t1 = time.perf_counter()
             self._cur[name] = t1 - t0
-            if name == "plan" and not out.items:
+            if name == "schedule" and not out.items:
                 self._end = 0.0
-            if name == "apply":
+            if name == "update":
                 self._end = t1
                 self.ticks.append(self._cur)
             return out
@@ -133,15 +133,15 @@ def engine_ticks(path: Path, streams: int, pp: int, tg: int, threads: int, gpu_l
                         n_ubatch=512, n_threads=threads, n_gpu_layers=gpu_layers,
                         kv_unified=kv_unified, device_sampling=device_sampling)
     engine.generate("warm up", max_tokens=4)
-    reused = engine._executor.ctx.graphs_reused
-    clock = TickClock(engine._executor)
-    engine._executor.trace = trace = []
+    reused = engine._scheduler.ctx.graphs_reused
+    clock = TickClock(engine._scheduler)
+    engine._scheduler.trace = trace = []
     rng = np.random.default_rng(1)
     handles = [engine.submit(rng.integers(100, 30000, pp).astype(np.int32), max_tokens=tg,
                              ignore_eos=True) for _ in range(streams)]
     for h in handles:
         h.result()
-    reused = engine._executor.ctx.graphs_reused - reused
+    reused = engine._scheduler.ctx.graphs_reused - reused
     engine.close()
     full = [i for i, t in enumerate(trace) if t[0] == 0 and t[1] == streams]
     med = clock.summary([clock.ticks[i] for i in full[1:]])

@@ -1,4 +1,4 @@
-"""Where a storm's ticks go: the mixed-load scenario in process, with the executor's trace.
+"""Where a storm's ticks go: the mixed-load scenario in process, with the scheduler's trace.
 
     python benches/storm_trace.py --model 1b --gpu-layers 99 --threads 8 --streams 8 \
         --background 2 --storm-tokens 6000 --variant default: --variant short:gap_ms=50
@@ -84,7 +84,7 @@ def run_phase(engine: uma.Engine, ns: argparse.Namespace, storm: bool) -> dict:
         t.start()
         time.sleep(ns.stagger_s)
     out: dict = {}
-    trace = engine._executor.trace
+    trace = engine._scheduler.trace
     if not storm:  # all K streams together, as under the storm
         start = len(trace)
         time.sleep(ns.alone_s)
@@ -125,7 +125,7 @@ class Tick(NamedTuple):
     decoders: int
     ms: float  # the whole tick
     decode_ms: float  # llama_decode's own time (GIL released)
-    call_ms: float  # the decode call as the executor times it (on a GPU: once queued)
+    call_ms: float  # the decode call as the scheduler times it (on a GPU: once queued)
     sample_ms: float  # sampling, with the wait for the device's logits
     predicted_ms: float
     budget_ms: float
@@ -137,7 +137,7 @@ class Tick(NamedTuple):
 
 
 class CompactTrace(list):
-    """The executor's trace, each tick kept as a Tick: keeping every Plan of a storm (tens of
+    """The scheduler's trace, each tick kept as a Tick: keeping every Plan of a storm (tens of
     thousands) made Python's cyclic GC walk them all, and its pauses (over 150 ms) showed up
     as the longest ticks of the very run that measured them."""
 
@@ -185,7 +185,7 @@ def tick_kinds(trace: list[Tick]) -> dict[str, dict]:
 
 
 def slice_summary(trace: list) -> dict:
-    """The background context's slices (uma.background) while streams ran: how many of each
+    """The background context's slices (uma.engine.background) while streams ran: how many of each
     kind, their budget against what the background's ticks took, and what the streams' tick
     beside them was predicted to take."""
     kinds: dict[str, list] = {"ride": [], "pause": [], "none, prompt tick": [],
@@ -262,19 +262,19 @@ def main() -> int:
                         n_threads=ns.threads, n_gpu_layers=ns.gpu_layers,
                         **{"kv_unified": True, "policy": "bound", **settings})
     engine.generate("warm up", max_tokens=4)
-    executor = engine._executor
-    base = executor.policy
+    scheduler = engine._scheduler
+    base = scheduler.policy
     figures = {}
     try:
         for name, knobs in variants:
-            executor.policy = dataclasses.replace(base, **knobs)
-            executor._memory = None
-            executor.trace = CompactTrace()
+            scheduler.policy = dataclasses.replace(base, **knobs)
+            scheduler._memory = None
+            scheduler.trace = CompactTrace()
             alone = run_phase(engine, ns, storm=False)
             storm = run_phase(engine, ns, storm=True)
             figures[name] = {"knobs": knobs, "alone": alone, "storm": storm,
-                             "cost": dataclasses.asdict(executor.cost.estimate)}
-            report(name, knobs, alone, storm, executor.cost.estimate)
+                             "cost": dataclasses.asdict(scheduler.cost.estimate)}
+            report(name, knobs, alone, storm, scheduler.cost.estimate)
     finally:
         engine.close()
     if ns.out:

@@ -69,7 +69,7 @@ def test_a_parked_request_can_be_cancelled(tiny_path):
         # the parked one (the flood's newest running) and the queued ones end cancelled
         assert all(h.result(timeout=60).finish_reason == "cancelled" for h in flood[1:])
         assert question.result(timeout=60).finish_reason == "length"
-        ex = e._executor
+        ex = e._scheduler
         assert not ex.running and not any(ex.waiting.values())
         assert sorted(ex.free_seqs) == [0, 1]  # every sequence back
         again = e.generate(QUESTION, app="editor", max_tokens=4)

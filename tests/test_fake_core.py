@@ -1,4 +1,4 @@
-"""The fake core (uma.fake_core): its own contract, then uma.Engine and its executor driven by
+"""The fake core (uma.fake_core): its own contract, then uma.Engine and its scheduler driven by
 it, with exact expectations (its tokens are a deterministic function of each sequence)."""
 
 import ast
@@ -14,6 +14,7 @@ import pytest
 import uma
 import uma.testing
 from uma import _core
+from uma.engine.output import Token
 from uma.errors import (
     BatchFullError,
     ClosedError,
@@ -25,7 +26,6 @@ from uma.errors import (
     InvalidTokenError,
     NoKVSlotError,
 )
-from uma.output import Token
 from uma.testing import fake_core as fc
 
 STUB = Path(__file__).resolve().parents[1] / "src" / "uma" / "_core.pyi"  # the real surface
@@ -659,11 +659,11 @@ def test_chat_messages_and_from_config_on_the_fake_core():
 
 
 def test_overlapped_ticks_hand_a_token_on_with_the_next_decode_but_a_first_token_at_once():
-    pending = []  # the events waiting in the executor as each decode starts
+    pending = []  # the events waiting in the scheduler as each decode starts
     with make_engine(overlap="on") as e:
         assert e.wait_ready(TIMEOUT)
         e.ctx.before_decode = lambda batch: pending.append(
-            [type(event) for event in e._executor._outbox])
+            [type(event) for event in e._scheduler._outbox])
         result = e.generate(PROMPTS[1], max_tokens=6, ignore_eos=True)
     assert len(result.token_ids) == 6
     # the prompt's decode; the first token's (handed on at once); then each later token's,
@@ -677,7 +677,7 @@ def test_overlapped_ticks_run_a_steady_plan_again_without_asking_the_policy():
     for priority, steady in (("interactive", True), ("background", False)):
         with make_engine(overlap="on") as e:
             assert e.wait_ready(TIMEOUT)
-            ex = e._executor
+            ex = e._scheduler
             asked = []
 
             class Counting:  # the policy is frozen: count its plans through a proxy
@@ -706,7 +706,7 @@ def test_overlapped_the_policy_hears_how_long_the_plan_it_remembers_took():
     (the background floor pays for its chunks from that pairing)."""
     with make_engine(overlap="on") as e:
         assert e.wait_ready(TIMEOUT)
-        ex = e._executor
+        ex = e._scheduler
         seen = []  # (the memory handed back, the last tick's ms) of each plan asked for
 
         class Recording:  # the policy is frozen: watch its snapshots through a proxy
@@ -771,7 +771,7 @@ def test_a_snapshot_in_a_tick_is_not_counted_as_the_ticks_time(monkeypatch):
         for _ in range(2):  # the second's KV pushes the first's out, snapshotted
             e.generate(rng.integers(100, 500, 40).astype(np.int32), max_tokens=4,
                        ignore_eos=True)
-    assert e._executor.prefix.snapshot_seconds >= 100.0
+    assert e._scheduler.prefix.snapshot_seconds >= 100.0
     assert e.snapshot()["tick_seconds_total"] < 100.0
 
 
@@ -812,4 +812,4 @@ def test_an_entry_that_must_leave_at_once_waits_for_an_idle_moment():
         idle = e.snapshot()
     assert busy["prefix_cache_unsaved_total"] == 2 and busy["prefix_cache_ram_bytes"] == 0
     assert idle["prefix_cache_unsaved_total"] == 2 and idle["prefix_cache_ram_bytes"] > 0
-    assert e._executor.prefix.snapshots.tokens_copied > 0
+    assert e._scheduler.prefix.snapshots.tokens_copied > 0

@@ -60,7 +60,7 @@ def engine(tiny_path, request):
     overlap = "off" if request.param == "serial" else "on"
     with uma.Engine(tiny_path, n_ctx=4096, n_seq_max=4, overlap=overlap) as e:
         if request.param == "prefetched":  # before any request: the compute thread waits
-            e._executor.runner.tick_masks = TickMasks(Grammars(e.model, parallel=True),
+            e._scheduler.runner.tick_masks = TickMasks(Grammars(e.model, parallel=True),
                                                 e.model.n_vocab)
         yield e
 
@@ -120,7 +120,7 @@ def test_a_constrained_request_is_sampled_on_the_host_even_with_device_sampling(
     with uma.Engine(tiny_path, n_ctx=1024, n_seq_max=2, device_sampling="on") as e:
         r = e.generate("JSON:", max_tokens=300, response_format=as_format(SCHEMAS[3]))
         jsonschema.validate(json.loads(r.text), SCHEMAS[3])
-        assert not e._executor.runner.on_device.any()
+        assert not e._scheduler.runner.on_device.any()
 
 
 def test_a_parked_constrained_request_resumes_where_its_grammar_was(tiny_path):

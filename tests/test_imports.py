@@ -21,8 +21,8 @@ MODULES = ["uma"] + sorted(m.name for m in pkgutil.walk_packages(uma.__path__, "
 PURE = [m for m in MODULES if m.startswith(("uma.sched", "uma.wire"))] + [
     "uma", "uma.client", "uma.config", "uma.checks", "uma.knobs", "uma.errors", "uma.priority",
     "uma.metrics", "uma.handle", "uma.synth", "uma.service", "uma.server.settings",
-    "uma.server.prometheus", "uma.engine", "uma.executor", "uma.fake_core", "uma.testing",
-    "uma.prefix_index",
+    "uma.server.prometheus", "uma.engine", "uma.engine.engine", "uma.engine.scheduler",
+    "uma.engine.prefix_index", "uma.fake_core", "uma.testing",
 ]
 BLOCK_CORE = "import sys; sys.modules['uma._core'] = None; "
 

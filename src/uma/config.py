@@ -287,7 +287,7 @@ class EngineConfig:
     tensor_split: tuple[float, ...] = ()
     # background requests in a second context on the same weights, of this many KV positions
     # (0: off, they share the interactive requests' KV), running background_seqs at once in
-    # the time the streams' policy grants it before their ticks (uma.background): their cells
+    # the time the streams' policy grants it before their ticks (uma.engine.background): their cells
     # never slow the streams' attention, and a background tick pays a decode call of its own
     background_ctx: int = 0
     background_seqs: int = 2

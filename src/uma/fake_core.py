@@ -2,7 +2,7 @@
 
     engine = uma.Engine("any.gguf", core=uma.testing.fake_core, n_ctx=512, n_seq_max=4)
 
-It has the surface uma.Engine and its executor use (Model, Context, Batch, Sampler, backends)
+It has the surface uma.Engine and its scheduler use (Model, Context, Batch, Sampler, backends)
 with the real signatures, validation and errors, and a model that is a deterministic function
 instead of a network:
 

@@ -12,7 +12,7 @@ default, is read from it by uma.sched.knob_defaults; tests/test_knobs.py fails w
 the bound policy has no row here, a row names no field of it, or a row's kind is not its
 field's. latency_cap and tick_budget_ms are settings of their own (EngineConfig fields), and
 `name` is the policy's, not a knob. The baseline policy reads tick_ms alone; the background
-context (uma.background) is granted its time by the bound policy, under the same knobs.
+context (uma.engine.background) is granted its time by the bound policy, under the same knobs.
 """
 
 from __future__ import annotations

@@ -181,7 +181,7 @@ class Registry:
         return self._get(Family, name, help, label, kind)
 
     def lane(self, prefix: str) -> Registry:
-        """A view for a second executor (a background context, uma.background): its
+        """A view for a second scheduler (a background context, uma.engine.background): its
         counters, histograms and families are this registry's (the two add up: tokens, time
         to first token by class), its gauges are its own, named with prefix (the requests it
         runs, its KV cells: a state, which the two would overwrite)."""

@@ -9,7 +9,7 @@ import itertools
 
 import pytest
 
-from uma.background import MIN_CHUNK
+from uma.engine.background import MIN_CHUNK
 from uma.sched.baseline import BaselinePolicy
 from uma.sched.bmt import BmtModel
 from uma.sched.bound import BoundMemory, BoundPolicy
@@ -194,7 +194,7 @@ def test_without_a_background_share_background_prompts_get_only_what_the_line_le
     assert sum(t.back_tokens for t in ticks) == 300
 
 
-# --- background work in a context of its own (uma.background) ---------------------------------
+# --- background work in a context of its own (uma.engine.background) ------------------------------
 
 
 @dataclasses.dataclass

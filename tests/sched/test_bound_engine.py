@@ -10,18 +10,18 @@ def test_interactive_streams_are_served_every_tick_while_a_long_prompt_prefills(
     opts = {"ignore_eos": True, "logprobs": True}
     with uma.Engine(tiny_path, n_ctx=4096, n_seq_max=4, policy="bound") as e:
         alone = [e.generate(p, max_tokens=40, **opts) for p in ("first stream", "second one")]
-        e._executor.trace = trace = []
+        e._scheduler.trace = trace = []
         streams = [e.submit(p, max_tokens=40, **opts) for p in ("first stream", "second one")]
         for s in streams:  # both are decoding once each has a token
             next(iter(s))
-        inter_seqs = set(e._executor.running)  # only the two streams hold sequences now
+        inter_seqs = set(e._scheduler.running)  # only the two streams hold sequences now
         storm = e.submit(" ".join(f"w{i}" for i in range(700)), max_tokens=4,
                          priority="background")
         results = [s.result(timeout=120) for s in streams]
         assert storm.result(timeout=120).finish_reason == "length"
     assert len(inter_seqs) == 2
     # From the tick after the streams' last prompt chunk (a first token reaches its handle
-    # before the executor records the tick that sampled it).
+    # before the scheduler records the tick that sampled it).
     start = 1 + max(k for k, (*_, plan) in enumerate(trace) if any(
         i.phase is Phase.PREFILL and i.seq_id in inter_seqs for i in plan.items))
     # While the streams run, every tick that prefills the storm also serves both of them.
@@ -48,7 +48,7 @@ def test_a_short_interactive_prompt_goes_in_whole_beside_streams_and_a_long_prom
             next(iter(s))
         storm = e.submit(" ".join(f"w{i}" for i in range(400)), max_tokens=2,
                          priority="background")
-        e._executor.trace = trace = []
+        e._scheduler.trace = trace = []
         newcomer = e.submit("a short question about the weather", max_tokens=2)
         n_prompt = len(e._tokens("a short question about the weather"))
         assert newcomer.result(timeout=120).finish_reason in ("length", "stop")

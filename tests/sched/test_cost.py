@@ -28,8 +28,8 @@ TRUE = CostEstimate(fixed_ms=3.0, per_prefill_ms=0.6, per_decode_ms=1.2, per_kv_
 # classes (measured: benches/chunk_cost.py).
 VULKAN = CostEstimate(fixed_ms=4.0, per_prefill_ms=0.1, per_decode_ms=0.1,
                       row_steps_ms=row_steps(r8=9.0, r32=5.0, r64=10.0))
-# What uma.calibration times beside eight decoders: none, one token, then the batch 8 rows into
-# each row class past eight.
+# What uma.engine.calibration times beside eight decoders: none, one token, then the batch 8 rows
+# into each row class past eight.
 MIXED = (0, 1, 8, 16, 32, 64, 128, 256)
 
 
@@ -296,7 +296,7 @@ def test_with_ragged_prices_chunk_tokens_is_still_the_largest_chunk_its_time_buy
 
 
 def test_calibration_tells_the_ragged_prices_from_the_steps():
-    # uma.calibration's shapes beside eight decoders: ragged ones 8 rows into each row class,
+    # uma.engine.calibration's shapes beside eight decoders: ragged ones 8 rows into each row class,
     # even ones at the top of each from 32 rows (decode rows alone and a chunk alone besides)
     shapes = [(0, 1), (0, 4), (1, 0), (8, 0), (64, 0), (0, 8), (1, 8)]
     shapes += [(total - 8, 8) for total in (16, 24, 32, 40, 64, 72, 128, 136, 256, 264)]

@@ -228,7 +228,7 @@ def tick_limits(policy: BoundPolicy, state: SchedulerState, mem: BoundMemory) ->
               default=policy.latency_cap)
     alone = max(state.alone_p95_ratio, state.decode_noise, 1.0)
     # the streams' p95 alone, as a time: every interactive sequence as a decode row (as the
-    # executor measures it alone, new prompts' ticks among them)
+    # scheduler measures it alone, new prompts' ticks among them)
     alone_ms = alone * cost.predict(0, len(inter), decode_kv(inter))
     target_ms = cap * alone_ms
     margin = max(state.prompt_noise, state.decode_noise, 1.0)

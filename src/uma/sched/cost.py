@@ -54,13 +54,13 @@ fitted the missing read into the step (4.6-6.5 ms on that CPU).
 The coefficients are a least-squares fit over recent ticks (exponentially weighted, so the
 model follows the machine as it warms up, throttles or shares the GPU), anchored to a prior by
 a ridge term that never fades and held non-negative. The prior is the device's own: before
-serving, the executor times a few scratch batches and `calibrate` fits them. The anchor
+serving, the scheduler times a few scratch batches and `calibrate` fits them. The anchor
 matters: a server mostly runs ticks that look alike (three decoders, no prompt), which say
 nothing about how cost splits between the terms. Recursive least squares with forgetting lets
 its covariance blow up along those unexcited directions; on the mixed-load benchmark it
 drifted to 283 ms per prompt token and held every prompt back. Residuals are clipped
 (Huber-like) so one stalled tick, a page fault or a preempted thread, does not drag the fit.
-Policies get a frozen `CostEstimate` to predict a plan's time before running it; the executor
+Policies get a frozen `CostEstimate` to predict a plan's time before running it; the scheduler
 feeds back what each tick really took.
 
 The fit learns slowly by design, and a prompt chunk's attention is what it gets most wrong: its

@@ -46,7 +46,7 @@ DECAY = 0.98
 
 class Ledger:
     """Each app's service so far: tick ms shared out by the cost model's price of its rows,
-    per unit of weight. Kept by the executor; the policy steps below read `served`."""
+    per unit of weight. Kept by the scheduler; the policy steps below read `served`."""
 
     def __init__(self) -> None:
         self.served: dict[str, float] = {}

@@ -29,7 +29,7 @@ from uma.sched.state import (
 
 
 class BatchPolicy(Protocol):
-    """What the executor needs from a policy: every decision it acts on."""
+    """What the scheduler needs from a policy: every decision it acts on."""
 
     @property
     def name(self) -> str:

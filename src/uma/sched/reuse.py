@@ -10,7 +10,7 @@ have shown, whichever is slower: the cost model learns from ticks whose prompt c
 mostly small, and on an H100 it priced 8,000 prompt tokens at 16-70 ms where they took
 155-590 ms, which made every restore (37 ms) look slower than the prefill it saved.
 Either way the request's time to first token falls by the prefill it no longer does: the
-executor starts its sequence there, and the scheduler plans its first chunk at that depth
+scheduler starts its sequence there, and the policy plans its first chunk at that depth
 (SessionView.n_past, n_cached).
 """
 

@@ -2,7 +2,7 @@
 
 `SchedulerState` is what a policy may look at; `Plan` is all it may say. Policies are pure
 functions of these values (no model, no clock, no I/O), so they are tested without llama.cpp and
-replaced without touching the executor that builds and runs the batch.
+replaced without touching the scheduler and runner that build and run the batch.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ class BatchItem:
 
 class PlanNotes(NamedTuple):
     """Why a plan is what it is: the policy's figures for the tick (ms unless named
-    otherwise), which the executor's metrics and the traces read."""
+    otherwise), which the scheduler's metrics and the traces read."""
 
     budget_ms: float = 0.0  # the time the tick was allowed
     predicted_ms: float = 0.0  # what the cost model predicts the plan takes
@@ -143,7 +143,7 @@ class PlanNotes(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """One tick's work. The executor runs items in order and changes nothing else."""
+    """One tick's work. The runner runs items in order and changes nothing else."""
 
     items: tuple[BatchItem, ...] = ()  # what goes in the batch, in batch order
     token_budget: int = 0  # the budget the policy planned against (for metrics)

@@ -4,10 +4,11 @@
 The streams' scheduler decides when it runs and for how long: its policy grants the time each
 tick's limit leaves (PlanNotes.apart_ms, uma.sched.bound's `apart_time`), from the view this
 lane gives it (`view`), and the lane runs background ticks back to back in that grant just
-before the streams' tick. Its own executor (uma.executor) packs each of them with the baseline
-policy, the grant's time left as its tick budget. The two executors share the compute thread,
-the output stage and the metrics (the lane's gauges are named background_...), so a request is
-served the same whichever context holds it; only its KV, and so its attention, is apart.
+before the streams' tick. Its own scheduler (uma.engine.scheduler) packs each of them with the
+baseline policy, the grant's time left as its tick budget. The two schedulers share the compute
+thread, the output stage and the metrics (the lane's gauges are named background_...), so a
+request is served the same whichever context holds it; only its KV, and so its attention, is
+apart.
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from uma.executor import Executor
+from uma.engine.output import OutputStage
+from uma.engine.scheduler import Scheduler
 from uma.metrics import Registry
-from uma.output import OutputStage
 from uma.sched.baseline import BaselinePolicy
 from uma.sched.policy import prefill_rank
 from uma.sched.state import ApartView, Phase
@@ -48,7 +49,7 @@ class BackgroundLane:
         # a prompt chunk without logits would end its grant at once, its work landing in the
         # streams' next tick and its cost model learning it for free (under Vulkan on an H100
         # the storm's gaps were as long as with one KV buffer).
-        self.ex = Executor(ctx, self.policy, output, metrics.lane("background_"), core,
+        self.scheduler = Scheduler(ctx, self.policy, output, metrics.lane("background_"), core,
                            device_sampling=device_sampling, overlap=False, fair_share=False,
                            settle=True)
         # set to a list to record (grant ms, ms spent, prompt tokens run) of every grant, for
@@ -57,11 +58,11 @@ class BackgroundLane:
 
     @property
     def idle(self) -> bool:
-        return self.ex.idle
+        return self.scheduler.idle
 
     def view(self) -> ApartView | None:
         """Its work as the streams' policy sees it (None: nothing to run)."""
-        if self.ex.idle:
+        if self.scheduler.idle:
             return None
         return ApartView(least_ms=self._least_ms(), one_ms=self._least_ms(1),
                          read_ms=self._read_ms())
@@ -77,15 +78,15 @@ class BackgroundLane:
         t0 = time.perf_counter()
         left, prompt = grant_ms, 0
         spent = 0.0
-        while left > 0 and not self.ex.idle:
+        while left > 0 and not self.scheduler.idle:
             # A grant too short for a chunk worth a call (a pause where MIN_CHUNK tokens cost
             # more than the gap bound leaves) takes what fits in it, down to one token.
             least = MIN_CHUNK if left >= self._least_ms() else 1
-            self.ex.policy = dataclasses.replace(self.policy, tick_target_ms=left,
+            self.scheduler.policy = dataclasses.replace(self.policy, tick_target_ms=left,
                                                  min_prefill=least)
-            ran = self.ex.step()
+            ran = self.scheduler.step()
             if ran and self.trace is not None:  # counted for traces only
-                prompt += sum(i.n_tokens for i in self.ex.last_plan.items
+                prompt += sum(i.n_tokens for i in self.scheduler.last_plan.items
                               if i.phase is Phase.PREFILL)
             spent = time.perf_counter() - t0
             left = grant_ms - spent * 1e3
@@ -99,13 +100,13 @@ class BackgroundLane:
         """A background tick, predicted: its decoders, and a prompt chunk of `chunk` tokens
         at the depth of the prompt next in line, where one prefills (MIN_CHUNK: the least
         worth a call)."""
-        cost = self.ex.cost.estimate
-        decoders = [r for r in self.ex.running.values() if r.phase is Phase.DECODE]
+        cost = self.scheduler.cost.estimate
+        decoders = [r for r in self.scheduler.running.values() if r.phase is Phase.DECODE]
         ms = cost.predict(0, len(decoders), sum(r.n_past for r in decoders))
-        prompts = [r.view() for r in self.ex.running.values() if r.phase is Phase.PREFILL]
+        prompts = [r.view() for r in self.scheduler.running.values() if r.phase is Phase.PREFILL]
         if prompts:
             depth = min(prompts, key=prefill_rank).n_past
-        elif self.ex.n_waiting:
+        elif self.scheduler.n_waiting:
             depth = 0
         else:
             return ms
@@ -114,10 +115,10 @@ class BackgroundLane:
     def _read_ms(self) -> float:
         """The next prompt chunk's read of this context's cache, predicted (0: no prompt is
         part way in): what an idle tick stretches to amortise."""
-        prompts = [r.view() for r in self.ex.running.values() if r.phase is Phase.PREFILL]
+        prompts = [r.view() for r in self.scheduler.running.values() if r.phase is Phase.PREFILL]
         if not prompts:
             return 0.0
-        return self.ex.cost.estimate.chunk_overhead_ms(min(prompts, key=prefill_rank).n_past)
+        return self.scheduler.cost.estimate.chunk_overhead_ms(min(prompts, key=prefill_rank).n_past)
 
     def close(self) -> None:
-        self.ex.close()
+        self.scheduler.close()

@@ -1,5 +1,5 @@
-"""uma.background: background requests in a second context on the same weights (the real core,
-a tiny synthetic model)."""
+"""uma.engine.background: background requests in a second context on the same weights (the real
+core, a tiny synthetic model)."""
 
 import pytest
 
@@ -7,7 +7,7 @@ import uma
 from uma.config import EngineConfig
 from uma.errors import InvalidRequestError
 
-from .helpers import assert_same_greedy
+from ..helpers import assert_same_greedy
 
 PROMPTS = [("Once upon a time", "background"), ("The quick brown fox", "interactive"),
            ("1 2 3 4 5 6 7 8", "background"), ("def main():", "interactive")]
@@ -29,7 +29,7 @@ def test_background_requests_run_in_their_own_context_with_the_same_output(tiny_
     with uma.Engine(tiny_path, n_ctx=1024, n_seq_max=4, prefix_cache=0, background_ctx=512,
                     background_seqs=2) as e:
         e.wait_ready()
-        lane, streams = e._lane.ex, e._executor
+        lane, streams = e._lane.scheduler, e._scheduler
         lane.trace, streams.trace = [], []
         apart = _run(e)
         # every background prompt token went through the background context, and only those
@@ -63,13 +63,13 @@ def test_a_prompt_too_long_for_the_background_context_runs_in_the_streams(tiny_p
     with uma.Engine(tiny_path, n_ctx=1024, n_seq_max=2, background_ctx=32,
                     background_seqs=1) as e:
         e.wait_ready()
-        e._lane.ex.trace = []
-        room = e._lane.ex.n_ctx_seq  # llama.cpp pads a context to 256 positions
+        e._lane.scheduler.trace = []
+        room = e._lane.scheduler.n_ctx_seq  # llama.cpp pads a context to 256 positions
         assert room < e.n_ctx_seq
         long = e.submit(list(range(10, 10 + room + 20)), max_tokens=4, ignore_eos=True,
                         priority="background")
         assert long.result(timeout=60).usage.completion_tokens == 4
-        assert e._lane.ex.trace == []
+        assert e._lane.scheduler.trace == []
 
 
 def test_a_grant_runs_background_ticks_while_it_lasts(tiny_path):
@@ -127,7 +127,7 @@ def test_a_background_tick_that_breaks_ends_only_the_background_requests(tiny_pa
         def broken():
             raise RuntimeError("the background policy broke")
 
-        e._lane.ex.plan = broken  # the lane's next tick fails as a whole
+        e._lane.scheduler.schedule = broken  # the lane's next tick fails as a whole
         bg = e.submit("background work", max_tokens=8, priority="background").result(timeout=60)
         assert bg.finish_reason == "error" and "the background policy broke" in str(bg.error)
         assert stream.result(timeout=60).usage.completion_tokens == 64

@@ -1,4 +1,4 @@
-"""The runner on the real core (uma.runner): it runs a plan and changes no request; what goes
+"""The runner on the real core (uma.engine.runner): it runs a plan and changes no request; what goes
 wrong comes back as data: a request that fails on its own is a Failure and the others'
 tokens are those they sample alone, and a batch the KV cache has no room for is `no_room`,
 rolled back, with nothing sampled."""
@@ -10,9 +10,9 @@ import pytest
 
 from uma import _core
 from uma.config import SamplingParams
+from uma.engine.runner import Runner
 from uma.errors import UmaError
 from uma.request import Request
-from uma.runner import Runner
 from uma.sched.state import BatchItem, Phase, Plan, Priority
 
 

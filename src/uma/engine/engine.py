@@ -3,8 +3,9 @@
 Apps embed it directly; the daemon wraps it. Three kinds of threads meet here:
 
 * callers (any thread or event loop) tokenize and submit requests, then consume their handles;
-* the compute thread runs the executor's ticks and sleeps on a condition when there is no work;
-* the output thread detokenises and publishes events (uma.output), overlapping the next decode.
+* the compute thread runs the scheduler's ticks and sleeps on a condition when there is no work;
+* the output thread detokenises and publishes events (uma.engine.output), overlapping the next
+  decode.
 """
 
 from __future__ import annotations
@@ -31,9 +32,12 @@ from uma import infill as uma_infill
 from uma import templates
 from uma import tools as uma_tools
 from uma.app import DEFAULT_APP, app_name, app_weight
-from uma.background import BackgroundLane
 from uma.config import EngineConfig, SamplingParams, check_logit_bias
 from uma.embeddings import EmbeddingJob, Embeddings, inputs_of
+from uma.engine.background import BackgroundLane
+from uma.engine.output import OutputStage
+from uma.engine.prefix_cache import KvPrefixCache
+from uma.engine.scheduler import Scheduler
 from uma.errors import (
     ClosedError,
     ContextOverflowError,
@@ -42,11 +46,8 @@ from uma.errors import (
     InvalidRequestError,
     UmaError,
 )
-from uma.executor import Executor
 from uma.handle import RequestHandle, Result
 from uma.metrics import Registry
-from uma.output import OutputStage
-from uma.prefix_cache import KvPrefixCache
 from uma.priority import Priority
 from uma.request import Request
 from uma.sched.bmt import BmtModel, probe_bandwidth_gbps
@@ -169,7 +170,7 @@ class Engine:
                   else config.prefix_cache_tokens)
         prefix = KvPrefixCache(self.ctx, spare, budget, config.prefix_cache_ram_mb << 20) \
             if spare and budget else None
-        self._executor = Executor(self.ctx, policy, self._output, self.metrics, core,
+        self._scheduler = Scheduler(self.ctx, policy, self._output, self.metrics, core,
                                   n_running=config.n_seq_max, prefix=prefix,
                                   bmt=BmtModel.of(self.model, config.type_k),
                                   bmt_budget_gbps=self._bandwidth(config, core),
@@ -185,7 +186,7 @@ class Engine:
         try:
             self._lane = self._background_lane(config, core)
         except BaseException:
-            self._executor.close()
+            self._scheduler.close()
             self.ctx.close()
             self.model.close()
             raise
@@ -198,7 +199,7 @@ class Engine:
 
     def _background_lane(self, config: EngineConfig, core: ModuleType
                          ) -> BackgroundLane | None:
-        """Background requests' own context, when configured (uma.background)."""
+        """Background requests' own context, when configured (uma.engine.background)."""
         if not config.background_ctx:
             return None
         ctx = core.Context(
@@ -211,16 +212,17 @@ class Engine:
                            "KV positions of the background context").set(ctx.n_ctx)
         lane = BackgroundLane(ctx, self._output, self.metrics, core,
                               device_sampling=self._device_sampling(config, core))
-        self._executor.apart = lane.view  # the streams' policy grants it time (uma.background)
+        # the streams' policy grants it time (uma.engine.background)
+        self._scheduler.apart = lane.view
         return lane
 
-    def _executor_for(self, req: Request) -> Executor:
+    def _scheduler_for(self, req: Request) -> Scheduler:
         """Where a request runs: the background lane's context for a background request,
         when there is one."""
         if self._lane is not None and req.priority is Priority.BACKGROUND \
-                and len(req.tokens) <= self._lane.ex.n_ctx_seq:
-            return self._lane.ex
-        return self._executor
+                and len(req.tokens) <= self._lane.scheduler.n_ctx_seq:
+            return self._lane.scheduler
+        return self._scheduler
 
     @staticmethod
     def _add_rpc_workers(config: EngineConfig, core: ModuleType) -> None:
@@ -249,9 +251,9 @@ class Engine:
             self.failure = failure
             queued, self._inbox = self._inbox, []
             self._cond.notify_all()
-        self._executor.abandon(queued, EngineFailedError(failure))
+        self._scheduler.abandon(queued, EngineFailedError(failure))
         if self._lane is not None:
-            self._lane.ex.abandon([], EngineFailedError(failure))
+            self._lane.scheduler.abandon([], EngineFailedError(failure))
 
     @staticmethod
     def _bandwidth(config: EngineConfig, core: ModuleType) -> float:
@@ -273,7 +275,7 @@ class Engine:
             return 0
         room = int(core.max_parallel_sequences()) - config.n_seq_max
         # and one more, kept empty, through which entries leaving for host memory are copied
-        # in slices (uma.snapshots)
+        # in slices (uma.engine.snapshots)
         spares = max(0, min(config.prefix_cache, room))
         scratch = spares > 0 and config.prefix_cache_ram_mb > 0 and room > spares
         return spares + scratch
@@ -341,7 +343,7 @@ class Engine:
             tokens = self.render_chat(cast(Messages, prompt), tools, choice) if use_tools \
                 else self._tokens(prompt, params.parse_special)
             matcher = None if constraint is None else self.grammars.matcher(constraint)
-        room = max(self.n_ctx_seq, self._lane.ex.n_ctx_seq) \
+        room = max(self.n_ctx_seq, self._lane.scheduler.n_ctx_seq) \
             if self._lane is not None and prio is Priority.BACKGROUND else self.n_ctx_seq
         if len(tokens) > room:
             raise ContextOverflowError(
@@ -541,8 +543,8 @@ class Engine:
         return np.asarray(tokens, dtype=np.int32)
 
     def _n_waiting(self) -> int:
-        lane = 0 if self._lane is None else self._lane.ex.n_waiting
-        return self._executor.n_waiting + lane
+        lane = 0 if self._lane is None else self._lane.scheduler.n_waiting
+        return self._scheduler.n_waiting + lane
 
     def set_priority(self, handle: RequestHandle, priority: str | Priority) -> None:
         """Promotes or demotes a queued or running request; it takes effect at the next tick."""
@@ -566,14 +568,14 @@ class Engine:
     # --- the compute thread ------------------------------------------------------------------
 
     def _compute(self) -> None:
-        ex = self._executor
+        ex = self._scheduler
         # On this thread, like every tick: ggml's OpenMP pool belongs to the thread that first
         # decodes, and calibrating from the constructor's thread left a second pool behind
         # that made every later decode ~25 % slower (134M, 2 threads).
         ex.calibrate()
         lane = self._lane
         if lane is not None:  # the same device and weights: the same prices to start from
-            lane.ex.adopt_calibration(ex.calibration_ticks)
+            lane.scheduler.adopt_calibration(ex.calibration_ticks)
         self._ready.set()
         while True:
             with self._cond:
@@ -584,13 +586,13 @@ class Engine:
                 changes, self._reprioritize = self._reprioritize, []
                 closing = self._closing
             for req in inbox:
-                self._executor_for(req).enqueue(req)
+                self._scheduler_for(req).enqueue(req)
             for req, prio in changes:
                 self._move(req, prio)
             if closing == "cancel":
                 ex.release_all("cancelled")
                 if lane is not None:
-                    lane.ex.release_all("cancelled")
+                    lane.scheduler.release_all("cancelled")
                 self._end_jobs()
             if closing and self._idle() and not self._jobs:
                 return
@@ -600,19 +602,19 @@ class Engine:
                 self._guarded(ex, ex.step)
                 continue
             # The background context runs between the streams' plan and its tick, for the
-            # time the plan grants it (uma.background).
-            plan = self._guarded(ex, ex.plan) or Plan.empty()
+            # time the plan grants it (uma.engine.background).
+            plan = self._guarded(ex, ex.schedule) or Plan.empty()
             grant = plan.notes.apart_ms if plan.notes is not None else 0.0
             away = 0.0
             if grant > 0:
                 # with nobody decoding a newcomer ends the grant at its next background tick
                 arrived = self._arrived if not plan.items else _never
-                away = self._guarded(lane.ex, functools.partial(lane.run, grant, arrived)) \
+                away = self._guarded(lane.scheduler, functools.partial(lane.run, grant, arrived)) \
                     or 0.0
-            self._guarded(ex, functools.partial(ex.execute, plan, away))
+            self._guarded(ex, functools.partial(ex.tick, plan, away))
 
     def _idle(self) -> bool:
-        return self._executor.idle and (self._lane is None or self._lane.idle)
+        return self._scheduler.idle and (self._lane is None or self._lane.idle)
 
     def _arrived(self) -> bool:
         """Whether work came in that the compute thread has not taken yet: a request, an
@@ -621,12 +623,12 @@ class Engine:
         return bool(self._inbox or self._jobs or self._closing)
 
     @staticmethod
-    def _guarded(ex: Executor, step: Callable[[], T]) -> T | None:
-        """Runs part of one executor's turn; None if it failed."""
+    def _guarded(ex: Scheduler, step: Callable[[], T]) -> T | None:
+        """Runs part of one scheduler's turn; None if it failed."""
         try:
             return step()
         except Exception as exc:  # noqa: BLE001 - a bug must end requests, not hang them
-            # The executor ends what fails for one request alone; what reaches here broke
+            # The scheduler ends what fails for one request alone; what reaches here broke
             # the tick itself (the policy, say): no request can be blamed, so all in
             # flight end with the cause named, their KV is freed, and serving goes on.
             log.exception("tick failed")
@@ -636,19 +638,19 @@ class Engine:
             return None
 
     def _move(self, req: Request, prio: Priority) -> None:
-        """A new class for a request. A queued one moves to the executor of its new class
+        """A new class for a request. A queued one moves to the scheduler of its new class
         (the background lane's or the streams'); a running one keeps its context, whose KV
         holds it, and is seen in its new class there."""
-        holder = next((e for e in self._executors() if e.holds(req)), None)
+        holder = next((e for e in self._schedulers() if e.holds(req)), None)
         if holder is None:
             return
         holder.reprioritize(req, prio)
-        target = self._executor_for(req)
+        target = self._scheduler_for(req)
         if target is not holder and req.seq_id < 0 and holder.withdraw(req):
             target.enqueue(req)
 
-    def _executors(self) -> tuple[Executor, ...]:
-        return (self._executor,) if self._lane is None else (self._executor, self._lane.ex)
+    def _schedulers(self) -> tuple[Scheduler, ...]:
+        return (self._scheduler,) if self._lane is None else (self._scheduler, self._lane.scheduler)
 
     def _embed_step(self) -> None:
         """One decode of the first embeddings request, on this thread between ticks."""
@@ -685,7 +687,7 @@ class Engine:
     @property
     def calibration(self) -> tuple[int, int]:
         """(scratch decodes done, planned) of the start-up calibration, for progress."""
-        return self._executor.calibration
+        return self._scheduler.calibration
 
     def snapshot(self) -> dict[str, object]:
         """All metrics as a plain dict."""
@@ -695,7 +697,7 @@ class Engine:
 
     def status(self) -> dict[str, object]:
         """What `uma status` shows: slots, queue, load and memory. Safe from any thread."""
-        ex = self._executor
+        ex = self._scheduler
         n_ctx = self.ctx.n_ctx if not self.ctx.closed else 0
         out: dict[str, object] = {
             "model": os.path.basename(self.config.model),
@@ -709,7 +711,7 @@ class Engine:
                        "kv_bytes": int(ex.bmt.kv_bytes_per_pos * n_ctx) if ex.bmt else 0},
         }
         if self._lane is not None:
-            bg = self._lane.ex
+            bg = self._lane.scheduler
             bg_ctx = self._lane.ctx.n_ctx if not self._lane.ctx.closed else 0
             out["background"] = {
                 "slots": self.config.background_seqs, "running": len(bg.running),
@@ -739,7 +741,7 @@ class Engine:
         if self._thread.is_alive():
             raise TimeoutError("the engine did not stop in time")
         self._output.close()
-        self._executor.close()
+        self._scheduler.close()
         if self._lane is not None:
             self._lane.close()
         with self._cond:

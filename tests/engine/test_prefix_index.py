@@ -1,4 +1,4 @@
-"""Tests for uma.prefix_index: matches and evictions of the prefix cache, checked against a
+"""Tests for uma.engine.prefix_index: matches and evictions of the prefix cache, checked against a
 brute-force model of the same rules."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from uma.engine.prefix_index import TIERS, Match, PrefixIndex
 from uma.errors import InvalidRequestError
-from uma.prefix_index import TIERS, Match, PrefixIndex
 
 # --- a brute-force model: every rule written as a scan over all entries -------------------
 

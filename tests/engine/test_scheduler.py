@@ -1,11 +1,11 @@
-"""The executor: calibration before serving (on the real core) and its tick spread."""
+"""The scheduler: calibration before serving (on the real core) and its tick spread."""
 
 import numpy as np
 import pytest
 
 import uma
+from uma.engine.tick_stats import TickSpread, p95
 from uma.sched.cost import CostEstimate
-from uma.tick_stats import TickSpread, p95
 
 
 def test_calibration_prices_ticks_at_what_the_device_charges_and_leaves_the_cache_empty(
@@ -13,7 +13,7 @@ def test_calibration_prices_ticks_at_what_the_device_charges_and_leaves_the_cach
     with uma.Engine(tiny_path, n_ctx=512, n_seq_max=4) as e:
         # The compute thread calibrates before its first tick, so this waits for it.
         assert e.generate("Hello", max_tokens=4, ignore_eos=True).usage.completion_tokens == 4
-        est = e._executor.cost.estimate
+        est = e._scheduler.cost.estimate
         generic = CostEstimate()
         # A 2-layer model costs microseconds a prompt token, not the generic prior's 0.5 ms.
         # (The fixed and per-row terms have already learned from the real ticks, whose first

@@ -1,4 +1,4 @@
-"""Snapshots in slices (uma.snapshots): on the real core an entry copied out slice by slice
+"""Snapshots in slices (uma.engine.snapshots): on the real core an entry copied out slice by slice
 and read back decodes exactly as the sequence it was copied from; on a device whose copies are
 slow and priced wrong (the fake core, on a clock of its own), no call overruns its budget by
 more than one slice."""
@@ -13,8 +13,8 @@ import pytest
 
 from uma import _core
 from uma import fake_core as fc
+from uma.engine.snapshots import FIRST_SLICE, Snapshots
 from uma.errors import UmaError
-from uma.snapshots import FIRST_SLICE, Snapshots
 
 
 @contextlib.contextmanager

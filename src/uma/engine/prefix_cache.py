@@ -9,13 +9,13 @@ way and prefills only the rest; a prompt that is all cached still re-evaluates i
 whose logits are needed to sample from. A chat's next turn, or another app sending the same
 system prompt, then starts where the last request left off.
 
-Which prefixes exist and which to drop is uma.prefix_index's (a radix trie with LRU
+Which prefixes exist and which to drop is uma.engine.prefix_index's (a radix trie with LRU
 recency); this module owns the spare sequences and the calls into the context. Entries leave
 least recently used first when the spare sequences or the token budget run out, and whenever
 the KV cache has no room for running work (`evict_one`): the cache never fails a request.
 An entry that leaves is snapshotted to host memory first (`llama_state_seq_get_data`) while
 the RAM budget allows: an entry over the token budget or the spare sequences leaves through
-uma.snapshots, copied in slices in the time ticks leave free (`save`), its cells held until
+uma.engine.snapshots, copied in slices in the time ticks leave free (`save`), its cells held until
 copied; one that must leave at once, for room a running request needs now, is copied whole
 only where nothing runs or waits (`idle`), and otherwise dropped unsaved. A later prompt can get
 a snapshot restored into its sequence, trimmed to the match. Which tier a prompt starts from is
@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from uma.engine.prefix_index import PrefixIndex
+from uma.engine.snapshots import Leaving, Part, Snapshots
 from uma.errors import UmaError
-from uma.prefix_index import PrefixIndex
 from uma.sched.cost import CostEstimate
 from uma.sched.reuse import (
     MIN_REUSE_TOKENS,
@@ -41,7 +42,6 @@ from uma.sched.reuse import (
     choose_reuse,
     worth_a_snapshot,
 )
-from uma.snapshots import Leaving, Part, Snapshots
 
 if TYPE_CHECKING:
     from uma import _core
@@ -49,13 +49,13 @@ if TYPE_CHECKING:
 
 class KvPrefixCache:
     """Cached prefixes in spare sequences `seqs` of `ctx`, at most `budget` tokens in all.
-    Used by the executor's thread only."""
+    Used by the scheduler's thread only."""
 
     def __init__(self, ctx: _core.Context, seqs: range, budget: int,
                  ram_budget: int = 0) -> None:
         """ram_budget: bytes of host memory for snapshots of entries that leave the KV cache
         (0: they are dropped). With a RAM budget and two sequences or more, the last of `seqs`
-        is kept empty for slicing snapshots (uma.snapshots)."""
+        is kept empty for slicing snapshots (uma.engine.snapshots)."""
         self.ctx = ctx
         self.budget = budget
         self.ram_budget = ram_budget
@@ -74,13 +74,13 @@ class KvPrefixCache:
         # (not the snapshots': llama.cpp reads a sequence's state off a GPU at a seventh of the
         # speed it writes it back, 1.2 against 7.8 GB/s on an H100)
         # called as an entry leaves a tier for room: "kv" (the KV cache, snapshotted or not),
-        # "ram" (a snapshot, for the RAM budget); the executor counts them
+        # "ram" (a snapshot, for the RAM budget); the scheduler counts them
         self.on_evict: Callable[[str], None] = lambda tier: None
         self.on_unsaved: Callable[[], None] = lambda: None  # an entry worth saving was not
         # whether nothing runs or waits: an entry that must leave at once is copied whole
-        # then, and dropped unsaved otherwise (the executor's)
+        # then, and dropped unsaved otherwise (the scheduler's)
         self.idle: Callable[[], bool] = lambda: True
-        # what an entry of n tokens would take to prefill (the executor's cost model): what
+        # what an entry of n tokens would take to prefill (the scheduler's cost model): what
         # its snapshot would save, against the copy's measured time (worth_a_snapshot)
         self.prefill_ms: Callable[[int], float] = lambda n: float("inf")
 
@@ -135,7 +135,7 @@ class KvPrefixCache:
 
     def save(self, budget_ms: float, idle: bool = False) -> None:
         """Copies slices of the leaving entries to host memory for about budget_ms at most
-        (uma.snapshots), and files those complete in the "ram" tier. idle: nothing else is
+        (uma.engine.snapshots), and files those complete in the "ram" tier. idle: nothing else is
         to be done, so one position at least is copied."""
         worked = self.snapshots.work(budget_ms, self._still_worth, at_least_one=idle)
         for job in worked.finished:

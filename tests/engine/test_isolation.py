@@ -11,10 +11,10 @@ import threading
 import pytest
 
 import uma
-from uma import output
+from uma.engine import output
 from uma.errors import DecodeError, UmaError
 
-from .helpers import assert_same_greedy
+from ..helpers import assert_same_greedy
 
 POISON = 666  # the seed that marks a poisoned request
 VICTIM = "Once upon a time, in a land far away, there lived a"
@@ -56,7 +56,7 @@ class Proxy:
 
 
 def poisoned(engine, seqs):
-    running = engine._executor.running
+    running = engine._scheduler.running
     return any(running[s].params.seed == POISON for s in seqs if s in running)
 
 
@@ -83,7 +83,7 @@ def assert_serves_on_and_frees_its_cache(engine):
 
 
 def test_a_request_whose_admission_fails_ends_alone(engine, solo):
-    runner = engine._executor.runner
+    runner = engine._scheduler.runner
     runner.sampler = Proxy(runner.sampler, "configure", lambda a, kw: kw.get("seed") == POISON,
                            ValueError("boom in configure"))
     _, [bad], neighbour = run_beside_victim(engine, solo)
@@ -94,7 +94,7 @@ def test_a_request_whose_admission_fails_ends_alone(engine, solo):
 
 
 def test_a_request_whose_sampling_fails_ends_alone(engine, solo):
-    runner = engine._executor.runner
+    runner = engine._scheduler.runner
     proxy = runner.sampler = Proxy(runner.sampler, "sample",
                                    lambda a, kw: poisoned(engine, list(a[2])),
                                    UmaError("boom in sampling"))
@@ -110,7 +110,7 @@ class CorruptingSampler:
     corrupts the tokens it is about to prefill with an id past the vocabulary."""
 
     def __init__(self, engine):
-        self._ex = engine._executor
+        self._ex = engine._scheduler
         self._sampler = self._ex.runner.sampler
         self._bad_id = engine.model.n_vocab + 5
 
@@ -128,7 +128,7 @@ class CorruptingSampler:
 def test_a_failed_decode_is_narrowed_to_the_requests_that_fail_alone(engine, solo):
     # The batch holding a poisoned request's tokens is refused by the real context, and the
     # tick has to find whose tokens those were.
-    engine._executor.runner.sampler = CorruptingSampler(engine)
+    engine._scheduler.runner.sampler = CorruptingSampler(engine)
     _, bad, neighbour = run_beside_victim(engine, solo, poisoned_requests=2)
     for result in bad:
         assert result.finish_reason == "error"
@@ -139,7 +139,7 @@ def test_a_failed_decode_is_narrowed_to_the_requests_that_fail_alone(engine, sol
 
 
 def test_a_context_that_fails_every_decode_ends_each_request_with_the_cause(engine):
-    runner = engine._executor.runner
+    runner = engine._scheduler.runner
     real = runner.ctx
     runner.ctx = Proxy(real, "decode", lambda a, kw: True,
                        DecodeError("llama_decode failed with code -3: GPU fault", -3))
@@ -200,7 +200,7 @@ def test_a_tick_whose_statistics_fail_ends_what_is_in_flight_and_serving_goes_on
     # A bug in the statistics (a division by zero once) reaches the compute thread's
     # recovery, which ends every request in flight with the cause; its own flush must not
     # meet the same failing report again, or the thread stops and every request waits for ever.
-    stats = engine._executor.stats
+    stats = engine._scheduler.stats
     real = stats.record
     bad = []  # the first report: it fails whenever it is recorded, as a bug in it would
 

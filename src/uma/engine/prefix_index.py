@@ -133,7 +133,7 @@ def _common_prefix(a: Tokens, b: Tokens) -> int:
 
 class PrefixIndex:
     """Cached token prefixes in two tiers, with LRU recency and pins. Not thread-safe: the
-    executor that owns the KV cache is its only user."""
+    scheduler that owns the KV cache is its only user."""
 
     def __init__(self) -> None:
         self._root = _Node(label=np.empty(0, dtype=np.int64), depth=0, parent=None)

@@ -1,6 +1,6 @@
 """What ticks measured, and what follows from it: the cost model learns from each tick, the
 tick spreads (how far ticks stray past their prediction) and the load follow them, and the
-metrics record them. The executor reports (TickReport); nothing here touches the context.
+metrics record them. The scheduler reports (TickReport); nothing here touches the context.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class TickReport:
 
 
 class TickMetrics:
-    """The executor's instruments, created once."""
+    """The scheduler's instruments, created once."""
 
     def __init__(self, reg: Registry) -> None:
         self.ticks = reg.counter("ticks_total", "decode calls")
@@ -185,7 +185,7 @@ class TickStats:
         # what a prompt token has cost in ticks of LARGE_CHUNK tokens or more (smoothed; 0
         # before one): the prefix cache's floor under the cost model when pricing a prefill
         self.prompt_ms_per_token = 0.0
-        self.trace: list[tuple[Any, ...]] | None = None  # see Executor.trace
+        self.trace: list[tuple[Any, ...]] | None = None  # see Scheduler.trace
 
     def record(self, t: TickReport) -> None:
         plan, m = t.plan, self.m

@@ -4,7 +4,7 @@
 
 It owns what running needs: the context, the batch, the native sampler, the grammar masks and
 where each sequence's rows are sampled (on the device or on the host). The requests are the
-scheduler's (uma.executor): the runner reads them and changes none. What goes wrong comes
+scheduler's (uma.engine.scheduler): the runner reads them and changes none. What goes wrong comes
 back as data in `Ran`: a request that fails on its own (while batched, decoded or sampled) is
 a `Failure`, and a batch the KV cache has no room for is `no_room`, rolled back, for the
 scheduler to make room (its prefix cache, then the policy's shedding) and plan again.

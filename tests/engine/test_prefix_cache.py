@@ -6,10 +6,10 @@ import pytest
 
 import uma
 from uma import _core
-from uma.prefix_cache import MIN_REUSE_TOKENS, KvPrefixCache
+from uma.engine.prefix_cache import MIN_REUSE_TOKENS, KvPrefixCache
 from uma.sched.cost import CostEstimate
 
-from .helpers import assert_same_greedy
+from ..helpers import assert_same_greedy
 
 SYSTEM = "You are a careful assistant who answers in one short sentence. " * 12
 QUESTIONS = ["What is a lighthouse?", "Why is the sea salty at all?", "Name three birds."]
@@ -189,7 +189,7 @@ def test_a_restore_keeps_only_the_matching_positions(model):
 
 def test_an_entry_that_must_leave_at_once_is_copied_only_while_idle(model):
     """No scratch sequence (one spare): an entry pushed out for room is copied whole where
-    the executor says nothing runs or waits, and dropped, counted unsaved, where it does not."""
+    the scheduler says nothing runs or waits, and dropped, counted unsaved, where it does not."""
     ctx = _core.Context(model, n_ctx=512, n_seq_max=2)
     batch = _core.Batch(128)
     idle, unsaved = [False], []

@@ -1,8 +1,11 @@
-"""The executor: the scheduler's side of the tick on one llama.cpp context.
+"""The scheduler: the side of the tick that decides, on one llama.cpp context.
 
-    plan = self.plan()                          # release what ended, admit, ask the policy
-    ran = self.runner.run(plan, self.running)   # batch, decode, sample (uma.runner)
-    self.apply(ran)                             # advance sequences, hand tokens on, report
+    order = scheduler.schedule(now)             # release what ended, admit, ask the policy
+    ran = runner.run(order)                     # batch, decode, sample (uma.engine.runner)
+    scheduler.update(order, ran)                # advance sequences, hand tokens on, report
+
+(`tick` makes the three calls; the runner is also handed the running requests,
+`self.runner.run(order, self.running)`, which it reads and never changes.)
 
 It owns the requests: their queues, their KV sequences (one per running request), admission
 and parking (the policy's or fair share's choice), preemption, the prefix cache, and which
@@ -27,26 +30,26 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from uma.calibration import DeviceTiming
+from uma.engine.calibration import DeviceTiming
+from uma.engine.output import Ended, Event, OutputStage, Token
+from uma.engine.prefix_cache import KvPrefixCache
+from uma.engine.runner import Ran, Runner
+from uma.engine.tick_stats import TickReport, TickStats
 from uma.errors import UmaError
 from uma.handle import TokenLogprob
 from uma.metrics import LoadMeter, Registry
-from uma.output import Ended, Event, OutputStage, Token
-from uma.prefix_cache import KvPrefixCache
 from uma.request import Request
-from uma.runner import Ran, Runner
 from uma.sched import fair, reuse
 from uma.sched.bmt import BmtModel
 from uma.sched.cost import CostModel, attended
 from uma.sched.policy import BatchPolicy
 from uma.sched.state import ApartView, BatchItem, Phase, Plan, Priority, SchedulerState
-from uma.tick_stats import TickReport, TickStats
 
 if TYPE_CHECKING:
     from uma import _core
     from uma.grammar import Grammars
 
-log = logging.getLogger("uma.executor")
+log = logging.getLogger("uma.scheduler")
 
 # The time the prefix cache's snapshots get per turn of the compute thread while nothing runs
 # or waits: what a request that comes in meanwhile may wait for before its first tick.
@@ -57,7 +60,7 @@ def _nothing_apart() -> ApartView | None:
     return None
 
 
-class Executor:
+class Scheduler:
     """Owns the context's sequences and runs ticks. Used by one thread (the compute thread)."""
 
     def __init__(self, ctx: _core.Context, policy: BatchPolicy, output: OutputStage,
@@ -80,7 +83,7 @@ class Executor:
         first served). grammars: the token masks of constrained requests (uma.grammar;
         needed once a request has a matcher). settle: every decode is waited for on the
         device before the tick ends (a tick that must end within its time slice, and be
-        measured whole: uma.background)."""
+        measured whole: uma.engine.background)."""
         self.ctx = ctx
         self.model = ctx.model
         self.policy = policy
@@ -136,20 +139,20 @@ class Executor:
         self._cache_read = self._prompt_attended = 0
         self._background_prompt = False
         self._timing: DeviceTiming | None = None  # the start-up calibration, once begun
-        # its timed scratch ticks (what another executor on the same device may start from)
+        # its timed scratch ticks (what another scheduler on the same device may start from)
         self.calibration_ticks: list[tuple[int, int, int, int, float]] = []
         # The batch's sequences as decode rows, and their attention: what the streams' ticks
         # alone are measured against (a stream's new prompt counted as the row it will be).
         self._solo = (0, 0)
         self._memory: object = None  # the policy's, from its last executed plan
         # That plan's tick as measured (ms, tokens sampled): the policy's feedback, paired
-        # with the memory of the plan it measured (see apply).
+        # with the memory of the plan it measured (see update).
         self._measured = (0.0, 0)
         # ticks applied (stats.ticks counts them when their report is handed on, a tick
         # later when overlapped): last_tick_ms is new when this changes
         self.n_ticks = 0
         self.last_plan = Plan.empty()  # the last tick's plan, as run
-        # Background work in a context of its own (uma.background), as the policy sees it,
+        # Background work in a context of its own (uma.engine.background), as the policy sees it,
         # and what that context ran before the last tick (ms): its plan grants it time.
         self.apart: Callable[[], ApartView | None] = _nothing_apart
         self._apart_ms = 0.0
@@ -170,7 +173,7 @@ class Executor:
         return self._measured[0]
 
     @property
-    def tick(self) -> int:
+    def ticks(self) -> int:
         return self.stats.ticks
 
     @property
@@ -178,7 +181,7 @@ class Executor:
         return self.stats.load
 
     def calibrate(self) -> None:
-        """Times the device before serving (uma.calibration) and anchors the cost model
+        """Times the device before serving (uma.engine.calibration) and anchors the cost model
         there; `calibration` shows its progress."""
         calibration = DeviceTiming(self.ctx, self.runner.batch)
         self._timing = calibration
@@ -187,7 +190,7 @@ class Executor:
             self.cost.calibrate(self.calibration_ticks)
 
     def adopt_calibration(self, ticks: list[tuple[int, int, int, int, float]]) -> None:
-        """Anchors the cost model at another executor's timed scratch ticks (a second context
+        """Anchors the cost model at another scheduler's timed scratch ticks (a second context
         on the same device and weights), instead of timing its own."""
         if ticks:
             self.cost.calibrate(ticks)
@@ -221,7 +224,7 @@ class Executor:
         req.priority = priority
 
     def withdraw(self, req: Request) -> bool:
-        """Takes a queued request out of its queue (to be queued by another executor);
+        """Takes a queued request out of its queue (to be queued by another scheduler);
         False if it is not queued here."""
         queue = self.waiting[req.priority]
         if req not in queue:
@@ -440,27 +443,30 @@ class Executor:
     # --- the tick ---------------------------------------------------------------------------
 
     def step(self) -> bool:
-        """Runs one tick. Returns False when there was nothing to run."""
-        return self.execute(self.plan())
+        """Runs one tick (schedule, then tick). Returns False when there was nothing to run."""
+        return self.tick(self.schedule())
 
-    def execute(self, plan: Plan, away_s: float = 0.0) -> bool:
-        """Runs a plan from plan(). away_s: time the thread spent elsewhere since it was made
-        (the background context's grant, uma.background), which is not this tick's."""
+    def tick(self, order: Plan, away_s: float = 0.0) -> bool:
+        """Runs an order from schedule() and updates with what ran. away_s: time the thread
+        spent elsewhere since it was made (the background context's grant,
+        uma.engine.background), which is not this tick's."""
         self._apart_ms = away_s * 1e3
-        if not plan.items:
+        if not order.items:
             self._flush()
-            self._save(plan)
+            self._save(order)
             return False
         self._tick_start += away_s
-        plan = self.build(plan)
-        ran = self.runner.run(plan, self.running)
+        order = self.build(order)
+        ran = self.runner.run(order, self.running)
         while ran.no_room:  # the same tick again, with room made (or the plan shed)
             ran = self.runner.run(self._room_for(ran), self.running)
-        self.apply(ran)
+        self.update(order, ran)
         self._save(ran.plan)
         return True
 
-    def plan(self) -> Plan:
+    def schedule(self, now_ns: int | None = None) -> Plan:
+        """Releases what ended, admits, and asks the policy for this tick's order. now_ns:
+        the snapshot's time (default: time.monotonic_ns())."""
         self._tick_start = time.perf_counter()
         self._tick_snapshots = self._snapshot_seconds()
         self._reap()
@@ -472,7 +478,7 @@ class Executor:
         if not self.running and apart is None:
             return Plan.empty()
         state = SchedulerState(
-            now_ns=time.monotonic_ns(),
+            now_ns=time.monotonic_ns() if now_ns is None else now_ns,
             sessions=tuple(r.view() for r in self.running.values()),
             n_waiting=sum(len(q) for q in self.waiting.values()),
             n_batch=self.runner.batch.capacity,
@@ -580,9 +586,12 @@ class Executor:
         req.seq_id, req.n_prefilled, req.n_past = -1, 0, 0
         self.waiting[req.priority].appendleft(req)
 
-    def apply(self, ran: Ran) -> None:
+    def update(self, order: Plan, ran: Ran) -> None:
         """Ends the requests that failed on their own, advances every other sequence of the
-        batch and hands sampled tokens on."""
+        batch and hands sampled tokens on. order: the plan handed to the runner; what ran
+        is ran.plan, which is what this reads. The two differ when the KV cache had no room
+        and the runner ran again with room made or the plan shed (tick's retry): then
+        ran.plan, the plan that actually ran, is the one applied."""
         self._end_failed(ran)
         apps = self._apps(ran.plan)
         for item in ran.plan.items:

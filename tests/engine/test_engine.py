@@ -12,7 +12,7 @@ from uma import _core
 from uma.config import EngineConfig
 from uma.errors import ClosedError, ContextOverflowError, InvalidRequestError, InvalidTokenError
 
-from .helpers import assert_same_greedy
+from ..helpers import assert_same_greedy
 
 PROMPTS = [
     "Hello",

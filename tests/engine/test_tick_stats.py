@@ -2,10 +2,10 @@
 
 import dataclasses
 
+from uma.engine.tick_stats import LARGE_CHUNK, TickReport, TickStats
 from uma.metrics import Registry
 from uma.sched.cost import CostModel
 from uma.sched.state import BatchItem, Phase, Plan
-from uma.tick_stats import LARGE_CHUNK, TickReport, TickStats
 
 
 def report(n_prefill: int, tick_ms: float) -> TickReport:
