@@ -165,8 +165,10 @@ class _Api:
             raise
         fmt = format_cls(self.model_id, self._piece)
         if api_req.stream:
-            return _EventStream(self, handle, self._events(handle, fmt, api_req), fmt.id)
-        self.live.add(handle, fmt.id)
+            return _EventStream(self, handle, self._events(handle, fmt, api_req),
+                                getattr(fmt, "id", None))
+        rid = getattr(fmt, "id", None)  # llama-server's /infill answers carry none
+        self.live.add(handle, rid)
         try:
             result = await self._wait(handle, request)
         finally:
@@ -344,7 +346,7 @@ class _EventStream(StreamingResponse):
     that disconnects, or a server that stops, frees the request's KV at the next tick."""
 
     def __init__(self, api: _Api, handle: RequestHandle, chunks: AsyncIterator[bytes],
-                 rid: str) -> None:
+                 rid: str | None) -> None:
         super().__init__(chunks, media_type="text/event-stream", headers=_SSE_HEADERS)
         self._api = api
         self._handle = handle
@@ -369,14 +371,16 @@ class _Live:
     waits for and POST /priority finds."""
 
     def __init__(self) -> None:
-        self._handles: dict[RequestHandle, str] = {}
+        self._handles: dict[RequestHandle, str | None] = {}
         self._by_id: dict[str, RequestHandle] = {}
         self._none = asyncio.Event()  # set while there are none
         self._none.set()
 
-    def add(self, handle: RequestHandle, rid: str) -> None:
+    def add(self, handle: RequestHandle, rid: str | None) -> None:
+        """rid: the id its response carries (None: one that carries none, as /infill's)."""
         self._handles[handle] = rid
-        self._by_id[rid] = handle
+        if rid is not None:
+            self._by_id[rid] = handle
         self._none.clear()
 
     def discard(self, handle: RequestHandle) -> None:
