@@ -270,7 +270,8 @@ def measure(server: Server, ns, storms: list[str], rows: list, timelines: dict,
             if before:
                 r = rows[-1]
                 print(f"  guard: {r['ticks']:.0f} ticks, {100 * r['over_budget_share']:.1f} % "
-                      f"over budget, cost-model error {r['cost_error_ms']:.1f} ms", flush=True)
+                      f"over budget, {100 * r['pause_share']:.1f} % pauses, cost-model error "
+                      f"{r['cost_error_ms']:.1f} ms", flush=True)
     for name in ("churn", "burst", "poisson", "chat"):
         if name not in ns.phases:
             continue
@@ -295,7 +296,7 @@ def measure(server: Server, ns, storms: list[str], rows: list, timelines: dict,
             record(name, phase, agent_row(phase), AGENT_COLUMNS)
 
 
-GUARD = ("ticks_total", "ticks_over_budget_total", "cost_model_error_ms")
+GUARD = ("ticks_total", "ticks_over_budget_total", "cost_model_error_ms", "pause_ticks_total")
 
 
 def guard_counters(server: Server) -> dict:
@@ -343,7 +344,9 @@ def guard_row(before: dict, after: dict) -> dict[str, float]:
     over = after["ticks_over_budget_total"] - before["ticks_over_budget_total"]
     delta = {b: n - before["error_buckets"].get(b, 0.0)
              for b, n in after["error_buckets"].items()}
+    pauses = after["pause_ticks_total"] - before["pause_ticks_total"]
     return {"ticks": ticks, "over_budget_share": over / max(ticks, 1),
+            "pause_share": pauses / max(ticks, 1),
             "cost_error_ms": after["cost_model_error_ms"],
             "cost_error_p50_pct": bucket_quantile(delta, 0.5),
             "cost_error_p90_pct": bucket_quantile(delta, 0.9)}

@@ -5,7 +5,7 @@ import dataclasses
 from uma.engine.tick_stats import LARGE_CHUNK, TickReport, TickStats
 from uma.metrics import Registry
 from uma.sched.cost import CostModel
-from uma.sched.state import BatchItem, Phase, Plan
+from uma.sched.state import BatchItem, Phase, Plan, PlanNotes
 
 
 def report(n_prefill: int, tick_ms: float) -> TickReport:
@@ -30,3 +30,13 @@ def test_the_tick_is_shared_out_between_apps_as_their_rows_were_priced():
     stats.record(dataclasses.replace(report(300, 10.0), apps={"editor": 0.0, "batch": 0.0}))
     service = {app: c.value for app, c in stats.m.app_service.children.items()}
     assert service == {"editor": 30.0 + 5.0, "batch": 60.0 + 5.0}  # evenly where unpriced
+
+
+def test_pauses_and_the_background_contexts_grants_are_counted():
+    stats = TickStats(Registry(), CostModel())
+    plain = report(16, 20.0)
+    paused = dataclasses.replace(plain, plan=dataclasses.replace(
+        plain.plan, notes=PlanNotes(budget_ms=80.0, paused=True, apart_ms=45.0)))
+    for t in (plain, paused, plain):
+        stats.record(t)
+    assert stats.m.pauses.value == 1 and stats.m.apart_ms.value == 45.0

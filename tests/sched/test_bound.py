@@ -142,7 +142,7 @@ def test_an_overrun_prices_the_next_background_chunk_at_what_it_measured():
     memory = BoundMemory(cap=512, since_pause=1 << 30)
     plan = policy.schedule_tick(snapshot(memory, 0.0, 0))
     tokens = sum(i.n_tokens for i in plan.items if i.seq_id == 5)
-    assert tokens > 1 and plan.memory.since_pause == 0  # a pause
+    assert tokens > 1 and plan.memory.since_pause == 0 and plan.notes.paused  # a pause
     chunk_ms = plan.memory.planned_ms - plan.memory.decode_ms
     # it took four times its plan: the price follows at once...
     plan = policy.schedule_tick(snapshot(plan.memory, plan.memory.decode_ms + 4 * chunk_ms, 1))

@@ -72,6 +72,10 @@ class TickMetrics:
         self.bmt_budget = reg.gauge("bmt_budget_gbps", "memory bandwidth budget, GB/s (0: off)")
         self.tick_budget = reg.gauge("tick_budget_ms", "the last tick's time budget")
         self.over_budget = reg.counter("ticks_over_budget_total", "ticks longer than budget")
+        self.pauses = reg.counter("pause_ticks_total",
+                                  "ticks planned past the latency line for background work")
+        self.apart_ms = reg.counter("background_granted_ms_total",
+                                    "time granted to the background context before ticks, ms")
         self.kv_full = reg.counter("kv_full_total", "decodes that found no KV slot")
         self.preempted = reg.counter("preemptions_total", "requests sent back to the queue")
         self.fair_parked = reg.counter("fair_parked_total",
@@ -238,6 +242,10 @@ class TickStats:
             m.tick_budget.set(notes.budget_ms)
             if notes.budget_ms and tick_ms > notes.budget_ms:
                 m.over_budget.inc()
+            if notes.paused:
+                m.pauses.inc()
+            if notes.apart_ms:
+                m.apart_ms.inc(notes.apart_ms)
         if self.trace is not None:
             self.trace.append((t.n_prefill, t.n_decode, t.decode_s, t.sample_s, t.tick_s,
                                t.native_s, plan))

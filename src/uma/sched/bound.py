@@ -423,6 +423,6 @@ def settled(state: SchedulerState, lim: Limits, decoders: tuple[SessionView, ...
         bmt_bytes=state.bmt.tick_bytes(rows + sum(i.n_tokens for i in prefill),
                                        sum(s.n_past for s in decoders)) if state.bmt else 0.0,
         background=back_decoders | frozenset(i.seq_id for i in back.items),
-        apart_ms=apart_ms)
+        apart_ms=apart_ms, paused=paused)
     items = [BatchItem(s.seq_id, Phase.DECODE, 1, logits=True) for s in decoders] + list(prefill)
     return Plan(items=tuple(items), token_budget=rows + mem.cap, notes=notes, memory=mem)

@@ -139,6 +139,7 @@ class PlanNotes(NamedTuple):
     overruns: int = 0  # ticks over budget so far
     background: frozenset[int] = frozenset()  # the batch's sequences that are background work
     apart_ms: float = 0.0  # the background context's time before this tick (0: none)
+    paused: bool = False  # planned past the line for background work (a pause)
 
 
 @dataclass(frozen=True, slots=True)
