@@ -151,3 +151,17 @@ def test_closing_cancels_the_background_contexts_requests(tiny_path):
 def test_bad_background_settings_are_refused(fields, message):
     with pytest.raises(InvalidRequestError, match=message):
         EngineConfig(model="m.gguf", **fields)
+
+
+def test_the_baseline_policy_grants_the_background_context_its_tick(tiny_path):
+    # the unguarded reference policy gives the lane its tick budget before every tick, streams
+    # or none: background requests there finish beside a stream, and alone
+    with uma.Engine(tiny_path, n_ctx=1024, n_seq_max=2, background_ctx=256, background_seqs=1,
+                    policy="baseline") as e:
+        stream = e.submit("a stream", max_tokens=32, ignore_eos=True)
+        bg = e.submit("background work", max_tokens=8, ignore_eos=True, priority="background")
+        assert bg.result(timeout=60).usage.completion_tokens == 8
+        assert stream.result(timeout=60).usage.completion_tokens == 32
+        alone = e.submit("more background", max_tokens=4, ignore_eos=True,
+                         priority="background")
+        assert alone.result(timeout=60).usage.completion_tokens == 4
