@@ -64,8 +64,11 @@ class BackgroundLane:
         """Its work as the streams' policy sees it (None: nothing to run)."""
         if self.scheduler.idle:
             return None
-        return ApartView(least_ms=self._least_ms(), one_ms=self._least_ms(1),
-                         read_ms=self._read_ms())
+        depth = self._next_depth()
+        cost = self.scheduler.cost.estimate
+        return ApartView(least_ms=self._least_ms(MIN_CHUNK, depth),
+                         one_ms=self._least_ms(1, depth),
+                         read_ms=cost.chunk_overhead_ms(depth) if depth else 0.0)
 
     def run(self, grant_ms: float, arrived: Callable[[], bool] = _never) -> float:
         """Background ticks back to back, each packed within the grant's time left (the
@@ -81,44 +84,37 @@ class BackgroundLane:
         while left > 0 and not self.scheduler.idle:
             # A grant too short for a chunk worth a call (a pause where MIN_CHUNK tokens cost
             # more than the gap bound leaves) takes what fits in it, down to one token.
-            least = MIN_CHUNK if left >= self._least_ms() else 1
+            least = MIN_CHUNK if left >= self._least_ms(MIN_CHUNK, self._next_depth()) else 1
             self.scheduler.policy = dataclasses.replace(self.policy, tick_target_ms=left,
-                                                 min_prefill=least)
+                                                        min_prefill=least)
             ran = self.scheduler.step()
             if ran and self.trace is not None:  # counted for traces only
                 prompt += sum(i.n_tokens for i in self.scheduler.last_plan.items
                               if i.phase is Phase.PREFILL)
             spent = time.perf_counter() - t0
             left = grant_ms - spent * 1e3
-            if not ran or left < self._least_ms() or arrived():
+            if not ran or left < self._least_ms(MIN_CHUNK, self._next_depth()) or arrived():
                 break
         if self.trace is not None:
             self.trace.append((grant_ms, spent * 1e3, prompt))
         return spent
 
-    def _least_ms(self, chunk: int = MIN_CHUNK) -> float:
+    def _next_depth(self) -> int | None:
+        """Where the prompt next in line stands (its KV positions; 0 for one still queued);
+        None: no prompt to prefill."""
+        prompts = [r.view() for r in self.scheduler.running.values()
+                   if r.phase is Phase.PREFILL]
+        if prompts:
+            return min(prompts, key=prefill_rank).n_past
+        return 0 if self.scheduler.n_waiting else None
+
+    def _least_ms(self, chunk: int, depth: int | None) -> float:
         """A background tick, predicted: its decoders, and a prompt chunk of `chunk` tokens
-        at the depth of the prompt next in line, where one prefills (MIN_CHUNK: the least
-        worth a call)."""
+        at `depth` where a prompt prefills (MIN_CHUNK: the least worth a call)."""
         cost = self.scheduler.cost.estimate
         decoders = [r for r in self.scheduler.running.values() if r.phase is Phase.DECODE]
         ms = cost.predict(0, len(decoders), sum(r.n_past for r in decoders))
-        prompts = [r.view() for r in self.scheduler.running.values() if r.phase is Phase.PREFILL]
-        if prompts:
-            depth = min(prompts, key=prefill_rank).n_past
-        elif self.scheduler.n_waiting:
-            depth = 0
-        else:
-            return ms
-        return ms + cost.prefill_ms(chunk, depth, len(decoders))
-
-    def _read_ms(self) -> float:
-        """The next prompt chunk's read of this context's cache, predicted (0: no prompt is
-        part way in): what an idle tick stretches to amortise."""
-        prompts = [r.view() for r in self.scheduler.running.values() if r.phase is Phase.PREFILL]
-        if not prompts:
-            return 0.0
-        return self.scheduler.cost.estimate.chunk_overhead_ms(min(prompts, key=prefill_rank).n_past)
+        return ms if depth is None else ms + cost.prefill_ms(chunk, depth, len(decoders))
 
     def close(self) -> None:
         self.scheduler.close()

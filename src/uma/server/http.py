@@ -164,10 +164,9 @@ class _Api:
             self.errors.inc()
             raise
         fmt = format_cls(self.model_id, self._piece)
-        if api_req.stream:
-            return _EventStream(self, handle, self._events(handle, fmt, api_req),
-                                getattr(fmt, "id", None))
         rid = getattr(fmt, "id", None)  # llama-server's /infill answers carry none
+        if api_req.stream:
+            return _EventStream(self, handle, self._events(handle, fmt, api_req), rid)
         self.live.add(handle, rid)
         try:
             result = await self._wait(handle, request)
