@@ -13,7 +13,11 @@ and tokens/s during the flood, and A's aggregate tokens/s
 fresh server, --repeat times, in alternating order. llama-server has no notion of apps: it
 serves first come, first served. With --anonymous no request names its app and B asks from a
 process of its own, as two unconfigured apps on one machine would: UMA Serve then tells them
-apart by their processes.
+apart by their processes. With --background A's requests are background work (UMA Serve's
+`priority` field; llama-server has no such notion): with --flood 4 every sequence holds one
+when B asks, and B's first token waits for a background request to be set aside at a token
+boundary (docs/SCHEDULING.md, "Demotion at a token boundary"; the side "uma, fair share off"
+shows it alone, without fair share parking for B's app).
 """
 
 from __future__ import annotations
@@ -46,11 +50,13 @@ SLOTS = 4
 
 
 def ask(server: Server, user: str | None, prompt: str, tokens: int,
-        elsewhere: bool = False) -> Stream | types.SimpleNamespace:
+        elsewhere: bool = False, background: bool = False) -> Stream | types.SimpleNamespace:
     """One streamed completion; user None names no app; elsewhere: sent from a process of
-    its own (its ttft_s and token times come back)."""
+    its own (its ttft_s and token times come back); background: UMA Serve's priority."""
     body = {"prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
-            **({} if user is None else {"user": user}), **(server.extra or {})}
+            **({} if user is None else {"user": user}), **(server.extra or {}),
+            **({"priority": "background"} if background and server.socket is not None
+               else {})}
     if elsewhere:
         code = (f"import json, sys; sys.path.insert(0, {str(HERE)!r}); "
                 f"from streams import sse_completion; "
@@ -78,7 +84,7 @@ def flood(server: Server, ns: argparse.Namespace) -> dict:
 
     def job(k: int) -> None:
         streams[k] = ask(server, a, f"Job {k}: summarise the day's harbour log. " * 4,
-                         ns.flood_tokens)
+                         ns.flood_tokens, background=ns.background)
 
     threads = [threading.Thread(target=job, args=(k,)) for k in range(ns.flood)]
     for th in threads:
@@ -108,13 +114,16 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=1, help="runs a side, alternating order")
     ap.add_argument("--anonymous", action="store_true",
                     help="no request names its app; B asks from a process of its own")
+    ap.add_argument("--background", action="store_true",
+                    help="app A's requests are background work")
     ap.add_argument("--out", type=Path, default=None)
     ns = ap.parse_args()
     path = Path(ns.model) if Path(ns.model).exists() else synth.cached_model(ns.model)
     runs = run_sides(fair_sides(ns, path, SLOTS), ns.repeat, lambda server: flood(server, ns))
     report: dict = {"model": str(path), "threads": ns.threads, "flood": ns.flood,
                     "flood_tokens": ns.flood_tokens, "question_tokens": ns.question_tokens,
-                    "delay_s": ns.delay_s, "anonymous": ns.anonymous, "runs": runs}
+                    "delay_s": ns.delay_s, "anonymous": ns.anonymous, "background": ns.background,
+                    "runs": runs}
     for name, med in medians(runs).items():
         report[f"{name} median"] = med
     if ns.out:

@@ -266,6 +266,9 @@ class EngineConfig:
     # dict (apps not named weigh 1); fair_share off: first come, first served within a class
     app_weights: tuple[tuple[str, float], ...] = ()
     fair_share: bool = True
+    # running background requests give their KV sequences to interactive requests waiting for
+    # one, at the next token boundary (uma.sched.demotion); off: they keep them until they end
+    preempt_at_token: bool = True
     # chat messages' template (uma.templates): a built-in name (chatml, llama2, llama3) or a
     # Jinja file; None: the model's own, else ChatML
     chat_template: str | None = None
@@ -373,6 +376,8 @@ class EngineConfig:
             raise InvalidRequestError("chat_template must be a built-in name or a file path")
         if not isinstance(self.fair_share, bool):
             raise InvalidRequestError("fair_share must be a boolean")
+        if not isinstance(self.preempt_at_token, bool):
+            raise InvalidRequestError("preempt_at_token must be a boolean")
         if self.fair_quantum_ms is not None and checks.number(
                 "fair_quantum_ms", self.fair_quantum_ms) <= 0:
             raise InvalidRequestError(f"fair_quantum_ms must be > 0, not {self.fair_quantum_ms}")

@@ -177,6 +177,7 @@ class Engine:
                                   device_sampling=self._device_sampling(config, core),
                                   overlap=self._on_gpu(config.overlap, config, core),
                                   fair_share=config.fair_share,
+                                  demote=config.preempt_at_token,
                                   fair_quantum_ms=config.fair_quantum_ms,
                                   grammars=self.grammars)
         self._submitted = self.metrics.counter("requests_submitted_total", "requests accepted")

@@ -39,7 +39,7 @@ from uma.errors import UmaError
 from uma.handle import TokenLogprob
 from uma.metrics import LoadMeter, Registry
 from uma.request import Request
-from uma.sched import fair, reuse
+from uma.sched import demotion, fair, reuse
 from uma.sched.bmt import BmtModel
 from uma.sched.cost import CostModel, attended
 from uma.sched.policy import BatchPolicy
@@ -69,7 +69,8 @@ class Scheduler:
                  overlap: bool = False, n_running: int | None = None,
                  prefix: KvPrefixCache | None = None, fair_share: bool = False,
                  fair_quantum_ms: float | None = None,
-                 grammars: Grammars | None = None, settle: bool = False) -> None:
+                 grammars: Grammars | None = None, settle: bool = False,
+                 demote: bool = True) -> None:
         """core: the module whose Batch and Sampler go with ctx (uma._core, or a stand-in).
         device_sampling: sample on the device the rows of requests whose options it can
         compute (Context.set_sampler); the host sampler takes the others.
@@ -83,7 +84,9 @@ class Scheduler:
         first served). grammars: the token masks of constrained requests (uma.grammar;
         needed once a request has a matcher). settle: every decode is waited for on the
         device before the tick ends (a tick that must end within its time slice, and be
-        measured whole: uma.engine.background)."""
+        measured whole: uma.engine.background). demote: running background requests give
+        their sequences to interactive ones waiting for one, at the next tick boundary
+        (uma.sched.demotion)."""
         self.ctx = ctx
         self.model = ctx.model
         self.policy = policy
@@ -93,6 +96,7 @@ class Scheduler:
         if overlap:  # the last tick's output goes out while the device runs the next
             self.runner.during = self._flush
         self.fair_share = fair_share
+        self.demote = demote
         self.fair_quantum_ms = fair_quantum_ms
         self.ledger = fair.Ledger()  # what each app has been served (uma.sched.fair)
         self._rows: list[tuple[Request, float]] = []  # the tick's requests and their price
@@ -342,7 +346,8 @@ class Scheduler:
     def _admit(self) -> None:
         """Gives free sequences to the queued requests the policy picks (with fair share: the
         apps furthest below their share first, after parking requests of apps over theirs
-        where an app waits with none free)."""
+        where an app waits with none free), after setting background requests aside for the
+        interactive ones that wait with none free (demote)."""
         if not any(self.waiting.values()):
             return
         if self.fair_share:
@@ -352,6 +357,12 @@ class Scheduler:
                                  self.ledger.served,
                                  self.fair_quantum_ms or self.ledger.quantum_ms):
                 self.m.fair_parked.inc()
+                self._preempt(self.running[seq])
+        if self.demote:
+            for seq in demotion.demote([r.view() for r in self.running.values()],
+                                       [r.waiting() for q in self.waiting.values() for r in q],
+                                       len(self.free_seqs)):
+                self.m.demoted.inc()
                 self._preempt(self.running[seq])
         if not self.free_seqs:
             return

@@ -80,6 +80,8 @@ class TickMetrics:
         self.preempted = reg.counter("preemptions_total", "requests sent back to the queue")
         self.fair_parked = reg.counter("fair_parked_total",
                                        "of those, parked for an app waiting below its share")
+        self.demoted = reg.counter("demotions_total",
+                                   "of those, background requests set aside for interactive ones")
         self.prefix_lookups = reg.counter("prefix_cache_lookups_total",
                                           "admissions that looked for a cached prefix")
         self.prefix_hits = reg.counter("prefix_cache_hits_total",

@@ -124,6 +124,8 @@ SETTINGS: tuple[Setting, ...] = (
     _e("chat_template", str, "the model's, else chatml",
        "chatml, llama2, llama3 or a Jinja file"),
     _e("fair_share", bool, "on", "fair share between apps"),
+    _e("preempt_at_token", bool, "on", "background requests give their sequences to "
+       "interactive ones at a token boundary", flag=False),
     _e("app_weights", str, "every app 1", "apps' weights for fair share, as NAME=W,NAME=W"),
     _e("fair_quantum_ms", float, "half the largest recent request's cost",
        "fair share: tick ms an app may be served beyond one waiting for a sequence",
