@@ -128,6 +128,15 @@ class Phase:
         }
         if by["background"]:
             bg = by["background"]
+            # The requests that arrived while a background prompt prefilled: a server that
+            # runs the prompt whole freezes the streams then, so few of theirs arrive in it
+            # and its storm TTFT is mostly measured after the prompt; these compare the two
+            # servers in the same regime.
+            windows = [(b.sent, b.sent + b.ttft_s) for b in bg if b.times]
+            during = [1e3 * s.ttft_s for s in by["interactive"]
+                      if any(lo <= s.sent < hi for lo, hi in windows)]
+            row["i_requests_during_prefill"] = len(during)
+            row["i_ttft_during_prefill_p50_ms"] = percentiles(during)["p50"]
             row["bg_ttft_ms"] = max(1e3 * s.ttft_s for s in bg)
             row["bg_prefill_tok_s"] = sum(s.prompt_tokens for s in bg) / max(s.ttft_s for s in bg)
             row["bg_total_ms"] = max(1e3 * (s.times[-1] - s.sent) for s in bg if s.times)

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from types import ModuleType
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -35,6 +35,7 @@ from uma.app import DEFAULT_APP, app_name, app_weight
 from uma.config import EngineConfig, SamplingParams, check_logit_bias
 from uma.embeddings import EmbeddingJob, Embeddings, inputs_of
 from uma.engine.background import BackgroundLane
+from uma.engine.contexts import Contexts
 from uma.engine.output import OutputStage
 from uma.engine.prefix_cache import KvPrefixCache
 from uma.engine.scheduler import Scheduler
@@ -44,7 +45,6 @@ from uma.errors import (
     EngineBusyError,
     EngineFailedError,
     InvalidRequestError,
-    UmaError,
 )
 from uma.handle import RequestHandle, Result
 from uma.metrics import Registry
@@ -52,18 +52,11 @@ from uma.priority import Priority
 from uma.request import Request
 from uma.sched.bmt import BmtModel, probe_bandwidth_gbps
 from uma.sched.policies import create_policy
-from uma.sched.state import Plan
 from uma.templates import ChatTemplate
-
-T = TypeVar("T")
 
 log = logging.getLogger("uma.engine")
 
 Progress = Callable[[float], object]  # a load's fraction done; returning False cancels it
-
-
-def _never() -> bool:
-    return False
 
 
 def rss_bytes() -> int:
@@ -123,7 +116,8 @@ class Engine:
         self._weights = dict(config.app_weights)
         self._caps = dict(config.app_latency_caps)
         self._closed = False
-        self._lane: BackgroundLane | None = None  # background requests' own context, if any
+        # background requests' own context, if any, and both contexts' schedulers as one
+        self._lane: BackgroundLane | None = None
         self._cond = threading.Condition()
         self._inbox: list[Request] = []
         self._core = core
@@ -191,6 +185,7 @@ class Engine:
             self.ctx.close()
             self.model.close()
             raise
+        self._contexts = Contexts(self._scheduler, self._lane)
         self._ready = threading.Event()  # set once calibrated: requests are then served at once
         self._thread = threading.Thread(target=self._compute, name="uma-compute", daemon=True)
         self._thread.start()
@@ -211,19 +206,8 @@ class Engine:
             n_threads_batch=config.n_threads_batch)
         self.metrics.gauge("background_kv_cells_total",
                            "KV positions of the background context").set(ctx.n_ctx)
-        lane = BackgroundLane(ctx, self._output, self.metrics, core,
+        return BackgroundLane(ctx, self._output, self.metrics, core,
                               device_sampling=self._device_sampling(config, core))
-        # the streams' policy grants it time (uma.engine.background)
-        self._scheduler.apart = lane.view
-        return lane
-
-    def _scheduler_for(self, req: Request) -> Scheduler:
-        """Where a request runs: the background lane's context for a background request,
-        when there is one."""
-        if self._lane is not None and req.priority is Priority.BACKGROUND \
-                and len(req.tokens) <= self._lane.scheduler.n_ctx_seq:
-            return self._lane.scheduler
-        return self._scheduler
 
     @staticmethod
     def _add_rpc_workers(config: EngineConfig, core: ModuleType) -> None:
@@ -252,9 +236,8 @@ class Engine:
             self.failure = failure
             queued, self._inbox = self._inbox, []
             self._cond.notify_all()
-        self._scheduler.abandon(queued, EngineFailedError(failure))
-        if self._lane is not None:
-            self._lane.scheduler.abandon([], EngineFailedError(failure))
+        for k, scheduler in enumerate(self._contexts.schedulers):
+            scheduler.abandon(queued if k == 0 else [], EngineFailedError(failure))
 
     @staticmethod
     def _bandwidth(config: EngineConfig, core: ModuleType) -> float:
@@ -344,8 +327,7 @@ class Engine:
             tokens = self.render_chat(cast(Messages, prompt), tools, choice) if use_tools \
                 else self._tokens(prompt, params.parse_special)
             matcher = None if constraint is None else self.grammars.matcher(constraint)
-        room = max(self.n_ctx_seq, self._lane.scheduler.n_ctx_seq) \
-            if self._lane is not None and prio is Priority.BACKGROUND else self.n_ctx_seq
+        room = self._contexts.room(prio)
         if len(tokens) > room:
             raise ContextOverflowError(
                 f"prompt has {len(tokens)} tokens; the context holds {room} per sequence")
@@ -354,7 +336,7 @@ class Engine:
                 raise ClosedError("engine is closed")
             if self.failure is not None:
                 raise EngineFailedError(self.failure)
-            if len(self._inbox) + self._n_waiting() >= self.config.max_queue:
+            if len(self._inbox) + self._contexts.n_waiting >= self.config.max_queue:
                 raise EngineBusyError(
                     f"{self.config.max_queue} requests are already waiting; try again later")
             rid = next(self._rids)
@@ -543,10 +525,6 @@ class Engine:
             raise InvalidRequestError("the prompt is empty")
         return np.asarray(tokens, dtype=np.int32)
 
-    def _n_waiting(self) -> int:
-        lane = 0 if self._lane is None else self._lane.scheduler.n_waiting
-        return self._scheduler.n_waiting + lane
-
     def set_priority(self, handle: RequestHandle, priority: str | Priority) -> None:
         """Promotes or demotes a queued or running request; it takes effect at the next tick."""
         prio = Priority.parse(priority)
@@ -569,89 +547,40 @@ class Engine:
     # --- the compute thread ------------------------------------------------------------------
 
     def _compute(self) -> None:
-        ex = self._scheduler
+        contexts = self._contexts
         # On this thread, like every tick: ggml's OpenMP pool belongs to the thread that first
         # decodes, and calibrating from the constructor's thread left a second pool behind
         # that made every later decode ~25 % slower (134M, 2 threads).
-        ex.calibrate()
-        lane = self._lane
-        if lane is not None:  # the same device and weights: the same prices to start from
-            lane.scheduler.adopt_calibration(ex.calibration_ticks)
+        self._scheduler.calibrate()
+        if self._lane is not None:  # the same device and weights: the same prices to start
+            self._lane.scheduler.adopt_calibration(self._scheduler.calibration_ticks)
         self._ready.set()
         while True:
             with self._cond:
                 while not (self._inbox or self._poked or self._closing or self._reprioritize
-                           or self._jobs or not self._idle() or ex.saving):
+                           or self._jobs or contexts.busy):
                     self._cond.wait()
                 inbox, self._inbox, self._poked = self._inbox, [], False
                 changes, self._reprioritize = self._reprioritize, []
                 closing = self._closing
             for req in inbox:
-                self._scheduler_for(req).enqueue(req)
+                contexts.enqueue(req)
             for req, prio in changes:
-                self._move(req, prio)
+                contexts.move(req, prio)
             if closing == "cancel":
-                ex.release_all("cancelled")
-                if lane is not None:
-                    lane.scheduler.release_all("cancelled")
+                contexts.release_all("cancelled")
                 self._end_jobs()
-            if closing and self._idle() and not self._jobs:
+            if closing and contexts.idle and not self._jobs:
                 return
             if self._jobs:
                 self._embed_step()
-            if lane is None:
-                self._guarded(ex, ex.step)
-                continue
-            # The background context runs between the streams' plan and its tick, for the
-            # time the plan grants it (uma.engine.background).
-            plan = self._guarded(ex, ex.schedule) or Plan.empty()
-            grant = plan.notes.apart_ms if plan.notes is not None else 0.0
-            away = 0.0
-            if grant > 0:
-                # with nobody decoding a newcomer ends the grant at its next background tick
-                arrived = self._arrived if not plan.items else _never
-                away = self._guarded(lane.scheduler, functools.partial(lane.run, grant, arrived)) \
-                    or 0.0
-            self._guarded(ex, functools.partial(ex.tick, plan, away))
-
-    def _idle(self) -> bool:
-        return self._scheduler.idle and (self._lane is None or self._lane.idle)
+            contexts.turn(self._arrived)
 
     def _arrived(self) -> bool:
         """Whether work came in that the compute thread has not taken yet: a request, an
         embeddings job, a close. Read without the lock: an answer a moment late costs one
         more background tick."""
         return bool(self._inbox or self._jobs or self._closing)
-
-    @staticmethod
-    def _guarded(ex: Scheduler, step: Callable[[], T]) -> T | None:
-        """Runs part of one scheduler's turn; None if it failed."""
-        try:
-            return step()
-        except Exception as exc:  # noqa: BLE001 - a bug must end requests, not hang them
-            # The scheduler ends what fails for one request alone; what reaches here broke
-            # the tick itself (the policy, say): no request can be blamed, so all in
-            # flight end with the cause named, their KV is freed, and serving goes on.
-            log.exception("tick failed")
-            ex.release_all("error", UmaError(
-                f"internal error in the engine's tick, which ended every request in "
-                f"flight: {exc!r}"))
-            return None
-
-    def _move(self, req: Request, prio: Priority) -> None:
-        """A new class for a request. A queued one moves to the scheduler of its new class
-        (the background lane's or the streams'); a running one keeps its context, whose KV
-        holds it, and is seen in its new class there."""
-        holder = next((e for e in self._schedulers() if e.holds(req)), None)
-        if holder is None:
-            return
-        holder.reprioritize(req, prio)
-        target = self._scheduler_for(req)
-        if target is not holder and req.seq_id < 0 and holder.withdraw(req):
-            target.enqueue(req)
-
-    def _schedulers(self) -> tuple[Scheduler, ...]:
-        return (self._scheduler,) if self._lane is None else (self._scheduler, self._lane.scheduler)
 
     def _embed_step(self) -> None:
         """One decode of the first embeddings request, on this thread between ticks."""
@@ -705,7 +634,7 @@ class Engine:
             "ready": self._ready.is_set(),
             "slots": self.config.n_seq_max,
             "running": len(ex.running),
-            "queued": self._n_waiting() + len(self._inbox),  # in either context
+            "queued": self._contexts.n_waiting + len(self._inbox),  # in either context
             "load": round(ex.load.value(time.monotonic()), 3),
             "kv_cells": {"used": int(ex.m.kv_cells.value), "total": n_ctx},
             "memory": {"rss_bytes": rss_bytes(), "model_bytes": self.model.size_bytes,
@@ -735,16 +664,12 @@ class Engine:
             self._closed = True
             return
         if cancel:  # a decode in flight (a long prompt on a CPU: up to a minute) stops now
-            self.ctx.abort()
-            if self._lane is not None:
-                self._lane.ctx.abort()
+            self._contexts.abort()
         self._thread.join(timeout)
         if self._thread.is_alive():
             raise TimeoutError("the engine did not stop in time")
         self._output.close()
-        self._scheduler.close()
-        if self._lane is not None:
-            self._lane.close()
+        self._contexts.close()
         with self._cond:
             self._cond.wait_for(lambda: self._submitting == 0)
         self._end_jobs()  # queued after the compute thread's last look
