@@ -115,3 +115,36 @@ def test_the_baseline_policy_grants_the_background_context_its_tick(tiny_path):
         alone = e.submit("more background", max_tokens=4, ignore_eos=True,
                          priority="background")
         assert alone.result(timeout=60).usage.completion_tokens == 4
+
+
+def test_a_newcomer_interrupts_a_grant_and_the_work_is_done_again(tiny_path):
+    prompt = list(range(10, 210))
+    with uma.Engine(tiny_path, n_ctx=1024, n_seq_max=2, n_batch=64, background_ctx=512,
+                    background_seqs=1, prefix_cache=0) as e:
+        undisturbed = e.generate(prompt, max_tokens=8, ignore_eos=True, logprobs=True,
+                                 priority="background")
+        lane = e._lane
+        lane.interrupt()  # between grants: nothing to end
+        assert lane.interrupts.value == 0
+        step, calls = lane.scheduler.step, []
+
+        def newcomer_mid_decode():
+            # The first three background ticks each find an interactive request arriving
+            # as their decode starts: it is aborted, rolled back, and the grant ends.
+            calls.append(len(calls))
+            if len(calls) <= 3:
+                lane.interrupt()
+            return step()
+
+        lane.scheduler.step = newcomer_mid_decode
+        lane.trace = []
+        again = e.generate(prompt, max_tokens=8, ignore_eos=True, logprobs=True,
+                           priority="background")
+        assert lane.interrupts.value == 3 and len(calls) > 3
+        assert e.snapshot()["background_interrupts_total"] == 3
+    # each interrupted grant ran nothing (its decode aborted and rolled back); the prompt
+    # went through whole afterwards (the trace read once closed, as above)
+    prompts = [prompt for *_, prompt in lane.trace]
+    assert prompts[:3] == [0, 0, 0] and sum(prompts) == 200
+    assert_same_greedy(undisturbed.token_ids, again.token_ids, undisturbed.logprobs,
+                       again.logprobs)

@@ -349,6 +349,9 @@ class Engine:
             self._inbox.append(req)
             self._submitted.inc()
             self._cond.notify()
+        if prio is Priority.INTERACTIVE and self._lane is not None:
+            # its first tick waits for no background decode (uma.engine.background)
+            self._lane.interrupt()
         return req.handle
 
     def _answer_shape(self, prompt: Prompt, tools: Sequence[Mapping[str, Any]] | None,
