@@ -183,7 +183,7 @@ def test_every_run_option_shows_its_default_and_the_help_names_the_variables():
             assert f"[default: {s.default}]" in after, s.name
             assert "env UMA_" not in after, s.name  # said once, for every option
     assert "environment variable UMA_<NAME> (UMA_CTX)" in text
-    assert "a key of the --config TOML file; docs/CONFIG.md lists every setting" in text
+    assert "a key of the --config file (TOML or YAML); docs/CONFIG.md lists every setting" in text
 
 
 def test_status_and_stop(tiny_path):
@@ -242,6 +242,49 @@ def test_config_shows_each_setting_and_where_it_came_from(tmp_path):
     assert shown["model"]["value"] == "built-in demo model"
     r = uma("config", env={"UMA_FLASH_ATTN": "on"})  # documented values are text, not booleans
     assert r.returncode == 0 and "flash_attn" in r.stdout and "on  (UMA_FLASH_ATTN)" in r.stdout
+
+
+def test_config_shows_the_settings_flat_and_nested(tmp_path):
+    conf = tmp_path / "uma.yaml"
+    conf.write_text("latency_cap: 1.1\nscheduler: {max_merge: 4}\nkv: {type: q8_0}\n")
+    flat = CliRunner().invoke(cli.app, ["config", "-c", str(conf)], env={"UMA_CTX": "2048"})
+    assert flat.exit_code == 0
+    assert re.search(rf"^parallel +4  \(scheduler.max_merge in {conf}\)$", flat.output, re.M)
+    assert re.search(r"^ctx +2048  \(UMA_CTX\)$", flat.output, re.M)
+    nested = CliRunner().invoke(cli.app, ["config", "-c", str(conf), "--nested"],
+                                env={"UMA_CTX": "2048"})
+    assert nested.exit_code == 0
+    assert f"[scheduler]\nmax_merge = 4  # scheduler.max_merge in {conf}\n" in nested.output
+    assert "[kv]\nctx = 2048  # UMA_CTX\n" in nested.output
+    assert "# path = built-in demo model\n" in nested.output
+    shown = json.loads(CliRunner().invoke(cli.app, ["config", "-c", str(conf), "--nested",
+                                                    "--json"]).output)
+    assert shown["scheduler"]["max_merge"] == {"value": 4, "from": f"scheduler.max_merge in "
+                                                                   f"{conf}"}
+    assert shown["kv"]["type_k"] == {"value": "q8_0", "from": f"kv.type in {conf}"}
+
+
+@pytest.mark.parametrize(("args", "name"), [(["--nested", "--format", "yaml"], "out.yaml"),
+                                            (["--nested"], "out.toml"),
+                                            (["--format", "yaml"], "out.yml")])
+def test_config_as_a_file_loads_back_to_the_same_settings(tmp_path, args, name):
+    env = {"UMA_APP_WEIGHTS": "editor=2,batch=0.5", "UMA_TENSOR_SPLIT": "1,1,2",
+           "UMA_FLASH_ATTN": "off", "UMA_BMT_BUDGET": "320GBps", "UMA_API_KEY": "secret"}
+    r = CliRunner().invoke(cli.app, ["config", *args], env=env)
+    assert r.exit_code == 0 and "secret" not in r.output
+    (tmp_path / name).write_text(r.output)
+    again = settings.resolve([settings.read_file(tmp_path / name)])
+    given = settings.resolve([settings.from_environment(env)])
+    assert [row[:2] for row in again.table() if row[0] != "api_key"] == \
+        [row[:2] for row in given.table() if row[0] != "api_key"]
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--format", "json"], "invalid --format: must be toml or yaml, not 'json'"),
+    (["--format", "yaml", "--json"], "give --json or --format, not both")])
+def test_config_refuses_formats_it_does_not_write(args, words):
+    r = CliRunner().invoke(cli.app, ["config", *args])
+    assert r.exit_code == cli.EXIT_USAGE and words in r.output
 
 
 # --- exit codes: docs/CONFIG.md, "Exit codes" ------------------------------------------------

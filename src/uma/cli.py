@@ -47,6 +47,7 @@ app.add_typer(model_app, name="model")
 app.add_typer(service_app, name="service")
 
 DEMO_PRESET = "small"
+CONFIG_HELP = "settings file: TOML (.toml) or YAML (.yaml, .yml), flat or in sections"
 SOCKET_HELP = "daemon socket (env UMA_SOCKET; default $XDG_RUNTIME_DIR/uma.sock)"
 
 
@@ -141,7 +142,7 @@ def run(
                    f"fetched on first use  [default: {catalog.DEMO} if fetched, else a "
                    f"random-weight demo]",
         show_default=False),
-    config: Path | None = typer.Option(None, "--config", "-c", help="TOML settings file"),
+    config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
     socket: str | None = _opt("socket"),
     ctx: int | None = _opt("ctx"),
     parallel: int | None = _opt("parallel"),
@@ -197,8 +198,8 @@ def run(
 ) -> None:
     """Serve a model to every app on this machine over a Unix socket (and HTTP, with --http);
     prints 'uma: serving ...' once it answers. Every option is also the environment variable
-    UMA_<NAME> (UMA_CTX) and a key of the --config TOML file; docs/CONFIG.md lists every
-    setting, those without a flag too."""
+    UMA_<NAME> (UMA_CTX) and a key of the --config file (TOML or YAML); docs/CONFIG.md lists
+    every setting, those without a flag too."""
     from uma.server.main import serve
 
     if model_option is not None:
@@ -255,22 +256,52 @@ def _settings(config: Path | None, given: dict):
 
 @app.command("config")
 def config_(
-    config: Path | None = typer.Option(None, "--config", "-c", help="TOML settings file"),
+    config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
+    nested: bool = typer.Option(False, "--nested",
+                                help="in the config file's sections (kv.ctx), not by flat name"),
+    fmt: str | None = typer.Option(None, "--format", help="print a config file: toml or yaml "
+                                                          "[default with --nested: toml]"),
 ) -> None:
     """Print the settings `uma run` would use (file, environment, defaults) and where each came
-    from. Flags given to `uma run` override these."""
+    from, by flat name or (--nested) in the config file's sections. Flags given to `uma run`
+    override these."""
+    from uma.server import config_file, config_shape
+
+    if fmt not in (None, "toml", "yaml"):
+        raise _fail(f"invalid --format: must be toml or yaml, not {fmt!r}", EXIT_USAGE)
+    if as_json and fmt:
+        raise _fail("give --json or --format, not both", EXIT_USAGE)
     conf = _settings(config, {})
     rows = [(name, "built-in demo model" if value == _DEMO else value, where)
             for name, value, where in conf.table()]
+    shape = config_shape.nest if nested else dict
     if as_json:
-        typer.echo(json.dumps({name: {"value": value, "from": where}
-                               for name, value, where in rows}, indent=2, default=str))
+        typer.echo(json.dumps(shape({name: {"value": value, "from": where}
+                                     for name, value, where in rows}), indent=2, default=str))
+        return
+    if nested or fmt:
+        values = {name: _in_a_file(name, value) for name, value, _ in rows}
+        notes = {config_shape.PATH_OF[name] if nested else name: where
+                 for name, _, where in rows if where != "default"}
+        typer.echo(config_file.dump(shape(values), fmt or "toml", notes), nl=False)
         return
     width = max(len(name) for name, _, _ in rows)
     for name, value, where in rows:
         shown = "none" if value is None else value
         typer.echo(f"{name:<{width}}  {shown}" + ("" if where == "default" else f"  ({where})"))
+
+
+def _in_a_file(name: str, value: object) -> object:
+    """A setting's value as `uma config --format` writes it; what a file cannot hold (none, the
+    built-in demo model, the API key) becomes a comment."""
+    from uma.server.config_file import Unwritten, as_written
+
+    if value == "built-in demo model":
+        return Unwritten(value)
+    if name == "api_key" and value is not None:
+        return Unwritten("(set, not shown)")
+    return as_written(value)
 
 
 @contextlib.contextmanager
@@ -522,7 +553,7 @@ def service_install(
     model: str | None = typer.Argument(None, help="GGUF model to serve",
                                        show_default="the config file's, or the demo model"),
     config: Path | None = typer.Option(None, "--config", "-c",
-                                       help="TOML settings file the daemon reads"),
+                                       help=f"{CONFIG_HELP}, read by the daemon"),
     print_only: bool = typer.Option(False, "--print", help="print the unit instead of "
                                                            "writing it"),
 ) -> None:

@@ -1,6 +1,6 @@
-"""The daemon's settings: one table of every setting, read from a TOML file, environment
-variables and flags, in that order of increasing precedence, checked and split into an
-EngineConfig and a ServerConfig.
+"""The daemon's settings: one table of every setting, read from a config file (TOML or YAML),
+environment variables and flags, in that order of increasing precedence, checked and split
+into an EngineConfig and a ServerConfig.
 
 Every source uses the same names (the `uma run` options with underscores), e.g.::
 
@@ -11,11 +11,13 @@ Every source uses the same names (the `uma run` options with underscores), e.g.:
     socket = "/run/user/1000/uma.sock"
     max_tokens = 2048
 
+and a file may also give them in the design brief's nested sections (`kv: {ctx: 16384}`;
+config_shape maps each dotted path to its setting, config_file reads either syntax).
 The table (SETTINGS) is where `uma run --help`, `uma config`, the environment's parsing and the
 errors get their names, types and defaults; docs/CONFIG.md is checked against it. An error
-names the setting as the user gave it: `--ctx`, `UMA_CTX` or `ctx in uma.toml`. The
-scheduling policy's knobs (uma.knobs) are settings too, one each, gathered into
-EngineConfig.slo (the file may also hold them in its [slo] table).
+names the setting as the user gave it: `--ctx`, `UMA_CTX`, `ctx in uma.toml` or
+`kv.ctx in uma.yaml`. The scheduling policy's knobs (uma.knobs) are settings too, one each,
+gathered into EngineConfig.slo (the file may also hold them in its [slo] table).
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -32,11 +33,7 @@ from uma.errors import InvalidRequestError
 from uma.knobs import KNOBS, Knob
 from uma.sched.bound import BoundPolicy
 from uma.sched.knob_defaults import knob_default
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+from uma.server import config_file, config_shape
 
 
 @dataclass(frozen=True)
@@ -177,11 +174,13 @@ class Source:
     kind: str
     values: Mapping[str, object]
     where: str = ""
+    # a file's keys as written, where not the setting's name ('kv.ctx' for ctx)
+    given: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def label(self, name: str) -> str:
         """How the user wrote the setting here, for messages and `uma config`."""
         if self.kind == "file":
-            return f"{name} in {self.where}"
+            return f"{self.given.get(name, name)} in {self.where}"
         if self.kind == "env":
             return BY_NAME[name].env
         return BY_NAME[name].option
@@ -228,45 +227,14 @@ def flags(values: Mapping[str, object]) -> Source:
 
 
 def read_file(path: str | os.PathLike) -> Source:
-    """A TOML settings file; unknown keys are errors that name the key."""
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        raise InvalidRequestError(f"config file not found: {path}") from None
-    except IsADirectoryError:
-        raise InvalidRequestError(f"config file {path} is a directory") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InvalidRequestError(f"{path} is not valid TOML: {exc}") from None
-    data = _flattened_slo_table(data, path)
-    unknown = sorted(set(data) - NAMES)
-    if unknown:
-        raise InvalidRequestError(
-            f"{path}: unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(NAMES))}")
-    source = Source("file", data, os.fspath(path))
-    for name, value in data.items():
+    """A settings file, TOML or YAML by its extension, its keys flat (`ctx`) or in the nested
+    sections of config_shape (`kv.ctx`); unknown keys are errors that name the key."""
+    where = os.fspath(path)
+    values, given = config_shape.flatten(config_file.load(path), where, NAMES)
+    source = Source("file", values, where, given)
+    for name, value in values.items():
         _check_kind(name, value, source)
     return source
-
-
-def _flattened_slo_table(data: dict[str, object], path: str | os.PathLike) -> dict[str, object]:
-    """The file's [slo] table (the scheduling policy's knobs, docs/CONFIG.md) read as if its
-    keys were at the top: only knobs may be in it, each given once."""
-    table = data.get("slo")
-    if table is None:
-        return data
-    if not isinstance(table, dict):
-        raise InvalidRequestError(f"{path}: slo must be a table of scheduling knobs")
-    knobs = {s.name for s in SETTINGS if s.config == "slo"}
-    wrong = sorted(set(table) - knobs)
-    if wrong:
-        raise InvalidRequestError(f"{path}: [slo] holds scheduling knobs only, not "
-                                  f"{', '.join(wrong)}; known: {', '.join(sorted(knobs))}")
-    twice = sorted(set(table) & set(data))
-    if twice:
-        raise InvalidRequestError(f"{path}: {', '.join(twice)} given both in [slo] and at "
-                                  f"the top")
-    return {**{k: v for k, v in data.items() if k != "slo"}, **table}
 
 
 def from_environment(environ: Mapping[str, str] = os.environ) -> Source:
