@@ -66,6 +66,17 @@ def test_metrics_as_json_and_table(daemon):
     assert r.returncode == 0 and "ticks_total" in r.stdout
 
 
+def test_scorecard_as_json_and_table(daemon):
+    with Client(daemon.socket) as c:
+        c.generate("score me", max_tokens=4, ignore_eos=True)
+    r = uma("scorecard", "--json", "--socket", daemon.socket)
+    assert r.returncode == 0
+    card = json.loads(r.stdout)
+    assert card["tokens_generated"] >= 4 and card["window"] == "since_start"
+    r = uma("scorecard", "--socket", daemon.socket)
+    assert r.returncode == 0 and "tokens_per_s_at_cap" in r.stdout and "rss_gb" in r.stdout
+
+
 def test_run_rejects_bad_settings(tmp_path, tiny_path):
     conf = tmp_path / "uma.toml"
     conf.write_text('ctx = 4096\nparalel = 8\n')

@@ -14,7 +14,7 @@ import pytest
 import uma
 import uma.testing
 from uma import _core
-from uma.engine.output import Token
+from uma.engine.output import Logits, Token
 from uma.errors import (
     BatchFullError,
     ClosedError,
@@ -667,8 +667,9 @@ def test_overlapped_ticks_hand_a_token_on_with_the_next_decode_but_a_first_token
         result = e.generate(PROMPTS[1], max_tokens=6, ignore_eos=True)
     assert len(result.token_ids) == 6
     # the prompt's decode; the first token's (handed on at once); then each later token's,
-    # handed on once the decode after it is under way; the last goes with the request's end
-    assert pending == [[], [], [Token], [Token], [Token], [Token]]
+    # behind its tick's marker (time_logits_to_first_chunk), handed on once the decode after
+    # it is under way; the last goes with the request's end
+    assert pending == [[], [], *[[Logits, Token]] * 4]
 
 
 def test_overlapped_ticks_run_a_steady_plan_again_without_asking_the_policy():

@@ -20,7 +20,7 @@ MODULES = ["uma"] + sorted(m.name for m in pkgutil.walk_packages(uma.__path__, "
 # the fake core.
 PURE = [m for m in MODULES if m.startswith(("uma.sched", "uma.wire"))] + [
     "uma", "uma.client", "uma.config", "uma.checks", "uma.knobs", "uma.errors", "uma.priority",
-    "uma.metrics", "uma.handle", "uma.synth", "uma.service", "uma.server.settings",
+    "uma.metrics", "uma.scorecard", "uma.handle", "uma.synth", "uma.service", "uma.server.settings",
     "uma.server.prometheus", "uma.engine", "uma.engine.engine", "uma.engine.scheduler",
     "uma.engine.prefix_index", "uma.fake_core", "uma.testing",
 ]

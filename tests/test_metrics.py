@@ -67,3 +67,18 @@ def test_a_lane_shares_counters_and_histograms_and_names_its_own_gauges():
     assert snap["tokens_total"] == 5
     assert snap["ttft_ms"]["count"] == 1
     assert snap["requests_running"] == 4 and snap["background_requests_running"] == 1
+
+
+def test_a_window_of_a_histogram_holds_the_samples_since_its_copy():
+    h = Histogram("gap", "")
+    for ms in (5.0,) * 100:
+        h.observe(ms)
+    earlier = h.copy()
+    for ms in (40.0,) * 10:
+        h.observe(ms)
+    window = h.since(earlier)
+    assert (window.count, window.sum) == (10, 400.0)
+    assert 30.0 < window.quantile(0.5) <= 40.0  # the window's, not the 100 before it
+    assert h.copy().since(h.copy()).count == 0 and math.isnan(h.since(h).quantile(0.95))
+    earlier.observe(1.0)  # a copy is apart from its original
+    assert h.count == 110

@@ -486,6 +486,31 @@ def _metric_cell(value: object) -> str | None:
 
 
 @app.command()
+def scorecard(
+    as_json: bool = typer.Option(False, "--json", help="print the scorecard as JSON"),
+    socket: str | None = typer.Option(None, help=SOCKET_HELP),
+) -> None:
+    """Print the daemon's scorecard since it started (docs/METRICS.md, "Scorecard")."""
+    from uma.client import Client
+    from uma.scorecard import FIELDS
+
+    with _client_errors(), Client(socket) as client:
+        card = client.scorecard()
+    if as_json:
+        typer.echo(json.dumps(card, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("field", "value", title=f"uma scorecard: {card.get('model', '')}")
+    for name in [*FIELDS, *sorted(set(card) - set(FIELDS))]:  # a newer daemon's too
+        if name in card:
+            value = card[name]
+            table.add_row(name, "-" if value is None else _metric_cell(value))
+    Console().print(table)
+
+
+@app.command()
 def info() -> None:
     """The backends compiled into this build, the devices they found and llama.cpp's view of
     the machine."""

@@ -415,6 +415,10 @@ class Client(_Demux):
         """The daemon's metrics snapshot."""
         return self._ask("metrics")
 
+    def scorecard(self) -> dict:
+        """The daemon's scorecard since it started (docs/METRICS.md, "Scorecard")."""
+        return self._ask("scorecard")
+
     def tokenize(self, text: str, *, add_special: bool = True,
                  parse_special: bool = False) -> list[int]:
         """Text to token ids with the daemon's model."""
@@ -669,6 +673,10 @@ class AsyncClient(_Demux):
     async def metrics(self) -> dict:
         """The daemon's metrics snapshot."""
         return await self._ask("metrics")
+
+    async def scorecard(self) -> dict:
+        """Client.scorecard, awaited."""
+        return await self._ask("scorecard")
 
     async def health(self) -> dict:
         """Whether the daemon is up and what it serves."""

@@ -496,6 +496,8 @@ class ServerConfig:
     http_header_timeout_s: float = 10.0  # a request's headers must arrive within this
     http_body_timeout_s: float = 30.0  # its body, within this once the headers are in
     http_max_body_bytes: int | None = None  # largest request body; None: request_bytes_limit()
+    scorecard_interval_s: float = 0.0  # the scorecard logged this often (0: off)
+    scorecard_csv: str | None = None  # ... and appended to this CSV file
 
     def __post_init__(self) -> None:
         if not isinstance(self.socket, str) or not self.socket:
@@ -520,6 +522,15 @@ class ServerConfig:
                      "http_body_timeout_s"):
             if checks.number(name, getattr(self, name)) <= 0:
                 raise InvalidRequestError(f"{name} must be > 0, not {getattr(self, name)}")
+        if checks.number("scorecard_interval_s", self.scorecard_interval_s) < 0:
+            raise InvalidRequestError(
+                f"scorecard_interval_s must be >= 0 (0: off), not {self.scorecard_interval_s}")
+        if self.scorecard_csv is not None:
+            if not isinstance(self.scorecard_csv, str) or not self.scorecard_csv.strip():
+                raise InvalidRequestError("scorecard_csv must be a file path")
+            if not self.scorecard_interval_s:
+                raise InvalidRequestError("scorecard_csv needs scorecard_interval_s > 0 (how "
+                                          "often a row is written)")
         if self.api_key is not None and (
                 not isinstance(self.api_key, str) or not self.api_key.strip()
                 or self.api_key != self.api_key.strip()):

@@ -82,6 +82,24 @@ class Histogram:
             seen += c
         return self.max
 
+    def copy(self) -> Histogram:
+        """The samples so far, apart from later ones: a reading that `since` subtracts."""
+        h = Histogram(self.name, self.help, self.bounds)
+        h.counts = list(self.counts)
+        # From the copied buckets, not self.count: another thread's observe() may have
+        # counted a sample between the two reads.
+        h.count, h.sum, h.max = sum(h.counts), self.sum, self.max
+        return h
+
+    def since(self, earlier: Histogram) -> Histogram:
+        """The samples observed after `earlier` (a copy of this histogram) was taken. A
+        window's own largest sample is not kept, so its max, and the cap on its quantiles,
+        is this histogram's: a quantile in the top bucket may be above the window's."""
+        h = Histogram(self.name, self.help, self.bounds)
+        h.counts = [a - b for a, b in zip(self.counts, earlier.counts, strict=True)]
+        h.count, h.sum, h.max = sum(h.counts), self.sum - earlier.sum, self.max
+        return h
+
     def summary(self) -> dict[str, float]:
         mean = self.sum / self.count if self.count else math.nan
         return {

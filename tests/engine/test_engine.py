@@ -2,6 +2,7 @@
 
 import asyncio
 import threading
+import time
 import types
 
 import numpy as np
@@ -230,6 +231,8 @@ def test_device_sampling_gives_the_hosts_greedy_tokens(tiny_path, alone):
         handles = [e.submit(p, max_tokens=16, ignore_eos=True) for p in sixteen()]
         results = [h.result() for h in handles]
         assert all(e.ctx.device_sampled(s) for s in range(8))  # chains kept for the next
+        snap = e.snapshot()  # no decode had a row for the host: no logits row was copied
+        assert snap["tokens_copy_free_total"] == snap["tokens_generated_total"] == 16 * 16
     for r, p in zip(results, sixteen(), strict=True):
         assert_same_greedy(alone[p].token_ids, r.token_ids, alone[p].logprobs,
                            alone[p].logprobs)
@@ -258,6 +261,9 @@ def test_what_the_device_cannot_sample_stays_on_the_host(tiny_path, alone):
         drawn = [e.generate(p, max_tokens=12, ignore_eos=True, temperature=1.0, seed=3)
                  for _ in range(2)]
         assert drawn[0].token_ids == drawn[1].token_ids != alone[p].token_ids[:12]
+        # decodes with host rows copy every row's logits: only the draws alone were copy-free
+        snap = e.snapshot()
+        assert snap["tokens_copy_free_total"] == 24 < snap["tokens_generated_total"]
 
 
 def test_a_top_p_too_small_for_the_samplers_floats_keeps_the_top_token(engine):
@@ -336,6 +342,39 @@ def test_metrics_snapshot(engine):
     assert snap["ttft_ms_interactive"]["count"] >= 1
     assert snap["tick_decode_ms"]["count"] == snap["ticks_total"]
     assert np.isfinite(snap["decode_ms_ewma"])
+
+
+def test_the_scorecards_figures_follow_what_ran(engine):
+    before = engine.reading()
+    t0 = time.monotonic()
+    handles = [engine.submit(p, max_tokens=8, ignore_eos=True) for p in PROMPTS[:2]]
+    assert all(h.result(timeout=60).usage.completion_tokens == 8 for h in handles)
+    wall = time.monotonic() - t0
+    after = engine.reading()
+    snap = engine.snapshot()
+    delta = {k: after.counters[k] - before.counters[k] for k in after.counters}
+    assert delta["tokens_generated_total"] == 16
+    assert delta["decode_rows_total"] == delta["decode_rows_ready_total"] == 14  # 7 each
+    assert 0 < delta["active_seconds_total"] <= wall
+    assert delta["tokens_copy_free_total"] == 0  # the host sampler: llama.cpp copied each row
+    assert delta["bmt_bytes_total"] >= 14 * engine.model.size_bytes * 0.5  # weights each tick
+    assert snap["ttf5_ms_interactive"]["count"] >= 2
+    assert snap["time_logits_to_first_chunk"]["count"] >= 8
+    assert snap["sampling_ms_last"] > 0
+    card = engine.scorecard(before, after)
+    assert card["window"] == "interval" and card["tokens_generated"] == 16
+    assert card["scheduler_efficiency"] == 1.0 and card["copy_free_ratio"] == 0.0
+
+
+def test_overlap_active_says_where_the_last_ticks_output_went(engine):
+    handle = engine.submit("overlap", max_tokens=10_000, ignore_eos=True)
+    for k, _ in enumerate(handle):
+        if k == 20:  # well past the first token, which goes out at once either way
+            overlapped = engine.snapshot()["overlap_active"]
+            break
+    handle.cancel()
+    handle.result(timeout=60)
+    assert overlapped == (1 if engine._scheduler.overlap else 0)
 
 
 def test_tokenize_and_detokenize(engine):

@@ -40,3 +40,17 @@ def test_pauses_and_the_background_contexts_grants_are_counted():
     for t in (plain, paused, plain):
         stats.record(t)
     assert stats.m.pauses.value == 1 and stats.m.apart_ms.value == 45.0
+
+
+def test_the_scorecards_counts_follow_each_tick():
+    stats = TickStats(Registry(), CostModel())
+    plan = Plan(items=(BatchItem(0, Phase.DECODE, 1, logits=True),
+                       BatchItem(1, Phase.DECODE, 1, logits=True)))
+    tick = dataclasses.replace(report(0, 10.0), plan=plan, n_decode=2, n_ready=3,
+                               bmt_bytes=5e6, n_copy_free=2, n_sampled=2, sample_s=0.004)
+    stats.record(tick)
+    stats.record(dataclasses.replace(tick, n_sampled=0, sample_s=0.0))  # a chunk, no logits
+    m = stats.m
+    assert (m.decode_rows.value, m.decode_ready.value) == (4, 6)
+    assert (m.bmt_bytes.value, m.copy_free.value) == (1e7, 4)
+    assert m.sampling_ms_last.value == 4.0  # the last tick that sampled

@@ -220,3 +220,42 @@ def test_an_slo_table_in_the_file_holds_knobs_for_experts(tmp_path):
     conf.write_text('slo = 3\n')
     with pytest.raises(InvalidRequestError, match="invalid slo in .*: must be a table"):
         settings.read_file(conf)
+
+
+# --- the scorecard's log (docs/METRICS.md, "Scorecard") --------------------------------------
+
+
+def test_the_scorecard_log_settings_reach_the_server(tmp_path):
+    conf = tmp_path / "uma.toml"
+    conf.write_text(f'scorecard_interval_s = 5\nscorecard_csv = "{tmp_path / "s.csv"}"\n')
+    s = settings.resolve([settings.read_file(conf)])
+    assert (s.server.scorecard_interval_s, s.server.scorecard_csv) == (5.0, str(tmp_path / "s.csv"))
+    assert settings.resolve([{}]).server.scorecard_interval_s == 0.0  # off
+
+
+@pytest.mark.parametrize(("source", "message"), [
+    ({"UMA_SCORECARD_INTERVAL_S": "-1"},
+     "invalid UMA_SCORECARD_INTERVAL_S: must be >= 0 (0: off), not -1.0"),
+    ({"UMA_SCORECARD_INTERVAL_S": "often"},
+     "invalid UMA_SCORECARD_INTERVAL_S: must be a number, not 'often'"),
+    ({"UMA_SCORECARD_INTERVAL_S": "nan"},
+     "invalid UMA_SCORECARD_INTERVAL_S: must be finite, not nan"),
+    ({"UMA_SCORECARD_CSV": "/tmp/s.csv"},
+     "invalid UMA_SCORECARD_CSV: needs scorecard_interval_s > 0"),
+])
+def test_a_bad_scorecard_setting_is_refused_naming_it(source, message):
+    with pytest.raises(InvalidRequestError) as info:
+        settings.resolve([settings.from_environment(source)])
+    assert str(info.value).startswith(message), str(info.value)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("scorecard_interval_s = -0.5", "must be >= 0"),
+    ('scorecard_interval_s = "5s"', "must be a number, not '5s'"),
+])
+def test_a_bad_scorecard_interval_in_a_file_is_refused_naming_it(tmp_path, text, message):
+    conf = tmp_path / "uma.toml"
+    conf.write_text(text + "\n")
+    with pytest.raises(InvalidRequestError,
+                       match=rf"^invalid scorecard_interval_s in .*uma.toml: {message}"):
+        settings.resolve([settings.read_file(conf)])

@@ -132,6 +132,8 @@ def test_cancel_priority_metrics_health():
         PriorityRequest("r1", Priority.BACKGROUND)
     assert parse({"type": "metrics"}) == MetricsRequest()
     assert parse({"type": "metrics", "id": "m"}) == MetricsRequest("m")
+    assert parse({"type": "scorecard"}) == p.ScorecardRequest()
+    assert parse({"type": "scorecard", "id": "s"}) == p.ScorecardRequest("s")
     assert parse({"type": "health"}) == HealthRequest()
     assert parse({"type": "health", "id": "h"}) == HealthRequest("h")
     assert parse({"type": "configure", "priority": "background"}) == \
@@ -515,6 +517,7 @@ EVENTS = [
     p.error_event(None, p.E_PROTO_002, "frame too large"),
     p.metrics_event(None, {"requests_submitted_total": 3, "ttft_ms": {"p50": 12.0}}),
     p.health_event("h", {"status": "ok", "model": "tiny.gguf"}),
+    p.scorecard_event("s", {"model": "tiny.gguf", "p95_ms": None, "cap_held": True}),
 ]
 
 

@@ -61,8 +61,7 @@ class BackgroundLane:
         self._lock = threading.Lock()
         self._granting = False
         self._interrupted = False
-        self.interrupts = metrics.counter("background_interrupts_total",
-                                          "background grants a newcomer ended mid-decode")
+        self.interrupts = self.scheduler.m.interrupts  # one counter, with the streams'
 
     @property
     def idle(self) -> bool:

@@ -52,24 +52,13 @@ from uma.priority import Priority
 from uma.request import Request
 from uma.sched.bmt import BmtModel, probe_bandwidth_gbps
 from uma.sched.policies import create_policy
+from uma.scorecard import Reading, rss_bytes, scorecard
 from uma.templates import ChatTemplate
 
 log = logging.getLogger("uma.engine")
 
 Progress = Callable[[float], object]  # a load's fraction done; returning False cancels it
 
-
-def rss_bytes() -> int:
-    """This process's resident memory: /proc on Linux, the peak (getrusage) elsewhere."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
-        import resource
-        import sys
-
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB else
 
 Messages = Sequence[Mapping[str, Any]]  # chat messages (uma.templates.checked_messages)
 Prompt = str | Sequence[int] | np.ndarray | Messages
@@ -131,6 +120,9 @@ class Engine:
         self._poked = False
         self._rids = itertools.count(1)
         self.metrics = Registry()
+        self._origin = Reading.origin(time.monotonic())  # the scorecard's "since start"
+        self._active = self.metrics.counter(
+            "active_seconds_total", "wall time with a generate request queued or running")
         # set once a ggml abort held the compute thread (a lost RPC worker): every request
         # ends with it, and nothing more is served
         self.failure: str | None = None
@@ -157,7 +149,7 @@ class Engine:
             self.model.close()
             raise
         self.n_ctx_seq = self.ctx.n_ctx_seq
-        self._output = OutputStage(self.model, on_stop=self._poke)
+        self._output = OutputStage(self.model, on_stop=self._poke, metrics=self.metrics)
         policy = create_policy(config.policy, config)
         spare = range(config.n_seq_max, self.ctx.n_seq_max)
         budget = (self.ctx.n_ctx // 2 if config.prefix_cache_tokens is None
@@ -206,8 +198,12 @@ class Engine:
             n_threads_batch=config.n_threads_batch)
         self.metrics.gauge("background_kv_cells_total",
                            "KV positions of the background context").set(ctx.n_ctx)
-        return BackgroundLane(ctx, self._output, self.metrics, core,
+        lane = BackgroundLane(ctx, self._output, self.metrics, core,
                               device_sampling=self._device_sampling(config, core))
+        # its ticks' bytes count in the scorecard's ΣBMT too (its policy sets no budget, so
+        # it plans the same with the model as without)
+        lane.scheduler.bmt = self._scheduler.bmt
+        return lane
 
     @staticmethod
     def _add_rpc_workers(config: EngineConfig, core: ModuleType) -> None:
@@ -558,7 +554,10 @@ class Engine:
         if self._lane is not None:  # the same device and weights: the same prices to start
             self._lane.scheduler.adopt_calibration(self._scheduler.calibration_ticks)
         self._ready.set()
+        busy_since = 0.0  # when this turn began, if a request was in the engine then
         while True:
+            if busy_since:  # the turn that just ended had requests: active time
+                self._active.inc(time.perf_counter() - busy_since)
             with self._cond:
                 while not (self._inbox or self._poked or self._closing or self._reprioritize
                            or self._jobs or contexts.busy):
@@ -575,6 +574,7 @@ class Engine:
                 self._end_jobs()
             if closing and contexts.idle and not self._jobs:
                 return
+            busy_since = 0.0 if contexts.idle else time.perf_counter()
             if self._jobs:
                 self._embed_step()
             contexts.turn(self._arrived)
@@ -627,6 +627,19 @@ class Engine:
         snap = self.metrics.snapshot()
         snap["model"] = os.path.basename(self.config.model)  # the one field not a metric
         return snap
+
+    def reading(self) -> Reading:
+        """The metrics the scorecard reads, now (uma.scorecard.Reading)."""
+        return Reading.of(self.metrics)
+
+    def scorecard(self, since: Reading | None = None, at: Reading | None = None
+                  ) -> dict[str, object]:
+        """The scorecard (uma.scorecard; docs/METRICS.md "Scorecard") of the window from
+        `since` (default: the engine's start) to `at` (default: now). Safe from any thread."""
+        return scorecard(at or self.reading(), since or self._origin,
+                         model=os.path.basename(self.config.model),
+                         latency_cap=self.config.latency_cap, rss_bytes=rss_bytes(),
+                         window="since_start" if since is None else "interval")
 
     def status(self) -> dict[str, object]:
         """What `uma status` shows: slots, queue, load and memory. Safe from any thread."""

@@ -16,12 +16,14 @@ import logging
 import math
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import NamedTuple
 
 from uma import tools
 from uma.errors import UmaError
 from uma.handle import Result, Timings, TokenEvent, TokenLogprob, TopLogprobs, Usage
+from uma.metrics import Registry
 from uma.request import Request
 from uma.text import StopMatcher, TextStream
 
@@ -48,7 +50,13 @@ class Ended(NamedTuple):
     t_ns: int
 
 
-Event = Token | Ended
+class Logits(NamedTuple):
+    """A tick's marker, before its tokens: its decode returned at t_ns (perf_counter_ns)."""
+
+    t_ns: int
+
+
+Event = Token | Ended | Logits
 _QUIT = object()  # the stage's thread stops at it
 
 
@@ -70,11 +78,17 @@ class OutputStage:
     """Publishes what the compute thread produced. `publish()` may be called from any thread;
     everything else happens on the stage's thread."""
 
-    def __init__(self, model, on_stop: Callable[[], None]) -> None:
+    def __init__(self, model, on_stop: Callable[[], None],
+                 metrics: Registry | None = None) -> None:
         self._model = model
         self._on_stop = on_stop
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[int, _Stream] = {}
+        # seed 000's time_logits_to_first_chunk: from a tick's decode returning to the first
+        # of its tokens handed to its client (written by this thread alone)
+        self._to_first_chunk = (metrics or Registry()).histogram(
+            "time_logits_to_first_chunk", "decode returned to its first token handed on, ms")
+        self._logits_ns = 0  # the last marker's time, until a token of its tick goes out
         self._thread = threading.Thread(target=self._run, name="uma-output", daemon=True)
         self._thread.start()
 
@@ -94,6 +108,9 @@ class OutputStage:
             if events is _QUIT:
                 return
             for event in events:
+                if isinstance(event, Logits):
+                    self._logits_ns = event.t_ns
+                    continue
                 try:
                     if isinstance(event, Token):
                         self._publish_token(*event)
@@ -154,6 +171,9 @@ class OutputStage:
             self._on_stop()
         lp = None if logprob is None else (logprob,)
         req.handle._push(TokenEvent(text, (token,), lp, None if top is None else (top,)))
+        if self._logits_ns:
+            self._to_first_chunk.observe((time.perf_counter_ns() - self._logits_ns) / 1e6)
+            self._logits_ns = 0
 
     def _publish_end(self, req: Request, reason: str, error: UmaError | None, t_ns: int) -> None:
         if req.failure is not None:  # its output failed after the compute thread ended it

@@ -66,6 +66,13 @@ class Ran:
     top: dict[int, TopLogprobs] | None = None
     failed: tuple[Failure, ...] = ()
     no_room: bool = False
+    # time.perf_counter_ns() when the decode that sampled returned (0: none sampled): the
+    # start of its tokens' way out (metric time_logits_to_first_chunk)
+    logits_ns: int = 0
+    # tokens sampled with no logits row copied out of the compute graph: llama.cpp copies
+    # none only where every row of the decode is sampled on the device (needs_raw_logits in
+    # llama-context.cpp); the host sampler reads llama.cpp's buffer in place, after its copy
+    n_copy_free: int = 0
 
 
 class Runner:
@@ -168,23 +175,27 @@ class Runner:
             return self._isolate(plan, exc, t0)
         if self.settle:
             self.ctx.synchronize()
-        t1 = time.perf_counter()
+        t1_ns = time.perf_counter_ns()
+        t1 = t1_ns * 1e-9
         if n_out == 0:  # only prompt chunks that do not end their prompt
             return self._ran(plan, t1 - t0)
-        top = self._top_logprobs(self.ctx.output_seqs)
-        seqs, tokens, logprobs = self._sample(self.ctx.output_seqs)
-        return self._ran(plan, t1 - t0, time.perf_counter() - t1, seqs, tokens, logprobs, top)
+        out = self.ctx.output_seqs
+        top = self._top_logprobs(out)
+        seqs, tokens, logprobs = self._sample(out)
+        copy_free = len(tokens) if self.on_device[out].all() else 0
+        return self._ran(plan, t1 - t0, time.perf_counter() - t1, seqs, tokens, logprobs, top,
+                         logits_ns=t1_ns, n_copy_free=copy_free)
 
     def _ran(self, plan: Plan, decode_s: float, sample_s: float = 0.0,
              seqs: np.ndarray | None = None, tokens: np.ndarray | None = None,
              logprobs: np.ndarray | None = None, top: dict[int, TopLogprobs] | None = None,
-             no_room: bool = False) -> Ran:
+             no_room: bool = False, logits_ns: int = 0, n_copy_free: int = 0) -> Ran:
         """The tick's Ran: the plan without the items of requests that failed in it."""
         if self._failed:
             plan = dataclasses.replace(plan, items=self._live(plan.items))
         return Ran(plan, decode_s, sample_s, _NONE if seqs is None else seqs,
                    _NONE if tokens is None else tokens, logprobs, top, tuple(self._failed),
-                   no_room)
+                   no_room, logits_ns, n_copy_free)
 
     def _fail(self, seq: int, exc: BaseException) -> None:
         if all(f.seq != seq for f in self._failed):

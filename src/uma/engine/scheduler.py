@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from uma.engine.calibration import DeviceTiming
-from uma.engine.output import Ended, Event, OutputStage, Token
+from uma.engine.output import Ended, Event, Logits, OutputStage, Token
 from uma.engine.prefix_cache import KvPrefixCache
 from uma.engine.runner import Ran, Runner
 from uma.engine.tick_stats import TickReport, TickStats
@@ -94,7 +94,7 @@ class Scheduler:
         self.runner = Runner(ctx, core, device_sampling, grammars, settle)
         self.overlap = overlap
         if overlap:  # the last tick's output goes out while the device runs the next
-            self.runner.during = self._flush
+            self.runner.during = self._flush_overlapped
         self.fair_share = fair_share
         self.demote = demote
         self.fair_quantum_ms = fair_quantum_ms
@@ -103,8 +103,9 @@ class Scheduler:
         # What the tick hands on, kept until _flush: output events in order, the tokens'
         # latencies for the metrics, and the tick's report for the statistics.
         self._outbox: list[Event] = []
-        # (class, app, ms, first token)
-        self._latencies: list[tuple[Priority, str, float, bool]] = []
+        # (class, app, ms, first token, no background request existed)
+        self._latencies: list[tuple[Priority, str, float, bool, bool]] = []
+        self._fifth: list[tuple[Priority, float]] = []  # (class, submit to fifth token ms)
         self._due: TickReport | None = None
         # Overlapped ticks only: the last plan, while it can be run again unchanged (every
         # request an interactive decoder in it, none queued), and the count of changes to
@@ -148,6 +149,10 @@ class Scheduler:
         # The batch's sequences as decode rows, and their attention: what the streams' ticks
         # alone are measured against (a stream's new prompt counted as the row it will be).
         self._solo = (0, 0)
+        # The decode rows ready at the tick, every running request past its prompt: the
+        # scorecard's scheduler efficiency is the rows run over these.
+        self._ready_rows = 0
+        self._apart_busy = False  # the background context had work at the last schedule()
         self._memory: object = None  # the policy's, from its last executed plan
         # That plan's tick as measured (ms, tokens sampled): the policy's feedback, paired
         # with the memory of the plan it measured (see update).
@@ -294,9 +299,14 @@ class Scheduler:
             req.done = True
         self.output.publish([Ended(req, "error", error, now) for req in reqs])
 
-    def _flush(self) -> None:
+    def _flush_overlapped(self) -> None:
+        """_flush while the device runs the next decode (the runner's `during`)."""
+        self._flush(overlapped=True)
+
+    def _flush(self, overlapped: bool = False) -> None:
         """Hands on what the ticks so far produced: the output events in one batch, the
-        latencies to the metrics, the last tick's report to the statistics."""
+        latencies to the metrics, the last tick's report to the statistics. overlapped:
+        while the device runs the next decode (the gauge overlap_active says which it was)."""
         # Each is taken before it is handed on, and the events go out whatever the statistics
         # do: a report that fails is not recorded again by the recovery's flush (once, a
         # failing one stopped the compute thread and every request waited for ever).
@@ -304,14 +314,22 @@ class Scheduler:
         try:
             if self._due is not None:
                 due, self._due = self._due, None
+                self.m.overlap_active.set(1 if overlapped else 0)
                 self.stats.record(due)
             if self._latencies:
                 latencies, self._latencies = self._latencies, []
                 m = self.m
-                for priority, app, ms, first in latencies:
+                interactive = Priority.INTERACTIVE
+                for priority, app, ms, first, alone in latencies:
                     (m.ttft if first else m.itl)[priority].observe(ms)
                     (m.app_ttft if first else m.app_itl).child(app).observe(ms)
+                    if alone and not first and priority is interactive:
+                        m.itl_alone.observe(ms)
                 m.generated_tokens.inc(len(latencies))  # one a token
+            if self._fifth:
+                fifth, self._fifth = self._fifth, []
+                for priority, ms in fifth:
+                    self.m.ttf5[priority].observe(ms)
         finally:
             if outbox:
                 self.output.publish(outbox)
@@ -482,6 +500,7 @@ class Scheduler:
         self._tick_snapshots = self._snapshot_seconds()
         self._reap()
         apart = self.apart()
+        self._apart_busy = apart is not None
         if self._steady is not None and self._steady_at == self._changes \
                 and not any(self.waiting.values()) and apart is None:
             return self._steady
@@ -549,6 +568,7 @@ class Scheduler:
                 self._prompt_attended += attended(req.n_past, item.n_tokens)
                 self._background_prompt |= req.priority is Priority.BACKGROUND
         self._solo = (len(items), solo_kv)
+        self._ready_rows = sum(1 for r in self.running.values() if r.phase is Phase.DECODE)
         return plan if len(items) == len(plan.items) and all(
             a is b for a, b in zip(items, plan.items, strict=True)) \
             else dataclasses.replace(plan, items=tuple(items))
@@ -614,6 +634,9 @@ class Scheduler:
         # Before any token is handed on: a client that has seen one sees its KV counted.
         self.m.kv_cells.set(sum(r.n_past for r in self.running.values()))
         now = time.monotonic_ns()
+        if ran.logits_ns and len(ran.seqs):  # where this tick's tokens start their way out
+            self._outbox.append(Logits(ran.logits_ns))
+        alone = not self._background()
         for k, seq in enumerate(ran.seqs.tolist()):
             req = self.running.get(seq)
             if req is not None:
@@ -623,7 +646,7 @@ class Scheduler:
                     top = None if ran.top is None else ran.top.get(seq)
                     lp = value if top is None else TokenLogprob(value, top)
                 try:
-                    self._accept(req, int(ran.tokens[k]), lp, now)
+                    self._accept(req, int(ran.tokens[k]), lp, now, alone)
                 except Exception as exc:  # noqa: BLE001 - this request's alone
                     self.fail(req, exc)
         self.runner.prefetch(self.running)
@@ -640,19 +663,28 @@ class Scheduler:
         # A first token goes out at once, not with the next decode: time to first token is
         # what a client waits on, and it comes once a request.
         if not self.overlap or not self.running \
-                or any(first for *_, first in self._latencies):
+                or any(latency[3] for latency in self._latencies):
             self._flush()
 
+    def _background(self) -> bool:
+        """Whether background work exists beside the streams: a background request queued or
+        running here, or in the background context (which runs between ticks)."""
+        return self._apart_busy or bool(self.waiting[Priority.BACKGROUND]) \
+            or any(r.priority is Priority.BACKGROUND for r in self.running.values())
+
     def _accept(self, req: Request, token: int, logprob: float | TokenLogprob | None,
-                now: int) -> None:
-        # every token has one entry: its time to first token, or its gap after the last
+                now: int, alone: bool) -> None:
+        # every token has one entry: its time to first token, or its gap after the last (alone:
+        # no background work beside it, the scorecard's reference for the latency cap)
         first = req.first_token_ns == 0
         since = req.arrival_ns if first else req.last_token_ns
-        self._latencies.append((req.priority, req.app, (now - since) / 1e6, first))
+        self._latencies.append((req.priority, req.app, (now - since) / 1e6, first, alone))
         if first:
             req.first_token_ns = now
         req.last_token_ns = now
         req.n_sampled += 1
+        if req.n_sampled == 5:  # the design notes' ttf5_ms (seed 000)
+            self._fifth.append((req.priority, (now - req.arrival_ns) / 1e6))
         req.last_token = token
         is_eog = token in self.eog and not req.params.ignore_eos
         if req.matcher is not None and not is_eog:
@@ -702,7 +734,10 @@ class Scheduler:
             native_s=self.ctx.last_decode_seconds, n_sampled=len(ran.tokens),
             cache_read=self._cache_read, prompt_attended=self._prompt_attended,
             background_prompt=self._background_prompt, solo=self._solo if alone else None,
-            queue_depth=self.n_waiting, running=len(self.running), apps=apps)
+            queue_depth=self.n_waiting, running=len(self.running), apps=apps,
+            n_ready=self._ready_rows,
+            bmt_bytes=self.bmt.tick_bytes(plan.n_tokens, self._cache_read) if self.bmt else 0.0,
+            n_copy_free=ran.n_copy_free)
 
     def _charge(self, apps: dict[str, float], tick_ms: float) -> None:
         """The tick's time to the apps' ledger and to each request's own service (the

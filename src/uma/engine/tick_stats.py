@@ -37,6 +37,9 @@ class TickReport:
     queue_depth: int  # requests waiting for a sequence
     running: int  # requests holding one
     apps: dict[str, float] = field(default_factory=dict)  # each app's rows, in predicted ms
+    n_ready: int = 0  # decode rows ready: running requests past their prompt at the tick
+    bmt_bytes: float = 0.0  # bytes the batch as run moved through memory (uma.sched.bmt)
+    n_copy_free: int = 0  # tokens sampled with no logits row copied (Ran.n_copy_free)
 
 
 class TickMetrics:
@@ -76,6 +79,8 @@ class TickMetrics:
                                   "ticks planned past the latency line for background work")
         self.apart_ms = reg.counter("background_granted_ms_total",
                                     "time granted to the background context before ticks, ms")
+        self.interrupts = reg.counter("background_interrupts_total",
+                                      "background grants a newcomer ended mid-decode")
         self.kv_full = reg.counter("kv_full_total", "decodes that found no KV slot")
         self.preempted = reg.counter("preemptions_total", "requests sent back to the queue")
         self.fair_parked = reg.counter("fair_parked_total",
@@ -119,6 +124,23 @@ class TickMetrics:
                      for p in Priority}
         self.itl = {p: reg.histogram(f"inter_token_ms_{p.value}", f"inter-token gap, {p.value}")
                     for p in Priority}
+        # the scorecard's (uma.scorecard, docs/METRICS.md "Scorecard")
+        self.itl_alone = reg.histogram(
+            "inter_token_ms_alone",
+            "interactive inter-token gap while no background request exists")
+        self.ttf5 = {p: reg.histogram(f"ttf5_ms_{p.value}", f"submit to fifth token, {p.value}")
+                     for p in Priority}
+        self.decode_rows = reg.counter("decode_rows_total", "decode rows run")
+        self.decode_ready = reg.counter("decode_rows_ready_total",
+                                        "decode rows ready at the ticks that ran")
+        self.bmt_bytes = reg.counter("bmt_bytes_total",
+                                     "bytes the ticks moved through memory (estimate)")
+        self.copy_free = reg.counter("tokens_copy_free_total",
+                                     "tokens sampled with no logits row copied out of the graph")
+        self.sampling_ms_last = reg.gauge("sampling_ms_last",
+                                          "sampling time of the last tick that sampled, ms")
+        self.overlap_active = reg.gauge(
+            "overlap_active", "1: the last tick's output went out while the next decode ran")
 
 
 class TickSpread:
@@ -226,6 +248,12 @@ class TickStats:
         m.decode_ms.observe(decode_ms)
         m.sample_ms.observe(t.sample_s * 1e3)
         m.overhead_ms.observe((t.tick_s - t.decode_s - t.sample_s) * 1e3)
+        m.decode_rows.inc(t.n_decode)
+        m.decode_ready.inc(t.n_ready)
+        m.bmt_bytes.inc(t.bmt_bytes)
+        m.copy_free.inc(t.n_copy_free)
+        if t.n_sampled:
+            m.sampling_ms_last.set(t.sample_s * 1e3)
         m.decode_time.inc(t.decode_s)
         m.sample_time.inc(t.sample_s)
         m.tick_time.inc(t.tick_s)

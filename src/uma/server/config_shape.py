@@ -99,7 +99,7 @@ NESTED: dict[str, str] = {
     "http.header_timeout": "http_header_timeout",
     "http.body_timeout": "http_body_timeout",
     "http.max_body_bytes": "http_max_body_bytes",
-    # logging (the scorecard's settings are added beside the scorecard command)
+    # logging, and the scorecard's interval log (uma.server.scorecard_log)
     "logging.level": "log_level",
     "logging.scorecard_interval_s": "scorecard_interval_s",
     "logging.scorecard_csv": "scorecard_csv",
@@ -138,9 +138,6 @@ def flatten(data: Mapping[object, object], where: str,
                 put(NESTED[path], path, value)
             elif path in QOS:
                 brief[path] = value
-            elif path in NESTED:
-                raise InvalidRequestError(
-                    f"{where}: {path} sets {NESTED[path]}, which this build of uma does not have")
             elif path in SECTIONS:
                 keys = sorted({p[len(path) + 1:].split(".")[0] for p in _known(names)
                                if p.startswith(path + ".")})

@@ -398,6 +398,8 @@ class Daemon:
             conn.app = req.app or conn.app
         elif isinstance(req, P.MetricsRequest):
             self._send(conn, P.metrics_event(req.id, self.metrics()))
+        elif isinstance(req, P.ScorecardRequest):
+            self._send(conn, P.scorecard_event(req.id, self.engine.scorecard()))
         elif isinstance(req, P.HealthRequest):
             self._send(conn, P.health_event(req.id, self.health()))
         elif isinstance(req, P.TokenizeRequest):

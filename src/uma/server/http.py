@@ -8,7 +8,8 @@ touches the daemon's poller. Request bodies become socket-protocol requests
     POST /v1/completions, POST /v1/chat/completions  (stream: server-sent events)
     POST /v1/embeddings
     POST /tokenize, /detokenize, /infill (llama-server's)
-    GET  /v1/models, /v1/models/{id}, /health, /metrics (Prometheus text)
+    GET  /v1/models, /v1/models/{id}, /health, /metrics (Prometheus text; with
+         Accept: application/json the scorecard), /scorecard
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ def create_app(engine: Engine, config: ServerConfig,
         Route("/detokenize", api.detokenize, methods=["POST"]),
         Route("/health", api.health, methods=["GET"]),
         Route("/metrics", api.metrics, methods=["GET"]),
+        Route("/scorecard", api.scorecard, methods=["GET"]),
         Route("/priority", api.priority, methods=["POST"]),
     ]
     middleware = [Middleware(Draining, api=api)]
@@ -336,8 +338,16 @@ class _Api:
         return JSONResponse({"id": rid, "priority": priority.value})
 
     async def metrics(self, request: Request) -> Response:
+        # The design notes' `GET /metrics (scorecard JSON)`, for a client that asks for JSON;
+        # Prometheus scrapers ask for text (OpenMetrics or 0.0.4), and so get it.
+        if "application/json" in request.headers.get("accept", ""):
+            return await self.scorecard(request)
         return Response(prometheus.render(self.metrics_source),
                         media_type=prometheus.CONTENT_TYPE)
+
+    async def scorecard(self, request: Request) -> Response:
+        """The scorecard since the engine started (docs/METRICS.md, "Scorecard")."""
+        return JSONResponse(self.engine.scorecard())
 
 
 class _EventStream(StreamingResponse):

@@ -72,6 +72,24 @@ def serve(conf: Settings, say=None) -> int:
             say(f"uma: cannot serve HTTP on {conf.server.http}: {exc.strerror or exc}")
             return 1
 
+    # The scorecard's CSV file too: a path that cannot be written fails here, not after the load.
+    scorecards = None
+    if conf.server.scorecard_interval_s:
+        from uma.server.scorecard_log import ScorecardLog
+
+        try:
+            scorecards = ScorecardLog(conf.server.scorecard_interval_s, conf.server.scorecard_csv)
+        except OSError as exc:
+            if http_sock is not None:
+                http_sock.close()
+            _close_listener(listener, conf.server.socket)
+            say(f"uma: cannot write the scorecard to {conf.server.scorecard_csv}: "
+                f"{exc.strerror or exc}")
+            return 1
+        # asked for, so shown at every log level but none
+        logging.getLogger("uma.scorecard").setLevel(
+            logging.CRITICAL if conf.log_level == "none" else logging.INFO)
+
     def abandon(code: int) -> int:
         if http_sock is not None:
             http_sock.close()
@@ -155,10 +173,14 @@ def serve(conf: Settings, say=None) -> int:
         f"parallel {conf.engine.n_seq_max}, backends {','.join(_core.backends())}, "
         f"pid {os.getpid()})")
     notify_systemd("READY=1")
+    if scorecards is not None:
+        scorecards.start(engine)
     try:
         daemon.serve_forever()
     finally:
         notify_systemd("STOPPING=1")
+        if scorecards is not None:
+            scorecards.stop()
         if gateway is not None:
             try:
                 gateway.stop()

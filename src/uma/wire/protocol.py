@@ -220,6 +220,13 @@ class MetricsRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class ScorecardRequest:
+    """Ask for the scorecard (docs/METRICS.md, "Scorecard")."""
+
+    id: str | None = None  # echoed in the answer when given
+
+
+@dataclass(frozen=True, slots=True)
 class HealthRequest:
     """Ask whether the server is up and what it serves."""
 
@@ -263,7 +270,8 @@ class StopRequest:
 
 
 Request = (GenerateRequest | CancelRequest | PriorityRequest | ConfigureRequest | MetricsRequest
-           | HealthRequest | StopRequest | TokenizeRequest | DetokenizeRequest | EmbedRequest)
+           | ScorecardRequest | HealthRequest | StopRequest | TokenizeRequest | DetokenizeRequest
+           | EmbedRequest)
 
 _SAMPLER_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "frequency_penalty",
@@ -282,6 +290,7 @@ _FIELDS = {
     "priority": frozenset({"type", "id", "priority"}),
     "configure": frozenset({"type", "priority", "app"}),
     "metrics": frozenset({"type", "id"}),
+    "scorecard": frozenset({"type", "id"}),
     "health": frozenset({"type", "id"}),
     "stop": frozenset({"type", "id"}),
     "tokenize": frozenset({"type", "id", "text", "add_special", "parse_special"}),
@@ -321,6 +330,8 @@ def parse_request(msg: dict, limits: RequestLimits,
             return _parse_configure(msg)
         if kind == "metrics":
             return MetricsRequest(_id(msg, required=False))
+        if kind == "scorecard":
+            return ScorecardRequest(_id(msg, required=False))
         if kind == "stop":
             return StopRequest(_id(msg, required=False))
         if kind == "tokenize":
@@ -567,13 +578,14 @@ def _utf8_len(text: str) -> int:
 # --- events ------------------------------------------------------------------------------------
 # Plain dicts, built once per token: no validation here, the server passes its own values.
 
-EVENTS = frozenset({"token", "eos", "error", "metrics", "health", "tokens", "text",
-                    "embeddings"})
+EVENTS = frozenset({"token", "eos", "error", "metrics", "scorecard", "health", "tokens",
+                    "text", "embeddings"})
 _EVENT_FIELDS = {
     "token": ("id", "text", "token_ids"),
     "eos": ("id", "reason", "usage", "timings"),
     "error": ("id", "code", "message"),
     "metrics": ("id", "metrics"),
+    "scorecard": ("id", "scorecard"),
     "health": ("id", "health"),
     "tokens": ("id", "tokens"),
     "text": ("id", "text"),
@@ -630,6 +642,11 @@ def error_event(request_id: str | None, code: str, message: str) -> dict:
 def metrics_event(request_id: str | None, snapshot: dict) -> dict:
     """The answer to a metrics request."""
     return {"event": "metrics", "id": request_id, "metrics": snapshot}
+
+
+def scorecard_event(request_id: str | None, card: dict) -> dict:
+    """The answer to a scorecard request."""
+    return {"event": "scorecard", "id": request_id, "scorecard": card}
 
 
 def tokens_event(request_id: str, tokens: Sequence[int]) -> dict:
