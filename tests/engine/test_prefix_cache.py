@@ -1,5 +1,6 @@
 """The prefix cache's KV tier on the real core: hits prefill only the rest and change no token,
-entries leave for running work, and it can be turned off (per engine and per request)."""
+entries leave for running work (those worth least to keep first), and it can be turned off
+(per engine and per request)."""
 
 import numpy as np
 import pytest
@@ -7,6 +8,7 @@ import pytest
 import uma
 from uma import _core
 from uma.engine.prefix_cache import MIN_REUSE_TOKENS, KvPrefixCache
+from uma.engine.prefix_index import Reuses
 from uma.sched.cost import CostEstimate
 
 from ..helpers import assert_same_greedy
@@ -85,16 +87,107 @@ def test_cached_entries_leave_when_running_work_needs_the_room(tiny_path, cold):
     assert snap["preemptions_total"] == 0 and snap["requests_error_total"] == 0
 
 
-def test_a_small_budget_keeps_only_the_newest(tiny_path):
-    with engine(tiny_path, prefix_cache_tokens=200) as e:
+def test_a_small_budget_keeps_the_most_reused(tiny_path):
+    """Room for one entry (and no host memory): the first question's entry, which every later
+    question reused, stays, and each new one (never reused) leaves; the system prompt still
+    hits."""
+    with engine(tiny_path, prefix_cache_tokens=200, prefix_cache_ram_mb=0) as e:
         for q in QUESTIONS:
             e.generate(SYSTEM + q, max_tokens=4, ignore_eos=True)
-        # the newest entry is the one kept: the last question hits in full
-        again = e.generate(SYSTEM + QUESTIONS[-1], max_tokens=4, ignore_eos=True)
+        again = e.generate(SYSTEM + QUESTIONS[0], max_tokens=4, ignore_eos=True)
+        other = e.generate(SYSTEM + QUESTIONS[-1], max_tokens=4, ignore_eos=True)
+        system = len(e.model.tokenize(SYSTEM))
     assert again.usage.cached_tokens == again.usage.prompt_tokens - 1
+    assert system - 2 <= other.usage.cached_tokens < other.usage.prompt_tokens - 1
     # After close: a result goes out before its KV is kept (a snapshot of an entry leaving
     # for room would hold it), so the cache's figures are final once the thread has joined.
     assert 0 < e.snapshot()["prefix_cache_tokens"] <= 200
+
+
+def test_a_system_prompt_several_apps_share_outlives_one_off_conversations(tiny_path):
+    """A working day in miniature: three apps send one system prompt, then three chats of four
+    turns fill the token budget (no host memory to fall back on). Under least-recent use the
+    chats' turns pushed every entry holding the system prompt out (see
+    tests/engine/test_prefix_index.py); weighed by reuse one of them stays, a fourth app's
+    prompt finds it, and every chat's turn still starts where the last one ended."""
+    with engine(tiny_path, n_seq_max=1, prefix_cache=8, prefix_cache_tokens=600,
+                prefix_cache_ram_mb=0) as e:
+        for a, q in enumerate(QUESTIONS):
+            e.generate(SYSTEM + q, max_tokens=4, ignore_eos=True, app=f"app{a}")
+        for c in range(3):
+            history = e.model.tokenize(f"Chat {c}: let us talk about harbours and ships. ")
+            kept = 0  # the last turn's KV: its prompt and reply but the reply's last token
+            for turn in range(4):
+                r = e.generate(history, max_tokens=4, ignore_eos=True, app=f"chat{c}")
+                assert r.usage.cached_tokens == kept
+                kept = len(history) + len(r.token_ids) - 1
+                more = e.model.tokenize(f" Turn {turn}: and the lighthouses on the coast?" * 2,
+                                        add_special=False)
+                history = np.concatenate([history, r.token_ids, more])
+        later = e.generate(SYSTEM + "How far is the moon?", max_tokens=4, ignore_eos=True,
+                           app="app3")
+        snap = e.snapshot()
+        system = len(e.model.tokenize(SYSTEM))
+    assert later.usage.cached_tokens >= system - 2
+    assert snap["prefix_cache_hits_total"] == 2 + 3 * 3 + 1
+    assert snap["prefix_cache_kv_evictions_total"] > 0 and snap["prefix_cache_tokens"] <= 600
+
+
+def test_an_entrys_record_goes_with_it_to_host_memory_and_back(model):
+    """Reused by a second app, an entry leaves the KV cache with its record; restored for a
+    third app, the entry that request leaves carries it on."""
+    ctx = _core.Context(model, n_ctx=512, n_seq_max=2)
+    batch = _core.Batch(128)
+    try:
+        cache = KvPrefixCache(ctx, range(1, 2), budget=512, ram_budget=1 << 24)
+        tokens = np.arange(100, 200, dtype=np.int32)
+        prompt = np.append(tokens, 7).astype(np.int32)
+        batch.add_sequence(tokens, 0, 0)
+        ctx.decode(batch)
+        cache.keep(0, tokens, app="a")
+        ctx.seq_rm(0)
+        assert cache.reuse(0, prompt, app="b") == 100  # shared live cells: a hit
+        ctx.seq_rm(0)
+        assert cache.evict_one() and len(cache) == 0  # copied whole: nothing runs
+        ram = cache.index.longest(tokens, "ram").entry
+        assert cache.index.entry(ram).reuses == Reuses(1, frozenset("ab"))
+        assert cache.reuse(0, prompt, app="c") == 100  # restored: a hit on the snapshot
+        assert cache.index.entry(ram).reuses == Reuses(2, frozenset("abc"))
+        cache.keep(0, tokens, app="c")
+        kv = cache.index.longest(tokens, "kv").entry
+        assert cache.index.entry(kv).reuses == Reuses(2, frozenset("abc"))
+    finally:
+        batch.close()
+        ctx.close()
+
+
+def test_an_entry_leaving_in_slices_keeps_its_record(model):
+    """A chat's next turn extends an entry another app reused: the earlier one, worth nothing
+    now, leaves in slices, and its snapshot carries the record."""
+    ctx = _core.Context(model, n_ctx=1024, n_seq_max=4)
+    batch = _core.Batch(256)
+    try:
+        cache = KvPrefixCache(ctx, range(1, 4), budget=200, ram_budget=1 << 24)
+        cache.idle = lambda: False  # slices do not ask
+        longer = np.arange(100, 250, dtype=np.int32)
+        batch.add_sequence(longer[:100], 0, 0)
+        ctx.decode(batch)
+        cache.keep(0, longer[:100], app="a")
+        ctx.seq_rm(0)
+        assert cache.reuse(0, longer, app="b") == 100  # the next turn starts there
+        batch.clear()
+        batch.add_sequence(longer[100:], 100, 0)
+        ctx.decode(batch)
+        cache.keep(0, longer, app="b")  # over the budget: the shorter entry leaves
+        ctx.seq_rm(0)
+        assert cache.saving and len(cache) == 1
+        cache.save(float("inf"))
+        ram = cache.index.longest(longer[:100], "ram")
+        assert ram.length == 100 and cache.ram_bytes > 0
+        assert cache.index.entry(ram.entry).reuses == Reuses(1, frozenset("ab"))
+    finally:
+        batch.close()
+        ctx.close()
 
 
 @pytest.mark.parametrize("options", [{"prefix_cache": 0}, {"prefix_cache_tokens": 0},

@@ -9,10 +9,14 @@ way and prefills only the rest; a prompt that is all cached still re-evaluates i
 whose logits are needed to sample from. A chat's next turn, or another app sending the same
 system prompt, then starts where the last request left off.
 
-Which prefixes exist and which to drop is uma.engine.prefix_index's (a radix trie with LRU
-recency); this module owns the spare sequences and the calls into the context. Entries leave
-least recently used first when the spare sequences or the token budget run out, and whenever
-the KV cache has no room for running work (`evict_one`): the cache never fails a request.
+Which prefixes exist and which to drop is uma.engine.prefix_index's (a radix trie); this
+module owns the spare sequences and the calls into the context. Entries leave when the spare
+sequences or the token budget run out, and whenever the KV cache has no room for running work
+(`evict_one`), those worth least to keep first (uma.sched.reuse.keep_value: a prompt several
+apps reuse outlives one-off conversations, an entry nobody reuses for long goes): the cache
+never fails a request. `reuse` and `keep` are told the request's app, and the record of who
+reused an entry and how often goes with its KV from the KV tier to host memory and, restored,
+to the entry its request leaves.
 An entry that leaves is snapshotted to host memory first (`llama_state_seq_get_data`) while
 the RAM budget allows: an entry over the token budget or the spare sequences leaves through
 uma.engine.snapshots, copied in slices in the time ticks leave free (`save`), its cells held until
@@ -31,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from uma.engine.prefix_index import PrefixIndex
+from uma.engine.prefix_index import PrefixIndex, Reuses
 from uma.engine.snapshots import Leaving, Part, Snapshots
 from uma.errors import UmaError
 from uma.sched.cost import CostEstimate
@@ -69,6 +73,10 @@ class KvPrefixCache:
         self._seq_of: dict[int, int] = {}  # "kv" entry -> the spare sequence holding its cells
         self._tokens_of: dict[int, np.ndarray] = {}  # "kv" entry -> its tokens (to snapshot)
         self._snapshot: dict[int, tuple[Part, ...]] = {}  # "ram" entry -> its state, in slices
+        self._leaving: dict[int, Reuses] = {}  # sequence leaving in slices -> its entry's record
+        # request's sequence -> the record of the snapshot restored into it, and the tokens
+        # restored: the entry the request leaves is that snapshot back in the KV tier
+        self._restored: dict[int, tuple[Reuses, np.ndarray]] = {}
         self.restored_bytes = 0  # snapshot bytes read back into the KV cache, in all
         self.restore_ms = 0.0  # the time those restores took: the bandwidth they are priced at
         # (not the snapshots': llama.cpp reads a sequence's state off a GPU at a seventh of the
@@ -107,21 +115,26 @@ class KvPrefixCache:
         """Whether entries are leaving in slices: `save` has work."""
         return bool(self.snapshots)
 
-    def keep(self, seq: int, tokens: np.ndarray) -> None:
-        """A request on `seq` ended holding the KV of `tokens` (positions 0..len-1): keeps
-        it, unless too short, already covered by a longer entry, or over the budget alone."""
+    def keep(self, seq: int, tokens: np.ndarray, *, app: str = "") -> None:
+        """A request of `app` on `seq` ended holding the KV of `tokens` (positions 0..len-1):
+        keeps it, unless too short, already covered by a longer entry, or over the budget
+        alone."""
+        restored = self._restored.pop(seq, None)
         n = len(tokens)
         if n < MIN_REUSE_TOKENS or n > self.budget:
             return
         existing = self.index.covering(tokens, "kv")
         if existing is not None:
-            self.index.touch(existing)
+            self.index.touch(existing, app)
             return
         if not self._free:
             self.evict_one()
         spare = self._free.pop()
         self.ctx.seq_cp(seq, spare, 0, n)
-        entry = self.index.insert(tokens, "kv")
+        reuses = None
+        if restored is not None and np.array_equal(tokens[:len(restored[1])], restored[1]):
+            reuses = restored[0]
+        entry = self.index.insert(tokens, "kv", app=app, reuses=reuses)
         self._seq_of[entry] = spare
         self._tokens_of[entry] = np.array(tokens, np.int32)
         for victim in self.index.evictions("kv", self.budget).victims:
@@ -139,7 +152,7 @@ class KvPrefixCache:
         to be done, so one position at least is copied."""
         worked = self.snapshots.work(budget_ms, self._still_worth, at_least_one=idle)
         for job in worked.finished:
-            self._file(job.tokens, tuple(job.parts))
+            self._file(job.tokens, tuple(job.parts), self._leaving[job.seq])
             self._release(job.seq)
         for job in worked.dropped:
             self._release(job.seq)
@@ -158,12 +171,13 @@ class KvPrefixCache:
         return self.restored_bytes / self.restore_ms
 
     def reuse(self, seq: int, tokens: np.ndarray, cost: CostEstimate | None = None,
-              prompt_ms_per_token: float = 0.0) -> int:
+              prompt_ms_per_token: float = 0.0, *, app: str = "") -> int:
         """Gives the empty sequence `seq` the cached prefix of `tokens` that saves the most
         predicted time (uma.sched.reuse.choose_reuse: shared live cells or a restore); returns
         how many tokens it holds now (0: none worth reusing, or a restore found no room). A
         match counts at most all but the last token: the prompt's last one is decoded again
-        for its logits."""
+        for its logits. The entry reused counts a hit by `app` ("": not told)."""
+        self._restored.pop(seq, None)  # a request before on `seq` that left no entry
         kv = self.index.longest(tokens, "kv")
         ram = self.index.longest(tokens, "ram") if self._snapshot else None
         last = len(tokens) - 1
@@ -173,16 +187,20 @@ class KvPrefixCache:
         choice = choose_reuse(candidates, cost or CostEstimate(), self.restore_bytes_per_ms,
                               prompt_ms_per_token)
         if choice.tier == "ram" and ram is not None:
-            return choice.tokens if self._restore(seq, ram.entry, choice.tokens) else 0
+            if not self._restore(seq, ram.entry, choice.tokens, app):
+                return 0
+            self._restored[seq] = (self.index.entry(ram.entry).reuses,
+                                   np.array(tokens[:choice.tokens]))
+            return choice.tokens
         if choice.tier == "kv" and kv is not None:
             self.ctx.seq_cp(self._seq_of[kv.entry], seq, 0, choice.tokens)
-            self.index.touch(kv.entry)
+            self.index.hit(kv.entry, app)
             return choice.tokens
         return 0
 
-    def _restore(self, seq: int, entry: int, n: int) -> bool:
-        """Reads a snapshot back into the empty sequence `seq`, keeping its first n positions;
-        False (and `seq` left empty) where the KV cache has no room for it."""
+    def _restore(self, seq: int, entry: int, n: int, app: str) -> bool:
+        """Reads a snapshot back into the empty sequence `seq`, keeping its first n positions
+        (a hit by `app`); False (and `seq` left empty) where the KV cache has no room for it."""
         start = time.perf_counter()
         try:
             read = self.snapshots.restore(seq, self._snapshot[entry], n)
@@ -190,13 +208,13 @@ class KvPrefixCache:
             return False
         self.restore_ms += 1e3 * (time.perf_counter() - start)
         self.ctx.seq_rm(seq, n, -1)
-        self.index.touch(entry)
+        self.index.hit(entry, app)
         self.restored_bytes += read
         return True
 
     def evict_one(self) -> bool:
         """Frees cells now, for a running request or a spare sequence: an entry still leaving
-        in slices first (dropped unsaved), else the least recently used entry (copied whole
+        in slices first (dropped unsaved), else the entry worth least to keep (copied whole
         where nothing runs or waits, dropped unsaved otherwise). False when there is none."""
         job = self.snapshots.drop_oldest()
         if job is not None:
@@ -214,6 +232,7 @@ class KvPrefixCache:
     def clear(self) -> None:
         while (job := self.snapshots.drop_oldest()) is not None:
             self._release(job.seq)
+        self._restored.clear()
         for entry in list(self._seq_of):
             self._release(self._forget(entry, counted=False)[0])
         for entry in list(self._snapshot):
@@ -224,30 +243,32 @@ class KvPrefixCache:
         """An entry leaves the KV cache for the budget: through slices where it is worth a
         snapshot (the PagedKV idea: an idle chat's KV leaves the device and comes back on its
         next turn), its cells held until copied; freed at once otherwise."""
-        spare, tokens = self._forget(entry)
+        spare, tokens, reuses = self._forget(entry)
         if self._worth_saving(tokens) and self.snapshots.scratch is not None:
             self.snapshots.start(tokens, spare)
+            self._leaving[spare] = reuses
         else:
-            self._leave_now(spare, tokens)
+            self._leave_now(spare, tokens, reuses)
 
-    def _leave_now(self, spare: int, tokens: np.ndarray) -> None:
+    def _leave_now(self, spare: int, tokens: np.ndarray, reuses: Reuses) -> None:
         """An entry's cells are freed now: copied whole first where it is worth it and
         nothing runs or waits, counted unsaved where something does."""
         if self._worth_saving(tokens):
             if self.idle():
-                self._file(tokens, self.snapshots.whole(tokens, spare))
+                self._file(tokens, self.snapshots.whole(tokens, spare), reuses)
             else:
                 self.on_unsaved()
         self._release(spare)
 
-    def _forget(self, entry: int, counted: bool = True) -> tuple[int, np.ndarray]:
-        """Takes the entry out of the "kv" tier; returns its sequence and tokens."""
+    def _forget(self, entry: int, counted: bool = True) -> tuple[int, np.ndarray, Reuses]:
+        """Takes the entry out of the "kv" tier; returns its sequence, tokens and record."""
         spare = self._seq_of.pop(entry)
         tokens = self._tokens_of.pop(entry)
+        reuses = self.index.entry(entry).reuses
         self.index.remove(entry)
         if counted:
             self.on_evict("kv")
-        return spare, tokens
+        return spare, tokens, reuses
 
     def _worth_saving(self, tokens: np.ndarray) -> bool:
         """A RAM budget, no snapshot covering it yet, and a prefill worth the copy at the
@@ -256,12 +277,13 @@ class KvPrefixCache:
         return self.ram_budget > 0 and self.index.covering(tokens, "ram") is None \
             and worth_a_snapshot(n, self.snapshots.ms_per_token, self.prefill_ms(n))
 
-    def _file(self, tokens: np.ndarray, parts: tuple[Part, ...]) -> None:
-        """Keeps a complete snapshot in the "ram" tier, within the RAM budget."""
+    def _file(self, tokens: np.ndarray, parts: tuple[Part, ...], reuses: Reuses) -> None:
+        """Keeps a complete snapshot in the "ram" tier, within the RAM budget, with the record
+        of the entry it was."""
         nbytes = sum(len(p.data) for p in parts)
         if nbytes > self.ram_budget or self.index.covering(tokens, "ram") is not None:
             return
-        saved = self.index.insert(tokens, "ram", nbytes=nbytes)
+        saved = self.index.insert(tokens, "ram", nbytes=nbytes, reuses=reuses)
         self._snapshot[saved] = parts
         for victim in self.index.evictions("ram", self.ram_budget).victims:
             self.index.remove(victim)
@@ -270,5 +292,6 @@ class KvPrefixCache:
 
     def _release(self, spare: int) -> None:
         """Frees the cells of a spare sequence no running request shares, and the sequence."""
+        self._leaving.pop(spare, None)
         self.ctx.seq_rm(spare)
         self._free.append(spare)

@@ -6,6 +6,17 @@ restored first). This module only decides: it records what exists, answers "what
 cached prefix of this prompt", and plans evictions against a budget. It does no I/O and never
 calls the native core, so the caller owns the memory and frees it when told an entry goes.
 
+Each entry records its reuse (`Reuses`: the prompts admitted with a prefix from it, and the
+apps that inserted or reused it), and evictions take the entries worth least to keep first
+(uma.sched.reuse.keep_value: what they save per unit they hold, decayed by the uses of the
+cache since their last), ties least recently used first. What an entry saves is what the
+tier would lose without it: a prefix several entries hold is credited to one of them, its
+keeper (a pinned one, else the most valuable: the one likeliest to stay), and the others only
+with the tokens past it. So an entry that a longer one of its tier extends (a chat's earlier
+turn) is worth nothing, and of six apps' entries that start with one system prompt, five are
+worth their own questions. A prefix is lost only when every entry holding it goes, its keeper
+among them, so a plan made in one pass never undervalues what its victims take with them.
+
 The index is a radix (compressed) trie over token ids. Every node stores the tokens of its
 incoming edge and, for each tier, the most recently used entry anywhere in its subtree, so
 a lookup walks one root-to-leaf path and reads the answer at the node where the prompt
@@ -16,19 +27,22 @@ diverges. Costs, with L the prompt length and d the number of trie nodes on its 
   independent of how many entries share nothing with the prompt;
 - insert(), touch(): O(L + d);
 - remove(): O(d * fan-out), since subtree maxima must be recomputed from the children;
-- evictions(): O(n log n) over the n entries of the tier (a sort by last use).
+- evictions(), value(): O(N + n log n), with n the entries of the tier and N < 2 x all
+  entries the trie's nodes: one pass over the nodes finds each prefix's keeper, then a sort
+  by keep value.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 
 from uma.errors import InvalidRequestError
+from uma.sched.reuse import MAX_APPS, keep_value
 
 Tier = Literal["kv", "ram"]
 TIERS: tuple[Tier, ...] = ("kv", "ram")  # also the preference order at equal match length
@@ -45,18 +59,34 @@ class Match:
 
 
 @dataclasses.dataclass(frozen=True)
+class Reuses:
+    """An entry's record of reuse; it goes with the entry's KV when that moves between tiers."""
+
+    hits: int = 0  # prompts admitted with a prefix from it (not inserts or refreshes)
+    apps: frozenset[str] = frozenset()  # who inserted or reused it, at most MAX_APPS of them
+
+    def used_by(self, app: str, hit: bool = False) -> Reuses:
+        """This record once `app` ("": not told) refreshed it, or reused it where `hit`."""
+        apps = self.apps
+        if app and app not in apps and len(apps) < MAX_APPS:
+            apps = apps | {app}
+        return Reuses(self.hits + hit, apps)
+
+
+@dataclasses.dataclass(frozen=True)
 class EntryInfo:
     entry: int
     tier: Tier
     tokens: int  # length of the cached sequence
     nbytes: int  # size of a "ram" snapshot; 0 for "kv"
-    last_used: int  # logical clock value of the last insert or touch
+    last_used: int  # logical clock value of the last insert, touch or hit
     pins: int  # running requests that depend on it; pinned entries are never evicted
+    reuses: Reuses  # how often and by whom it was reused
 
 
 @dataclasses.dataclass(frozen=True)
 class EvictionPlan:
-    victims: tuple[int, ...]  # entry ids to free and remove(), least recently used first
+    victims: tuple[int, ...]  # entry ids to free and remove(), least worth keeping first
     total_after: int  # the tier's total once they are gone (tokens or bytes)
     budget: int
 
@@ -99,6 +129,7 @@ class _Entry:
     nbytes: int
     last_used: int
     node: _Node
+    reuses: Reuses
     pins: int = 0
 
     @property
@@ -132,8 +163,8 @@ def _common_prefix(a: Tokens, b: Tokens) -> int:
 
 
 class PrefixIndex:
-    """Cached token prefixes in two tiers, with LRU recency and pins. Not thread-safe: the
-    scheduler that owns the KV cache is its only user."""
+    """Cached token prefixes in two tiers, with recency, reuse records and pins. Not
+    thread-safe: the scheduler that owns the KV cache is its only user."""
 
     def __init__(self) -> None:
         self._root = _Node(label=np.empty(0, dtype=np.int64), depth=0, parent=None)
@@ -190,7 +221,7 @@ class PrefixIndex:
     def entry(self, entry: int) -> EntryInfo:
         e = self._get(entry)
         return EntryInfo(entry=e.id, tier=e.tier, tokens=e.tokens, nbytes=e.nbytes,
-                         last_used=e.last_used, pins=e.pins)
+                         last_used=e.last_used, pins=e.pins, reuses=e.reuses)
 
     def stats(self) -> PrefixStats:
         def tier_stats(tier: Tier) -> TierStats:
@@ -202,16 +233,18 @@ class PrefixIndex:
                            node_visits=self.node_visits)
 
     def evictions(self, tier: str, budget: int) -> EvictionPlan:
-        """The least recently used unpinned entries of `tier` whose removal brings its total
-        within `budget`. Plans only: free each victim's memory, then remove() it. When pinned
-        entries alone are over budget every unpinned entry is a victim and `fits` is False;
-        this never raises, because a full cache must not fail a request."""
+        """The unpinned entries of `tier` worth least to keep (value(), ties least recently
+        used first) whose removal brings its total within `budget`. Plans only: free each
+        victim's memory, then remove() it. When pinned entries alone are over budget every
+        unpinned entry is a victim and `fits` is False; this never raises, because a full
+        cache must not fail a request."""
         tier = _check_tier(tier)
         if budget < 0:
             raise InvalidRequestError(f"budget must be >= 0, not {budget}")
         total = self.total(tier)
+        worth = self._worth(tier)
         candidates = sorted((e for e in self._entries.values() if e.tier == tier and not e.pins),
-                            key=lambda e: (e.last_used, e.id))
+                            key=lambda e: (worth[e.id], e.last_used, e.id))
         victims: list[int] = []
         for e in candidates:
             if total <= budget:
@@ -220,10 +253,17 @@ class PrefixIndex:
             total -= e.tokens if tier == "kv" else e.nbytes
         return EvictionPlan(victims=tuple(victims), total_after=total, budget=budget)
 
+    def value(self, entry: int) -> float:
+        """What keeping the entry is worth now (uma.sched.reuse.keep_value, for the tokens the
+        tier would lose without it): evictions() take the lowest first."""
+        e = self._get(entry)
+        return self._worth(e.tier)[e.id]
+
     # --- updates --------------------------------------------------------------------------
 
     def insert(self, tokens: Sequence[int] | npt.ArrayLike, tier: str,
-               nbytes: int | None = None) -> int:
+               nbytes: int | None = None, *, app: str = "", reuses: Reuses | None = None
+               ) -> int:
         """Records that the KV of `tokens` is cached in `tier` and returns the entry id.
 
         If an entry of the same tier already starts with all of `tokens` (equal, or longer:
@@ -231,8 +271,9 @@ class PrefixIndex:
         returned, and nothing is added: the caller's new copy is redundant and can be freed
         (compare the id with covering() beforehand to skip making it). A longer insert over
         a shorter entry does add a new entry; the shorter one then loses every tie to it and
-        ages out by LRU. "ram" entries need `nbytes`, the snapshot's size; "kv" entries are
-        measured in tokens and take none."""
+        is the first to be evicted. "ram" entries need `nbytes`, the snapshot's size; "kv"
+        entries are measured in tokens and take none. `app` inserted it ("": not told);
+        `reuses` is the record of the entry whose KV this is, moved from another tier."""
         tier = _check_tier(tier)
         if tier == "ram" and nbytes is None:
             raise InvalidRequestError("a 'ram' entry needs nbytes, the snapshot's size")
@@ -245,12 +286,12 @@ class PrefixIndex:
             raise InvalidRequestError("cannot cache an empty token sequence")
         existing = self.covering(array, tier)
         if existing is not None:
-            self.touch(existing)
+            self.touch(existing, app)
             return existing
         node = self._node_for(array)
         self._clock += 1
         e = _Entry(id=self._next_id, tier=tier, nbytes=nbytes or 0, last_used=self._clock,
-                   node=node)
+                   node=node, reuses=(reuses or Reuses()).used_by(app))
         self._next_id += 1
         self._entries[e.id] = e
         node.entries[tier] = e  # covering() was None, so this tier's slot here is free
@@ -259,12 +300,15 @@ class PrefixIndex:
         self._freshen(e)
         return e.id
 
-    def touch(self, entry: int) -> None:
-        """Marks an entry used now (a logical clock, so tests are deterministic)."""
-        e = self._get(entry)
-        self._clock += 1
-        e.last_used = self._clock
-        self._freshen(e)
+    def touch(self, entry: int, app: str = "") -> None:
+        """Marks an entry used now (a logical clock, so tests are deterministic), refreshed by
+        `app` ("": not told): not a hit."""
+        self._use(self._get(entry), app, hit=False)
+
+    def hit(self, entry: int, app: str = "") -> None:
+        """A prompt of `app` ("": not told) was admitted with a prefix from this entry: it is
+        used now, and its record counts the reuse."""
+        self._use(self._get(entry), app, hit=True)
 
     def pin(self, entry: int) -> None:
         """A running request depends on this entry: never plan to evict it. Pins count."""
@@ -287,6 +331,50 @@ class PrefixIndex:
         self._recompute_upwards(self._prune(node))
 
     # --- the trie -------------------------------------------------------------------------
+
+    def _use(self, e: _Entry, app: str, hit: bool) -> None:
+        self._clock += 1
+        e.last_used = self._clock
+        e.reuses = e.reuses.used_by(app, hit)
+        self._freshen(e)
+
+    def _worth(self, tier: Tier) -> dict[int, float]:
+        """Each entry of `tier`'s keep value, for the tokens past the longest prefix it shares
+        with another entry that keeps that prefix: none for a prefix it only duplicates."""
+        mine = [e for e in self._entries.values() if e.tier == tier]
+        full = {e.id: self._keep_value(e, e.tokens) for e in mine}
+        keeper = self._keepers(tier, lambda e: (e.pins > 0, full[e.id], e.last_used, e.id))
+        worth = {}
+        for e in mine:
+            node: _Node | None = e.node
+            while node is not None and keeper[node] is e:  # each node has one keeper, so
+                node = node.parent  # these walks visit every node once in all
+            worth[e.id] = self._keep_value(e, e.tokens - (0 if node is None else node.depth))
+        return worth
+
+    def _keep_value(self, e: _Entry, tokens: int) -> float:
+        cost = e.tokens if e.tier == "kv" else e.nbytes  # cells or bytes of its tier's budget
+        return keep_value(tokens, cost, e.reuses.hits, len(e.reuses.apps),
+                          self._clock - e.last_used)
+
+    def _keepers(self, tier: Tier, rank: Callable[[_Entry], tuple[bool, float, int, int]]
+                 ) -> dict[_Node, _Entry]:
+        """For every node whose subtree holds entries of `tier`, the one of them that keeps
+        its prefix: the highest ranked of those no longer entry extends (an extended entry's
+        KV is all in the longer one's)."""
+        order, stack = [], [self._root]
+        while stack:  # iterative: a trie of many nested prefixes is deep
+            node = stack.pop()
+            order.append(node)
+            stack.extend(c for c in node.children.values() if tier in c.best)
+        keeper: dict[_Node, _Entry] = {}
+        for node in reversed(order):  # children before their parents
+            below = [keeper[c] for c in node.children.values() if c in keeper]
+            if not below and tier in node.entries:
+                below.append(node.entries[tier])
+            if below:
+                keeper[node] = max(below, key=rank)
+        return keeper
 
     def _get(self, entry: int) -> _Entry:
         try:

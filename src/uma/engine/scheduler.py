@@ -412,7 +412,7 @@ class Scheduler:
             return
         restored = self.prefix.restored_bytes
         n = self.prefix.reuse(req.seq_id, req.tokens, self.cost.estimate,
-                              self.stats.prompt_ms_per_token)
+                              self.stats.prompt_ms_per_token, app=req.app)
         self.m.prefix_lookups.inc()
         if self.prefix.restored_bytes > restored:
             self.m.prefix_restored.inc(self.prefix.restored_bytes - restored)
@@ -431,7 +431,7 @@ class Scheduler:
         if self.prefix is None or req.n_past <= 0:
             return
         decoded = np.concatenate([req.prompt, np.asarray(req.generated, np.int32)])
-        self.prefix.keep(seq, decoded[:req.n_past])
+        self.prefix.keep(seq, decoded[:req.n_past], app=req.app)
 
     def _may_hold(self) -> bool:
         """Whether the prefix cache may hold this thread for a whole snapshot of an entry that

@@ -12,10 +12,17 @@ mostly small, and on an H100 it priced 8,000 prompt tokens at 16-70 ms where the
 Either way the request's time to first token falls by the prefill it no longer does: the
 scheduler starts its sequence there, and the policy plans its first chunk at that depth
 (SessionView.n_past, n_cached).
+
+Which cached entry goes first when a tier is over its budget is `keep_value`'s: the prefill an
+entry is expected to save per unit it holds, from its length, how often and by how many apps it
+was reused, and how long ago it was last used (under least-recent use six apps' shared system
+prompt was lost to four one-off conversations). uma.engine.prefix_index orders its victims by
+it.
 """
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 from uma.sched.cost import CostEstimate
@@ -31,6 +38,15 @@ RESTORE_BYTES_PER_MS = 4e6
 # beside others are cheap to prefill on a GPU and dear to copy (cells scattered a few apart):
 # copying every one of them took the time of the background's prompts.
 SNAPSHOT_PAYBACK = 2.0
+# An entry's keep value halves every this many uses of the prefix cache (inserts, refreshes and
+# hits: one or two a request) that pass it by, not seconds, since only traffic needs the room:
+# an entry one other app reused (worth four fresh ones) outlasts fresh one-off entries for 128
+# uses after its last, 64 to 128 requests, eight turnovers or more of the default eight spare
+# sequences; a prompt its apps stopped sending still goes.
+KEEP_HALF_LIFE = 64
+# Distinct apps an entry remembers: a prefix eight apps send already weighs eight times what one
+# app's conversation does a reuse, and more would only slow its going once they stop.
+MAX_APPS = 8
 
 
 class Candidates(NamedTuple):
@@ -58,6 +74,23 @@ def worth_a_snapshot(n: int, copy_ms_per_token: float | None, prefill: float) ->
     time per token (None: none measured yet, so this one is, to learn it), where its prefill
     would take `prefill` ms."""
     return copy_ms_per_token is None or prefill >= SNAPSHOT_PAYBACK * copy_ms_per_token * n
+
+
+def keep_value(tokens: int, cost: float, hits: int, apps: int, age: int) -> float:
+    """What keeping a cached entry is worth per unit of what it holds (`cost`: its cells in the
+    KV tier, its bytes in the RAM tier): the prompt `tokens` a reuse of it saves that no other
+    entry would (its length, less any prefix another entry keeps), times the reuses to expect,
+    halved every KEEP_HALF_LIFE of `age`, the uses of the cache since its last.
+
+    The reuses to expect are (1 + hits) x apps: the insert counts as one use, so a fresh entry
+    is worth one and every reuse adds one; each distinct app (at most MAX_APPS; none told
+    counts as one) is another sender of the prefix, which stays useful while any of them sends
+    it, where one app's repeats end with its conversation. For a KV entry that shares nothing
+    tokens and cells are one count (and with one KV buffer each live cell lengthens every
+    decode's attention), so its length cancels: with no reuse recorded, entries rank by
+    recency alone."""
+    expected = (1 + hits) * max(1, min(apps, MAX_APPS))
+    return tokens * expected * math.pow(0.5, age / KEEP_HALF_LIFE) / max(cost, 1.0)
 
 
 def choose_reuse(c: Candidates, cost: CostEstimate, restore_bytes_per_ms: float,
