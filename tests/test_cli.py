@@ -204,8 +204,17 @@ def test_status_and_stop(tiny_path):
         assert r.returncode == 0 and status["status"] == "ok" and status["pid"] == d.pid
         assert status["slots"] == 8 and status["queued"] == 0 and 0 <= status["load"] <= 1
         assert status["memory"]["model_bytes"] > 0 and status["memory"]["rss_bytes"] > 0
+        assert status["prefix_cache"]["hits"] == 0 and status["prefix_cache"]["apps"] == {}
+        with Client(d.socket) as client:  # the second request reuses the first's prompt
+            for _ in range(2):
+                client.generate("Once upon a time, in a land far away. " * 8, max_tokens=2)
+        cache = json.loads(uma("status", "--json", "--socket", d.socket).stdout)["prefix_cache"]
+        [(app, mine)] = cache["apps"].items()  # this process, the app it is told apart as
+        assert cache["hits"] == mine["hits"] == 1
+        assert mine["reused_tokens"] == cache["reused_tokens"] > 0
         r = uma("status", "--socket", d.socket)
         assert r.returncode == 0 and "slots" in r.stdout and tiny_path.name in r.stdout
+        assert f"; {app} 1 / {cache['reused_tokens']}" in r.stdout
         r = uma("stop", "--socket", d.socket)
         assert r.returncode == 0 and f"pid {d.pid}" in r.stderr
         assert d.proc.wait(30) == 0 and not os.path.exists(d.socket)

@@ -385,7 +385,8 @@ def status(
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
     socket: str | None = typer.Option(None, help=SOCKET_HELP),
 ) -> None:
-    """Show the running daemon: model, uptime, slots, queue, load and memory."""
+    """Show the running daemon: model, uptime, slots, queue, load, memory and the prefix
+    cache (what it holds, what it saved each app)."""
     from uma.client import Client
 
     with _client_errors(), Client(socket) as client:
@@ -407,6 +408,12 @@ def status(
         ("clients", f"{h['connections']} connected, {h['requests_in_flight']} requests"),
         ("backends", ", ".join(h["backends"])),
     ]
+    cache = h.get("prefix_cache")
+    if cache is not None:  # the apps that reused the most first, five at most
+        apps = sorted(cache["apps"].items(), key=lambda kv: -kv[1]["reused_tokens"])[:5]
+        lines.insert(-2, ("cache", f"{cache['tokens']} tokens cached, {cache['hits']} hits "
+                          f"saved {cache['reused_tokens']} prompt tokens" + "".join(
+                              f"; {app} {a['hits']} / {a['reused_tokens']}" for app, a in apps)))
     for name, value in lines:
         typer.echo(f"{name:<9} {value}")
 

@@ -131,6 +131,13 @@ def test_a_system_prompt_several_apps_share_outlives_one_off_conversations(tiny_
     assert later.usage.cached_tokens >= system - 2
     assert snap["prefix_cache_hits_total"] == 2 + 3 * 3 + 1
     assert snap["prefix_cache_kv_evictions_total"] > 0 and snap["prefix_cache_tokens"] <= 600
+    # the cache's figures per app: apps 1-2 and the later app3 reused the system prompt, each
+    # chat its own turns from the second on
+    hits = snap["app_prefix_cache_hits_total"]
+    assert hits == {"app1": 1, "app2": 1, "app3": 1, "chat0": 3, "chat1": 3, "chat2": 3}
+    tokens = snap["app_prefix_cache_reused_tokens_total"]
+    assert tokens["app3"] == later.usage.cached_tokens
+    assert sum(tokens.values()) == snap["prefix_cache_reused_tokens_total"]
 
 
 def test_an_entrys_record_goes_with_it_to_host_memory_and_back(model):

@@ -656,6 +656,14 @@ class Engine:
             "memory": {"rss_bytes": rss_bytes(), "model_bytes": self.model.size_bytes,
                        "kv_bytes": int(ex.bmt.kv_bytes_per_pos * n_ctx) if ex.bmt else 0},
         }
+        if ex.prefix is not None:  # what the prefix cache holds, and saved each app
+            hits, reused = ex.m.app_prefix_hits.children, ex.m.app_prefix_tokens.children
+            out["prefix_cache"] = {
+                "tokens": ex.prefix.tokens, "ram_bytes": ex.prefix.ram_bytes,
+                "hits": int(ex.m.prefix_hits.value), "reused_tokens": int(ex.m.prefix_tokens.value),
+                "apps": {app: {"hits": int(c.value),
+                               "reused_tokens": int(reused[app].value) if app in reused else 0}
+                         for app, c in list(hits.items())}}  # another thread may add an app
         if self._lane is not None:
             bg = self._lane.scheduler
             bg_ctx = self._lane.ctx.n_ctx if not self._lane.ctx.closed else 0

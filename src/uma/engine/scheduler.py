@@ -422,6 +422,8 @@ class Scheduler:
                 req.cached_tokens = n
             self.m.prefix_hits.inc()
             self.m.prefix_tokens.inc(n)
+            self.m.app_prefix_hits.child(req.app).inc()
+            self.m.app_prefix_tokens.child(req.app).inc(n)
 
     def _snapshot_seconds(self) -> float:
         return self.prefix.snapshot_seconds if self.prefix is not None else 0.0

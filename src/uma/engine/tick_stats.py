@@ -118,6 +118,12 @@ class TickMetrics:
                                     Histogram)
         self.app_ttft = reg.family("app_ttft_ms", "time to first token, ms", "app", Histogram)
         self.app_itl = reg.family("app_inter_token_ms", "inter-token gap, ms", "app", Histogram)
+        self.app_prefix_hits = reg.family("app_prefix_cache_hits_total",
+                                          "admissions that reused a cached prefix", "app",
+                                          Counter)
+        self.app_prefix_tokens = reg.family("app_prefix_cache_reused_tokens_total",
+                                            "prompt tokens reused from the prefix cache", "app",
+                                            Counter)
         self.finished = {r: reg.counter(f"requests_{r}_total", f"requests ended: {r}")
                          for r in ("stop", "length", "cancelled", "error")}
         self.ttft = {p: reg.histogram(f"ttft_ms_{p.value}", f"time to first token, {p.value}")
