@@ -185,6 +185,18 @@ def test_a_short_interactive_prompt_goes_in_whole_beside_streams():
     assert all(i in {p.seq_id for p in plan.items} for i in range(3))
 
 
+def test_a_short_interactive_prompt_goes_ahead_of_a_background_chunk_in_its_tick():
+    sessions = [session(i, INT, Phase.DECODE) for i in range(2)]
+    sessions.append(session(2, BG, Phase.PREFILL, prompt=400))
+    sessions.append(session(7, INT, Phase.PREFILL, prompt=8))
+    plan = BoundPolicy().schedule_tick(SchedulerState(
+        now_ns=0, sessions=tuple(sessions), n_waiting=0, n_batch=512, n_seq_max=8,
+        decode_ms_ewma=0.0, cost=BELIEF, tick=0))
+    prefill = [(i.seq_id, i.n_tokens) for i in plan.items if i.phase is Phase.PREFILL]
+    assert prefill[0] == (7, 8)  # whole, and first; a background chunk only after it
+    assert all(seq == 2 for seq, _ in prefill[1:])
+
+
 def test_without_a_background_share_background_prompts_get_only_what_the_line_leaves():
     ticks = run(DEVICES["as believed"], prompt=300,
                 policy=BoundPolicy(background_share=0.0))

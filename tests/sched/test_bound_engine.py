@@ -61,6 +61,9 @@ def test_a_short_interactive_prompt_goes_in_whole_beside_streams_and_a_long_prom
     chunks = [(k, i) for k, (*_, plan) in enumerate(trace) for i in plan.items
               if i.seq_id == newcomer_seq and i.phase is Phase.PREFILL]
     assert len(chunks) == 1 and chunks[0][1].n_tokens == n_prompt
+    # beside both streams' rows; a background chunk may share the tick, after the newcomer's
+    # prompt in the policy's order (tests/sched/test_bound.py), though the batch lays rows out
+    # by sequence id (Scheduler.build)
     plan = trace[chunks[0][0]][-1]
-    prefill = [i for i in plan.items if i.phase is Phase.PREFILL]
-    assert prefill[0].seq_id == newcomer_seq  # ahead of any background chunk
+    decoding = {i.seq_id for i in plan.items if i.phase is Phase.DECODE}
+    assert len(decoding - {newcomer_seq}) >= 2
