@@ -37,7 +37,8 @@ from uma import catalog, synth  # noqa: E402
 
 
 def peer_speeds(tool: Path, model: Path, pp: int, tg: int, pl: int, threads: int,
-                gpu_layers: int, kv_unified: bool, kv_type: str) -> tuple[float, float]:
+                gpu_layers: int, kv_unified: bool, kv_type: str,
+                experts: tuple[str, int] | None = None) -> tuple[float, float]:
     """llama-batched-bench's (prefill, decode) tokens/s, from its second pass: it warms up on
     16 tokens only, so its first pass also times the first use of the prompt's batch shape
     (on a GPU that doubled the prefill time of a 128-token prompt)."""
@@ -47,6 +48,8 @@ def peer_speeds(tool: Path, model: Path, pp: int, tg: int, pl: int, threads: int
            "-ngl", str(gpu_layers), "-kvu" if kv_unified else "-no-kvu",
            "-ctk", kv_type, "-ctv", kv_type,
            "--output-format", "jsonl"]
+    if experts:  # an MoE's experts per token, as the engine's n_expert_used sets it
+        cmd += ["--override-kv", f"{experts[0]}.expert_used_count=int:{experts[1]}"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     rows = [json.loads(line) for line in out.stdout.splitlines() + out.stderr.splitlines()
             if line.startswith("{")]
@@ -103,6 +106,8 @@ def main() -> int:
                          "prompt phase (long prompts otherwise finish far apart)")
     ap.add_argument("--device-sampling", default="auto",
                     help="the engine's device_sampling: auto, on or off")
+    ap.add_argument("--experts-used", type=int, default=0,
+                    help="an MoE's experts per token on both sides (0: the model's own)")
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     ns = ap.parse_args()
 
@@ -117,13 +122,16 @@ def main() -> int:
         engine = uma.Engine(model, n_ctx=pl * (ns.pp + ns.tg) + 64, n_seq_max=pl, n_batch=n_batch,
                             n_ubatch=512, n_threads=ns.threads, n_gpu_layers=ns.gpu_layers,
                             kv_unified=ns.kv_unified, device_sampling=ns.device_sampling,
-                            type_k=ns.kv_type, type_v=ns.kv_type)
+                            type_k=ns.kv_type, type_v=ns.kv_type,
+                            n_expert_used=ns.experts_used)
         engine.generate("warm up", max_tokens=4)
+        experts = (engine.model.architecture, ns.experts_used) if ns.experts_used else None
         ours, theirs = [], []
         for i in range(ns.repeat):
             ours.append(engine_run(engine, engine.model.n_vocab, ns.pp, ns.tg, pl, seed=i))
             theirs.append(peer_speeds(tools["llama-batched-bench"], model, ns.pp, ns.tg, pl,
-                                      ns.threads, ns.gpu_layers, ns.kv_unified, ns.kv_type))
+                                      ns.threads, ns.gpu_layers, ns.kv_unified, ns.kv_type,
+                                      experts))
         engine.close()
         best = max(ours, key=lambda r: r["tg_speed"])
         peer_tg = [tg for _, tg in theirs]
@@ -149,7 +157,7 @@ def main() -> int:
     report = {
         "model": str(model), "backend": ns.backend, "threads": ns.threads, "pp": ns.pp,
         "kv_unified": ns.kv_unified, "kv_type": ns.kv_type, "prompts_together": ns.prompts_together,
-        "device_sampling": ns.device_sampling,
+        "device_sampling": ns.device_sampling, "experts_used": ns.experts_used,
         "tg": ns.tg, "gpu_layers": ns.gpu_layers, "rows": rows,
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
         "median_ratio": statistics.median(r["ratio"] for r in rows),

@@ -83,6 +83,7 @@ cdef class Model:
     cdef bint _closing
     cdef object _progress
     cdef object _progress_error
+    cdef int _n_expert_used  # set at load; 0: the file's own
 
     cdef int _check_open(self) except -1
     cdef int _check_token(self, long token) except -1

@@ -41,6 +41,7 @@ class Model:
         progress: Callable[[float], object] | None = None,
         vocab_only: bool = False,
         tensor_split: Sequence[float] = (),
+        n_expert_used: int = 0,
     ) -> Self: ...
     @property
     def path(self) -> str: ...

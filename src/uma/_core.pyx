@@ -11,6 +11,7 @@ from cpython.buffer cimport PyBUF_FORMAT, PyBUF_ND, PyBUF_STRIDES, PyBUF_WRITABL
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from libc.stdint cimport int32_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc
+from libc.string cimport memset, strncpy
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 from libcpp cimport bool as cbool
 
@@ -155,6 +156,43 @@ cdef cbool _should_abort(void * data) noexcept nogil:
 
 # --- Model -------------------------------------------------------------------------------------
 
+def _checked_experts_used(str path, int n_expert_used):
+    """The metadata key that sets an MoE's experts per token, once n_expert_used is known to
+    fit the file: llama.cpp's loader aborts the process on an override out of range, so the
+    GGUF's own figures are read first (metadata only, no weights)."""
+    cdef L.gguf_init_params gparams
+    gparams.no_alloc = True
+    gparams.ctx = NULL
+    cdef bytes bpath = os.fsencode(path)
+    cdef const char * cpath = bpath
+    cdef L.gguf_context * g
+    with nogil:
+        g = L.gguf_init_from_file(cpath, gparams)
+    if g == NULL:
+        raise errors.InvalidModelError(f"{path}: its GGUF metadata could not be read")
+    try:
+        key_id = L.gguf_find_key(g, b"general.architecture")
+        if key_id < 0 or L.gguf_get_kv_type(g, key_id) != L.GGUF_TYPE_STRING:
+            raise errors.InvalidModelError(f"{path}: no general.architecture in its metadata")
+        arch = (<bytes>L.gguf_get_val_str(g, key_id)).decode(errors="replace")
+        count_key = f"{arch}.expert_count".encode()
+        key_id = L.gguf_find_key(g, count_key)
+        n_expert = 0
+        if key_id >= 0 and L.gguf_get_kv_type(g, key_id) == L.GGUF_TYPE_UINT32:
+            n_expert = L.gguf_get_val_u32(g, key_id)
+    finally:
+        L.gguf_free(g)
+    if n_expert == 0:
+        raise errors.InvalidRequestError(
+            f"experts per token (n_expert_used={n_expert_used}) cannot be set: {path} is not "
+            f"a mixture of experts ({arch} without {arch}.expert_count)")
+    if not 1 <= n_expert_used <= n_expert:
+        raise errors.InvalidRequestError(
+            f"experts per token (n_expert_used) must be in 1..{n_expert}, the experts per "
+            f"layer of {path}, not {n_expert_used}")
+    return f"{arch}.expert_used_count".encode()
+
+
 cdef class Model:
     """A GGUF model loaded once (memory-mapped) and shared by every context.
 
@@ -163,7 +201,7 @@ cdef class Model:
     """
 
     def __cinit__(self, path, *, int n_gpu_layers=-1, progress=None, bint vocab_only=False,
-                  tensor_split=()):
+                  tensor_split=(), int n_expert_used=0):
         self._model = NULL
         path = os.fspath(path)
         if not isinstance(path, str):
@@ -183,6 +221,18 @@ cdef class Model:
 
         cdef L.llama_model_params params = L.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
+        # an MoE's experts per token, set at load: llama.cpp builds it into every graph, so
+        # it cannot change between decodes (the array ends with an empty key)
+        cdef L.llama_model_kv_override overrides[2]
+        self._n_expert_used = 0
+        if n_expert_used:
+            key = _checked_experts_used(path, n_expert_used)
+            memset(overrides, 0, sizeof(overrides))
+            overrides[0].tag = L.LLAMA_KV_OVERRIDE_TYPE_INT
+            strncpy(overrides[0].key, key, 127)
+            overrides[0].val_i64 = n_expert_used
+            params.kv_overrides = overrides
+            self._n_expert_used = n_expert_used
         params.vocab_only = vocab_only
         # each device's share of the offloaded layers, in llama.cpp's order (RPC workers,
         # then GPUs); the rest of the array zero
@@ -333,7 +383,11 @@ cdef class Model:
 
     @property
     def n_expert_used(self):
-        """Experts each token is routed to; 0 for a dense model."""
+        """Experts each token is routed to (as loaded: the file's, or n_expert_used given);
+        0 for a dense model."""
+        if self._n_expert_used:
+            self._check_open()
+            return self._n_expert_used
         return self._meta_int(f"{self.architecture}.expert_used_count")
 
     def info(self):

@@ -37,6 +37,26 @@ cdef extern from "ggml-backend.h" nogil:
     ggml_backend_reg_t ggml_backend_dev_backend_reg(ggml_backend_dev_t device)
     const char * ggml_backend_reg_name(ggml_backend_reg_t reg)
 
+cdef extern from "gguf.h" nogil:
+    # read a GGUF's metadata without loading it (checks that must come before llama.cpp's
+    # loader, which aborts the process on a bad override)
+    struct gguf_context:
+        pass
+    struct ggml_context:
+        pass
+    struct gguf_init_params:
+        cbool no_alloc
+        ggml_context ** ctx
+    gguf_context * gguf_init_from_file(const char * fname, gguf_init_params params)
+    void gguf_free(gguf_context * ctx)
+    int64_t gguf_find_key(const gguf_context * ctx, const char * key)
+    int gguf_get_kv_type(const gguf_context * ctx, int64_t key_id)
+    uint32_t gguf_get_val_u32(const gguf_context * ctx, int64_t key_id)
+    const char * gguf_get_val_str(const gguf_context * ctx, int64_t key_id)
+    enum:
+        GGUF_TYPE_UINT32
+        GGUF_TYPE_STRING
+
 cdef extern from "llama.h" nogil:
     ctypedef int32_t llama_pos
     ctypedef int32_t llama_token
@@ -77,7 +97,16 @@ cdef extern from "llama.h" nogil:
         LLAMA_POOLING_TYPE_LAST
         LLAMA_POOLING_TYPE_RANK
 
+    enum llama_model_kv_override_type:
+        LLAMA_KV_OVERRIDE_TYPE_INT
+
+    struct llama_model_kv_override:
+        llama_model_kv_override_type tag
+        char key[128]
+        int64_t val_i64  # a member of an anonymous union in llama.h
+
     struct llama_model_params:
+        const llama_model_kv_override * kv_overrides
         int32_t n_gpu_layers
         const float * tensor_split
         llama_progress_callback progress_callback

@@ -66,9 +66,9 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version, is
 # `uma run --help`'s sections after "Options" (--config, --log-level), each with its settings
 # in the order shown
 PANELS: dict[str, tuple[str, ...]] = {
-    "Model and device": ("threads", "gpu_layers", "flash_attn", "device_sampling", "overlap",
-                         "batch", "ubatch", "chat_template", "embedding_ctx", "pooling", "rpc",
-                         "tensor_split"),
+    "Model and device": ("threads", "gpu_layers", "experts_used", "flash_attn", "device_sampling",
+                         "overlap", "batch", "ubatch", "chat_template", "embedding_ctx",
+                         "pooling", "rpc", "tensor_split"),
     "KV cache and prefix cache": ("ctx", "parallel", "kv_type", "kv_unified", "prefix_cache",
                                   "prefix_cache_tokens", "prefix_cache_ram_mb"),
     "Scheduling": ("policy", "latency_cap", "bmt_budget", "gap_ms", "background_share",
@@ -150,6 +150,7 @@ def run(
     ubatch: int | None = _opt("ubatch"),
     threads: int | None = _opt("threads"),
     gpu_layers: int | None = _opt("gpu_layers"),
+    experts_used: int | None = _opt("experts_used"),
     kv_type: str | None = _opt("kv_type"),
     kv_unified: bool | None = _opt("kv_unified", "--kv-unified/--no-kv-unified"),
     flash_attn: str | None = _opt("flash_attn"),

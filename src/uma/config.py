@@ -26,6 +26,7 @@ FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal 32-bit float
 REPEAT_PENALTY_RANGE = (0.01, 100.0)
 MAX_PENALTY_LAST_N = 1 << 20
 _INT32_LIMIT = 1 << 31
+_MAX_EXPERTS = 1024  # LLAMA_MAX_EXPERTS
 
 
 def _in_range(name: str, value: object, low: float, high: float, note: str = "") -> float:
@@ -235,6 +236,10 @@ class EngineConfig:
     n_threads: int | None = None  # None: the cores this process may use (at most 16)
     n_threads_batch: int | None = None
     n_gpu_layers: int = -1  # layers offloaded to the GPU when there is one; -1: all
+    # an MoE's experts per token (1..its experts per layer): fewer read fewer bytes per decode
+    # token at some cost in quality; 0: the model's own. Fixed at load (llama.cpp builds it
+    # into the graph), refused for a dense model
+    n_expert_used: int = 0
     kv_unified: bool = True  # one KV buffer shared by all sequences
     type_k: str = "f16"
     type_v: str = "f16"
@@ -313,6 +318,10 @@ class EngineConfig:
         if not -1 <= checks.integer("n_gpu_layers", self.n_gpu_layers) < _INT32_LIMIT:
             raise InvalidRequestError(
                 f"n_gpu_layers must be in [-1, 2**31) (-1: all), not {self.n_gpu_layers}")
+        if not 0 <= checks.integer("n_expert_used", self.n_expert_used) <= _MAX_EXPERTS:
+            raise InvalidRequestError(
+                f"n_expert_used must be in [0, {_MAX_EXPERTS}] (0: the model's own), "
+                f"not {self.n_expert_used}")
         for name in ("type_k", "type_v"):
             value = getattr(self, name)
             if value in _KV_ALIASES:

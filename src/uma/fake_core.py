@@ -218,11 +218,15 @@ class Model:
     the load (ModelLoadError), as with the real core."""
 
     def __init__(self, path, *, n_gpu_layers: int = -1, progress=None,
-                 vocab_only: bool = False, tensor_split=()) -> None:
+                 vocab_only: bool = False, tensor_split=(), n_expert_used: int = 0) -> None:
         self._closed = True  # until constructed: close() of a half-made model does nothing
         path = os.fspath(path)
         self.path = path if isinstance(path, str) else os.fsdecode(path)
         _int(n_gpu_layers)
+        if _int(n_expert_used):  # a dense model, as the real core says of one
+            raise errors.InvalidRequestError(
+                f"experts per token (n_expert_used={n_expert_used}) cannot be set: "
+                f"{self.path} is not a mixture of experts")
         if any(not 0 <= float(x) < float("inf") for x in tensor_split):
             raise errors.InvalidRequestError("tensor_split shares must be finite and >= 0")
         if progress is not None and not callable(progress):

@@ -207,3 +207,37 @@ def test_moe_metadata(tiny_moe_path):
             batch.add_sequence(moe.tokenize("experts at work"), 0, 0)
             assert ctx.decode(batch) == 1
             assert np.isfinite(ctx.logits()).all()
+
+
+def _first_logits(model, text):
+    with _core.Context(model, n_ctx=128, n_batch=32) as ctx:
+        batch = _core.Batch(32)
+        batch.add_sequence(model.tokenize(text), 0, 0)
+        ctx.decode(batch)
+        return np.array(ctx.logits()[0])
+
+
+def test_moe_experts_used_is_set_at_load(tiny_moe_path):
+    text = "experts at work"
+    with _core.Model(tiny_moe_path) as moe:
+        own = _first_logits(moe, text)
+    with _core.Model(tiny_moe_path, n_expert_used=2) as same:
+        assert same.n_expert_used == 2 and same.info()["n_expert_used"] == 2
+        assert np.array_equal(_first_logits(same, text), own)
+    for k in (1, 4):  # fewer and more experts route each token differently
+        with _core.Model(tiny_moe_path, n_expert_used=k) as moe:
+            assert moe.n_expert_used == k and moe.n_expert == 4
+            logits = _first_logits(moe, text)
+            assert np.isfinite(logits).all() and not np.allclose(logits, own)
+
+
+@pytest.mark.parametrize("k", [5, -1, 1024])
+def test_moe_experts_used_out_of_range_is_refused_before_loading(tiny_moe_path, k):
+    # llama.cpp's loader would abort the process; the file's own figures are checked first
+    with pytest.raises(UmaError, match=r"experts per token \(n_expert_used\) must be in 1\.\.4"):
+        _core.Model(tiny_moe_path, n_expert_used=k)
+
+
+def test_experts_used_on_a_dense_model_is_refused(tiny_path):
+    with pytest.raises(UmaError, match="is not a mixture of experts"):
+        _core.Model(tiny_path, n_expert_used=1)

@@ -312,5 +312,5 @@ def test_drift_is_noticed(stub, pyx):
     grown.EXTRA = 1
     assert drift(stub, grown, pyx) == ["EXTRA is missing from the stub",
                                        "extra is missing from the stub"]
-    grown_pyx = pyx.replace("tensor_split=()):", "tensor_split=(), new=0):", 1)
+    grown_pyx = pyx.replace("n_expert_used=0):", "n_expert_used=0, new=0):", 1)
     assert grown_pyx != pyx and drift(stub, _core, grown_pyx)

@@ -451,3 +451,20 @@ def test_text_with_a_lone_surrogate_is_refused_naming_where(engine):
     for call in (engine.tokenize, lambda t: engine.generate(t, max_tokens=2)):
         with pytest.raises(InvalidRequestError, match="lone surrogate at character 2"):
             call("ab\ud800")
+
+
+def test_an_moe_served_with_fewer_experts_prices_its_ticks_by_them(tiny_moe_path):
+    with uma.Engine(tiny_moe_path, n_ctx=512, n_seq_max=2) as own, \
+            uma.Engine(tiny_moe_path, n_ctx=512, n_seq_max=2, n_expert_used=1) as fewer:
+        assert (own.model.n_expert_used, fewer.model.n_expert_used) == (2, 1)
+        # one token reaches 1 of 4 experts instead of 2: the bytes a decode moves fall
+        one, two = fewer._scheduler.bmt, own._scheduler.bmt
+        assert one.tick_bytes(1, 0) < two.tick_bytes(1, 0)
+        a = own.generate("experts at work", max_tokens=8, ignore_eos=True)
+        b = fewer.generate("experts at work", max_tokens=8, ignore_eos=True)
+        assert len(a.token_ids) == len(b.token_ids) == 8
+
+
+def test_fewer_experts_on_a_dense_model_is_refused_naming_the_setting(tiny_path):
+    with pytest.raises(InvalidRequestError, match=r"n_expert_used=1\) cannot be set: .* is not a mixture"):
+        uma.Engine(tiny_path, n_expert_used=1)

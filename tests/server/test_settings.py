@@ -259,3 +259,15 @@ def test_a_bad_scorecard_interval_in_a_file_is_refused_naming_it(tmp_path, text,
     with pytest.raises(InvalidRequestError,
                        match=rf"^invalid scorecard_interval_s in .*uma.toml: {message}"):
         settings.resolve([settings.read_file(conf)])
+
+
+def test_an_moes_experts_per_token_from_a_flag_the_environment_or_a_nested_file(tmp_path):
+    conf = tmp_path / "uma.yaml"
+    conf.write_text("model:\n  path: m.gguf\n  experts_used: 1\n")
+    assert settings.resolve([settings.read_file(conf)]).engine.n_expert_used == 1
+    env = settings.from_environment({"UMA_EXPERTS_USED": "2"})
+    assert settings.resolve([settings.read_file(conf), env]).engine.n_expert_used == 2
+    assert settings.resolve([{"model": "m.gguf"}]).engine.n_expert_used == 0  # the model's
+    with pytest.raises(InvalidRequestError, match=r"invalid UMA_EXPERTS_USED: .*\[0, 1024\]"):
+        settings.resolve([settings.from_environment({"UMA_EXPERTS_USED": "-1"})],
+                         demo_model="m.gguf")

@@ -128,7 +128,8 @@ class Engine:
         self.failure: str | None = None
         self._add_rpc_workers(config, core)
         self.model = core.Model(config.model, n_gpu_layers=config.n_gpu_layers,
-                                 progress=progress, tensor_split=config.tensor_split)
+                                 progress=progress, tensor_split=config.tensor_split,
+                                 n_expert_used=config.n_expert_used)
         try:
             self.chat_template = self._chat_template(config.chat_template)
             # constrained decoding; masks on a thread pool where the host's cores are free

@@ -39,6 +39,7 @@ NESTED: dict[str, str] = {
     "model.threads": "threads",
     "model.threads_batch": "threads_batch",
     "model.gpu_layers": "gpu_layers",
+    "model.experts_used": "experts_used",
     "model.flash_attn": "flash_attn",
     "model.device_sampling": "device_sampling",
     "model.overlap": "overlap",

@@ -91,6 +91,8 @@ SETTINGS: tuple[Setting, ...] = (
     _e("threads_batch", int, "= threads", "CPU threads for prompt batches", "n_threads_batch",
        flag=False),
     _e("gpu_layers", int, "-1 (all)", "layers offloaded to the GPU", "n_gpu_layers"),
+    _e("experts_used", int, "the model's", "MoE experts per token",
+       "n_expert_used"),
     Setting("kv_type", str, "f16", "K and V cache type: f32, f16, bf16, q8_0, q5_1, q5_0, q4_1 "
             "or q4_0"),
     _e("type_k", str, "f16", "K cache type (kv_type sets both)", flag=False),
