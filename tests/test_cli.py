@@ -220,6 +220,20 @@ def test_status_and_stop(tiny_path):
         assert d.proc.wait(30) == 0 and not os.path.exists(d.socket)
 
 
+def test_a_daemon_serving_an_moe_with_fewer_experts_says_so(tiny_moe_path):
+    with testing.run_daemon(tiny_moe_path, "--experts-used", "1") as d:
+        status = json.loads(uma("status", "--json", "--socket", d.socket).stdout)
+        assert status["experts"] == {"per_layer": 4, "per_token": 1}
+        assert "(1 of 4 experts a token)" in uma("status", "--socket", d.socket).stdout
+        with Client(d.socket) as client:
+            assert len(client.generate("experts", max_tokens=3, ignore_eos=True).token_ids) == 3
+
+
+def test_experts_used_on_a_dense_model_fails_to_start_naming_why(tiny_path, tmp_path):
+    r = uma("run", str(tiny_path), "--experts-used", "1", "--socket", str(tmp_path / "s"))
+    assert r.returncode != 0 and "is not a mixture of experts" in r.stderr
+
+
 def test_generate_reads_the_prompt_from_stdin(daemon):
     args = ("--max-tokens", "6", "--socket", daemon.socket)
     direct = uma("generate", "-p", "Once upon a time", *args)

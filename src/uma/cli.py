@@ -398,7 +398,8 @@ def status(
     mem, kv = h["memory"], h["kv_cells"]
     lines = [
         ("status", f"{h['status']} (pid {h['pid']}, uma-serve {h.get('version', '?')})"),
-        ("model", h["model"]),
+        ("model", h["model"] + (f" ({e['per_token']} of {e['per_layer']} experts a token)"
+                                if (e := h.get("experts")) else "")),
         ("socket", h.get("socket", socket or "")),
         ("uptime", f"{h['uptime_s']:.0f} s"),
         ("slots", f"{h['running']} of {h['slots']} busy, {h['queued']} queued"),

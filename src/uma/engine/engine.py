@@ -657,6 +657,9 @@ class Engine:
             "memory": {"rss_bytes": rss_bytes(), "model_bytes": self.model.size_bytes,
                        "kv_bytes": int(ex.bmt.kv_bytes_per_pos * n_ctx) if ex.bmt else 0},
         }
+        if self.model.n_expert:  # a mixture of experts, and how many each token reaches
+            out["experts"] = {"per_layer": self.model.n_expert,
+                              "per_token": self.model.n_expert_used}
         if ex.prefix is not None:  # what the prefix cache holds, and saved each app
             hits, reused = ex.m.app_prefix_hits.children, ex.m.app_prefix_tokens.children
             out["prefix_cache"] = {
