@@ -27,10 +27,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from llama_tools import ensure_tools  # noqa: E402
-from servers import Server, add_server_args, alternating, llama_server, uma_server  # noqa: E402
+from servers import (  # noqa: E402
+    Server,
+    add_server_args,
+    alternating,
+    llama_server,
+    model_and_server,
+    uma_server,
+)
 from streams import sse_completion  # noqa: E402
-from uma import synth  # noqa: E402
 
 USER, REPLY = 200, 32
 SYSTEM, QUESTION = 1500, 40
@@ -84,8 +89,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=1, help="runs a side, alternating order")
     ap.add_argument("--out", type=Path, default=None)
     ns = ap.parse_args()
-    path = Path(ns.model) if Path(ns.model).exists() else synth.cached_model(ns.model)
-    tool = ensure_tools(ns.backend)["llama-server"]
+    path, tool = model_and_server(ns)
     ctx = 4 * (ns.turns * (USER + REPLY) + 256)
     common = {"threads": ns.threads, "ctx": ctx, "parallel": 4, "gpu_layers": ns.gpu_layers}
     report: dict = {"model": str(path), "ctx": ctx, "threads": ns.threads}

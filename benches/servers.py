@@ -58,6 +58,8 @@ def uma_server(model: Path, *, threads: int, ctx: int, parallel: int, policy: st
     """`uma run` with these flags, and `env` for settings that have no flag (UMA_<NAME>)."""
     cmd = ("--http", "127.0.0.1:0", "--threads", str(threads), "--parallel", str(parallel),
            "--ctx", str(ctx), "--policy", policy, "--gpu-layers", str(gpu_layers), *args)
+    # run_daemon starts it with no prompts kept across restarts: every run starts cold, as
+    # llama-server does (a benchmark of restarts asks for them in env)
     with testing.run_daemon(model, *cmd,
                             env={"UMA_THREADS_BATCH": str(threads), **(env or {})}) as d:
         port = int(re.search(r"http://127\.0\.0\.1:(\d+)", "".join(d.stderr)).group(1))
@@ -119,6 +121,16 @@ def add_server_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--backend", default="cpu", help="which llama.cpp tools build")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--gpu-layers", type=int, default=0)
+
+
+def model_and_server(ns: argparse.Namespace) -> tuple[Path, Path]:
+    """The model add_server_args named (a GGUF path, else a synth preset, written on first
+    use) and the llama-server of its backend's build."""
+    from llama_tools import ensure_tools
+    from uma import synth
+
+    path = Path(ns.model) if Path(ns.model).exists() else synth.cached_model(ns.model)
+    return path, ensure_tools(ns.backend)["llama-server"]
 
 
 def alternating(names: list[str], repeat: int) -> Iterator[tuple[int, str]]:

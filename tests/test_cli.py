@@ -220,6 +220,21 @@ def test_status_and_stop(tiny_path):
         assert d.proc.wait(30) == 0 and not os.path.exists(d.socket)
 
 
+def test_a_restarted_daemon_restores_the_prompts_it_had_cached(tiny_path, tmp_path):
+    env = {"UMA_PREFIX_CACHE_DISK_MB": "64", "UMA_PREFIX_CACHE_DIR": str(tmp_path)}
+    prompt = "You are a helpful assistant who answers in one line. " * 6
+    with testing.run_daemon(tiny_path, env=env) as d, Client(d.socket) as client:
+        client.generate(prompt + "Hi", max_tokens=2)
+        assert uma("stop", "--socket", d.socket).returncode == 0
+    assert len(list(tmp_path.rglob("*.kv"))) == 1
+    with testing.run_daemon(tiny_path, env=env) as d, Client(d.socket) as client:
+        assert client.metrics()["prefix_cache_disk_loaded"] == 1
+        result = client.generate(prompt + "Hello", max_tokens=2)
+        seen = client.metrics()
+        assert seen["prefix_cache_restored_bytes_total"] > 0 and seen["prefix_cache_disk_bytes"] > 0
+        assert result.usage.cached_tokens > 40
+
+
 def test_a_daemon_serving_an_moe_with_fewer_experts_says_so(tiny_moe_path):
     with testing.run_daemon(tiny_moe_path, "--experts-used", "1") as d:
         status = json.loads(uma("status", "--json", "--socket", d.socket).stdout)

@@ -38,8 +38,12 @@ cdef extern from *:
     #ifndef UMA_BACKENDS
     #define UMA_BACKENDS "cpu"
     #endif
+    #ifndef UMA_LLAMA_COMMIT
+    #define UMA_LLAMA_COMMIT ""
+    #endif
     """
     const char * UMA_BACKENDS
+    const char * UMA_LLAMA_COMMIT
 
 # Native handles alive, by kind: tests assert these return to zero (no leaked models/contexts).
 _live = {"model": 0, "context": 0, "batch": 0, "sampler": 0}
@@ -90,6 +94,11 @@ def devices():
             "memory_free": free_b, "memory_total": total_b,
         })
     return tuple(out)
+
+
+def llama_commit():
+    """The llama.cpp commit this build was compiled from ("" where the build did not say)."""
+    return (<bytes>UMA_LLAMA_COMMIT).decode()
 
 
 def max_parallel_sequences():

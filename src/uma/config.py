@@ -263,6 +263,11 @@ class EngineConfig:
     prefix_cache: int = 8
     prefix_cache_tokens: int | None = None
     prefix_cache_ram_mb: int = 1024  # host memory for entries that leave the KV cache (0: none)
+    # disk for snapshots that outlive the process (uma.engine.prefix_disk), in
+    # prefix_cache_dir (None: the user's cache directory); read back at the next start. 0
+    # (off) for an embedded engine; the daemon's default is on (uma.server.settings)
+    prefix_cache_disk_mb: int = 0
+    prefix_cache_dir: str | None = None
     # the scheduling policy's knobs given (the config file's [slo] table), as (name, value)
     # pairs (hashable, so the config stays frozen; a dict is taken too); the rest keep their
     # policy's defaults (uma.knobs)
@@ -374,9 +379,13 @@ class EngineConfig:
                 "prefix_cache_tokens", self.prefix_cache_tokens) < _INT32_LIMIT:
             raise InvalidRequestError(
                 f"prefix_cache_tokens must be in [0, 2**31), not {self.prefix_cache_tokens}")
-        if not 0 <= checks.integer("prefix_cache_ram_mb", self.prefix_cache_ram_mb) < 1 << 24:
-            raise InvalidRequestError(
-                f"prefix_cache_ram_mb must be in [0, 2**24), not {self.prefix_cache_ram_mb}")
+        for name in ("prefix_cache_ram_mb", "prefix_cache_disk_mb"):
+            if not 0 <= checks.integer(name, getattr(self, name)) < 1 << 24:
+                raise InvalidRequestError(
+                    f"{name} must be in [0, 2**24), not {getattr(self, name)}")
+        if self.prefix_cache_dir is not None and (not isinstance(self.prefix_cache_dir, str)
+                                                  or not self.prefix_cache_dir):
+            raise InvalidRequestError("prefix_cache_dir must be a folder's path")
         if self.policy not in ("bound", "baseline"):
             raise InvalidRequestError(
                 f"policy must be 'bound' or 'baseline', not {self.policy!r}")

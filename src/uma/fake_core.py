@@ -53,7 +53,8 @@ from uma.embeddings import decode_end
 
 __all__ = [
     "BOS", "EOG_AFTER", "EOS", "N_VOCAB", "TRIGGER", "Batch", "Context", "Model", "Sampler",
-    "backends", "default_threads", "devices", "live_handles", "llama_grammar_steps",
+    "backends", "default_threads", "devices", "live_handles", "llama_commit",
+    "llama_grammar_steps",
     "set_log_level", "system_info",
 ]
 
@@ -160,6 +161,11 @@ def backends() -> tuple[str, ...]:
     """('fake',): not ('cpu',), so the engine does not time host memory bandwidth for its
     ΣBMT budget (a few hundred ms) unless the config asks for n_gpu_layers=0."""
     return ("fake",)
+
+
+def llama_commit() -> str:
+    """A fake build's: state it saves is the fake's own."""
+    return "fake"
 
 
 def devices() -> tuple[dict[str, Any], ...]:

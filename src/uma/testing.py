@@ -72,8 +72,10 @@ def run_daemon(model: str | os.PathLike | None = None, *args: str, socket: str |
     if model is not None:
         cmd.append(os.fspath(model))
     cmd += ["--socket", socket, *args]
+    # a daemon started for a test keeps no prompts across restarts unless env asks: one test's
+    # saved prompts would be read back by the next daemon on the same model
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-                            env={**os.environ, **(env or {})})
+                            env={**os.environ, "UMA_PREFIX_CACHE_DISK_MB": "0", **(env or {})})
     daemon = DaemonProcess(proc, socket)
     lines: queue.Queue[str | None] = queue.Queue()
 

@@ -466,5 +466,6 @@ def test_an_moe_served_with_fewer_experts_prices_its_ticks_by_them(tiny_moe_path
 
 
 def test_fewer_experts_on_a_dense_model_is_refused_naming_the_setting(tiny_path):
-    with pytest.raises(InvalidRequestError, match=r"n_expert_used=1\) cannot be set: .* is not a mixture"):
+    with pytest.raises(InvalidRequestError,
+                       match=r"n_expert_used=1\) cannot be set: .* is not a mixture"):
         uma.Engine(tiny_path, n_expert_used=1)

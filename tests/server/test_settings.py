@@ -271,3 +271,14 @@ def test_an_moes_experts_per_token_from_a_flag_the_environment_or_a_nested_file(
     with pytest.raises(InvalidRequestError, match=r"invalid UMA_EXPERTS_USED: .*\[0, 1024\]"):
         settings.resolve([settings.from_environment({"UMA_EXPERTS_USED": "-1"})],
                          demo_model="m.gguf")
+
+
+def test_the_daemon_keeps_its_prefix_cache_on_disk_unless_told_not_to(tmp_path):
+    assert settings.resolve([{"model": "m.gguf"}]).engine.prefix_cache_disk_mb == 4096
+    env = settings.from_environment({"UMA_PREFIX_CACHE_DISK_MB": "0",
+                                     "UMA_PREFIX_CACHE_DIR": str(tmp_path)})
+    s = settings.resolve([{"model": "m.gguf"}, env])
+    assert s.engine.prefix_cache_disk_mb == 0 and s.engine.prefix_cache_dir == str(tmp_path)
+    with pytest.raises(InvalidRequestError, match=r"invalid UMA_PREFIX_CACHE_DISK_MB"):
+        settings.resolve([settings.from_environment({"UMA_PREFIX_CACHE_DISK_MB": "-1"})],
+                         demo_model="m.gguf")

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
+from pathlib import Path
 from types import ModuleType
 from typing import Any, cast
 
@@ -38,6 +39,8 @@ from uma.engine.background import BackgroundLane
 from uma.engine.contexts import Contexts
 from uma.engine.output import OutputStage
 from uma.engine.prefix_cache import KvPrefixCache
+from uma.engine.prefix_disk import DiskTier, state_key
+from uma.engine.prefix_disk import default_dir as default_disk_dir
 from uma.engine.scheduler import Scheduler
 from uma.errors import (
     ClosedError,
@@ -45,6 +48,7 @@ from uma.errors import (
     EngineBusyError,
     EngineFailedError,
     InvalidRequestError,
+    UmaError,
 )
 from uma.handle import RequestHandle, Result
 from uma.metrics import Registry
@@ -155,8 +159,12 @@ class Engine:
         spare = range(config.n_seq_max, self.ctx.n_seq_max)
         budget = (self.ctx.n_ctx // 2 if config.prefix_cache_tokens is None
                   else config.prefix_cache_tokens)
-        prefix = KvPrefixCache(self.ctx, spare, budget, config.prefix_cache_ram_mb << 20) \
-            if spare and budget else None
+        prefix = KvPrefixCache(self.ctx, spare, budget, config.prefix_cache_ram_mb << 20,
+                               self._disk_tier(config, core)) if spare and budget else None
+        if prefix is not None and prefix.disk is not None:
+            warmed = prefix.warm()
+            if warmed:
+                log.info("prefix cache: %d prompts read back from %s", warmed, prefix.disk.dir)
         self._scheduler = Scheduler(self.ctx, policy, self._output, self.metrics, core,
                                   n_running=config.n_seq_max, prefix=prefix,
                                   bmt=BmtModel.of(self.model, config.type_k),
@@ -245,6 +253,24 @@ class Engine:
         if core.backends() == ("cpu",) or config.n_gpu_layers == 0 or not _gpu_devices(core):
             return probe_bandwidth_gbps()
         return 0.0
+
+    @staticmethod
+    def _disk_tier(config: EngineConfig, core: ModuleType) -> DiskTier | None:
+        """Where the prefix cache's snapshots outlive the process (prefix_cache_disk_mb), in a
+        folder of their model, KV types and llama.cpp build; None where off or the folder
+        cannot be made (the cache goes on in memory)."""
+        if config.prefix_cache_disk_mb <= 0 or config.prefix_cache_ram_mb <= 0:
+            return None
+        root = Path(config.prefix_cache_dir).expanduser() if config.prefix_cache_dir \
+            else default_disk_dir()
+        key = state_key(model=config.model, type_k=config.type_k, type_v=config.type_v,
+                        flash_attn=config.flash_attn, llama_commit=core.llama_commit())
+        try:
+            return DiskTier(root, key, config.prefix_cache_disk_mb << 20)
+        except OSError as exc:
+            log.warning("prefix cache: no disk tier in %s (%s); prompts are kept in memory "
+                        "only", root, exc)
+            return None
 
     @staticmethod
     def _cache_seqs(config: EngineConfig, core: ModuleType) -> int:
@@ -697,6 +723,12 @@ class Engine:
         if self._thread.is_alive():
             raise TimeoutError("the engine did not stop in time")
         self._output.close()
+        prefix = self._scheduler.prefix
+        if prefix is not None and prefix.disk is not None:
+            try:  # nothing runs now: what is cached goes to disk for the next start
+                prefix.persist()
+            except (OSError, UmaError) as exc:
+                log.warning("prefix cache: not saved to disk: %s", exc)
         self._contexts.close()
         with self._cond:
             self._cond.wait_for(lambda: self._submitting == 0)

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from uma.engine.prefix_disk import DiskTier
 from uma.engine.prefix_index import PrefixIndex, Reuses
 from uma.engine.snapshots import Leaving, Part, Snapshots
 from uma.errors import UmaError
@@ -56,13 +57,16 @@ class KvPrefixCache:
     Used by the scheduler's thread only."""
 
     def __init__(self, ctx: _core.Context, seqs: range, budget: int,
-                 ram_budget: int = 0) -> None:
+                 ram_budget: int = 0, disk: DiskTier | None = None) -> None:
         """ram_budget: bytes of host memory for snapshots of entries that leave the KV cache
         (0: they are dropped). With a RAM budget and two sequences or more, the last of `seqs`
-        is kept empty for slicing snapshots (uma.engine.snapshots)."""
+        is kept empty for slicing snapshots (uma.engine.snapshots). disk: where snapshots are
+        written through, to outlive the process (uma.engine.prefix_disk; needs a RAM
+        budget)."""
         self.ctx = ctx
         self.budget = budget
         self.ram_budget = ram_budget
+        self.disk = disk if ram_budget > 0 else None
         self.index = PrefixIndex()
         slicing = ram_budget > 0 and len(seqs) >= 2
         self._free = list(seqs[:-1] if slicing else seqs)
@@ -277,18 +281,47 @@ class KvPrefixCache:
         return self.ram_budget > 0 and self.index.covering(tokens, "ram") is None \
             and worth_a_snapshot(n, self.snapshots.ms_per_token, self.prefill_ms(n))
 
-    def _file(self, tokens: np.ndarray, parts: tuple[Part, ...], reuses: Reuses) -> None:
+    def warm(self) -> int:
+        """Files the newest snapshots on disk in the "ram" tier, within the RAM budget (a
+        daemon that starts again restores what it had cached); returns how many."""
+        if self.disk is None:
+            return 0
+        n = 0
+        for saved in self.disk.read(self.ram_budget - self.ram_bytes):
+            n += self._file(saved.tokens, saved.parts, None, persist=False)
+        return n
+
+    def persist(self) -> None:
+        """Writes every entry worth keeping to disk, as the engine closes (nothing runs then):
+        those leaving in slices are finished, those still in the KV cache copied whole; then
+        waits for the writes. Those in host memory are on disk already."""
+        if self.disk is None:
+            return
+        try:
+            self.save(float("inf"), idle=True)
+            for entry, spare in list(self._seq_of.items()):
+                tokens = self._tokens_of[entry]
+                if self.index.covering(tokens, "ram") is None:
+                    self.disk.write(tokens, self.snapshots.whole(tokens, spare))
+        finally:
+            self.disk.close()
+
+    def _file(self, tokens: np.ndarray, parts: tuple[Part, ...], reuses: Reuses | None,
+              persist: bool = True) -> bool:
         """Keeps a complete snapshot in the "ram" tier, within the RAM budget, with the record
-        of the entry it was."""
+        of the entry it was, and (persist) on disk; whether it was kept."""
         nbytes = sum(len(p.data) for p in parts)
         if nbytes > self.ram_budget or self.index.covering(tokens, "ram") is not None:
-            return
+            return False
         saved = self.index.insert(tokens, "ram", nbytes=nbytes, reuses=reuses)
         self._snapshot[saved] = parts
+        if persist and self.disk is not None:
+            self.disk.write(tokens, parts)
         for victim in self.index.evictions("ram", self.ram_budget).victims:
             self.index.remove(victim)
             del self._snapshot[victim]
             self.on_evict("ram")
+        return True
 
     def _release(self, spare: int) -> None:
         """Frees the cells of a spare sequence no running request shares, and the sequence."""

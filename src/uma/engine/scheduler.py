@@ -131,6 +131,10 @@ class Scheduler:
         if prefix is not None:  # the cache's sizes are read when asked, not tracked
             self.m.prefix_cached.fn = lambda: prefix.tokens
             self.m.prefix_ram.fn = lambda: prefix.ram_bytes
+            if prefix.disk is not None:
+                disk = prefix.disk
+                self.m.prefix_disk.fn = lambda: disk.bytes
+                self.m.prefix_loaded.fn = lambda: disk.loaded
             prefix.on_evict = lambda tier: self.m.prefix_evicted[tier].inc()
             prefix.idle = self._may_hold
             prefix.prefill_ms = lambda n: reuse.prefill_ms(n, self.cost.estimate,

@@ -97,6 +97,10 @@ class TickMetrics:
                                        "tokens the prefix cache holds (cells shared included)")
         self.prefix_ram = reg.gauge("prefix_cache_ram_bytes",
                                     "host memory the prefix cache's snapshots take")
+        self.prefix_disk = reg.gauge("prefix_cache_disk_bytes",
+                                     "disk the prefix cache's snapshot files take")
+        self.prefix_loaded = reg.gauge("prefix_cache_disk_loaded",
+                                       "snapshots read back from disk at start")
         self.prefix_restored = reg.counter("prefix_cache_restored_bytes_total",
                                            "snapshot bytes read back into the KV cache")
         self.prefix_evicted = {

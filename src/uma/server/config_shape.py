@@ -59,6 +59,8 @@ NESTED: dict[str, str] = {
     "kv.prefix_cache": "prefix_cache",
     "kv.prefix_cache_tokens": "prefix_cache_tokens",
     "kv.prefix_cache_ram_mb": "prefix_cache_ram_mb",
+    "kv.prefix_cache_disk_mb": "prefix_cache_disk_mb",
+    "kv.prefix_cache_dir": "prefix_cache_dir",
     # Scheduling. The brief's max_merge is how many requests' tokens one decode coalesces
     # ("token-level coalescing (2-8)"): here every running request decodes a token each tick,
     # so that bound is `parallel`, the requests decoded at once (more wait in the queue).

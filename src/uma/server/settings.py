@@ -117,6 +117,10 @@ SETTINGS: tuple[Setting, ...] = (
     _e("prefix_cache_tokens", int, "half of ctx", "tokens it may hold"),
     _e("prefix_cache_ram_mb", int, "1024",
        "host memory for prompts that leave the KV cache, MiB (0: none)"),
+    _e("prefix_cache_disk_mb", int, "4096 (the daemon; an embedded engine: 0)",
+       "disk for prompts kept across restarts, MiB (0: none)", flag=False),
+    _e("prefix_cache_dir", str, "$UMA_CACHE_DIR/prefix, else ~/.cache/uma-serve/prefix",
+       "where prompts kept across restarts are saved", flag=False),
     _e("background_ctx", int, "0 (off)",
        "KV positions of a second context for background requests (GPUs)"),
     _e("background_seqs", int, "2", "background decoders at once"),
@@ -169,6 +173,7 @@ SETTINGS: tuple[Setting, ...] = (
     _s("http_max_body_bytes", int, "2 x max_prompt_bytes + 64 KiB", "largest request body"),
 )
 BY_NAME = {s.name: s for s in SETTINGS}
+DAEMON_PREFIX_DISK_MB = 4096
 NAMES = frozenset(BY_NAME)
 DEMO_MODEL = "<the built-in demo model>"  # stands for it until the settings are valid
 
@@ -281,6 +286,8 @@ def resolve(sources: Iterable[Source | Mapping[str, object]],
         merged["model"] = demo_model
     merged["model"] = os.path.expanduser(str(merged["model"]))
     merged.setdefault("socket", default_socket_path())
+    # the daemon keeps its prefix cache across restarts (an embedded engine asks for it)
+    merged.setdefault("prefix_cache_disk_mb", DAEMON_PREFIX_DISK_MB)
     merged["socket"] = os.path.expanduser(str(merged["socket"]))
     log_level = str(merged.pop("log_level", "warn"))
     if log_level not in ("none", "error", "warn", "info", "debug"):
