@@ -10,6 +10,7 @@ import ipaddress
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypedDict
 
 from uma import checks
@@ -27,6 +28,16 @@ REPEAT_PENALTY_RANGE = (0.01, 100.0)
 MAX_PENALTY_LAST_N = 1 << 20
 _INT32_LIMIT = 1 << 31
 _MAX_EXPERTS = 1024  # LLAMA_MAX_EXPERTS
+
+
+def cache_root() -> Path:
+    """UMA Serve's folder in the user's cache directory (its models, its prefix cache's
+    files): $UMA_CACHE_DIR, else $XDG_CACHE_HOME/uma-serve or ~/.cache/uma-serve."""
+    base = os.environ.get("UMA_CACHE_DIR")
+    if base:
+        return Path(base)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "uma-serve"
 
 
 def _in_range(name: str, value: object, low: float, high: float, note: str = "") -> float:

@@ -35,6 +35,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from uma import templates
+from uma.config import cache_root
 
 __all__ = [
     "PRESETS",
@@ -624,12 +625,7 @@ def write_model(
 def models_cache_dir() -> Path:
     """Where models UMA Serve writes or fetches live: $UMA_CACHE_DIR/models,
     $XDG_CACHE_HOME/uma-serve/models or ~/.cache/uma-serve/models."""
-    base = os.environ.get("UMA_CACHE_DIR")
-    if base:
-        return Path(base) / "models"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    root = Path(xdg) if xdg else Path.home() / ".cache"
-    return root / "uma-serve" / "models"
+    return cache_root() / "models"
 
 
 def _spec_hash(spec: SynthSpec) -> str:

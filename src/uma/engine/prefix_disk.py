@@ -30,6 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from uma.config import cache_root
 from uma.engine.snapshots import Part
 
 log = logging.getLogger("uma.engine")
@@ -60,11 +61,7 @@ def state_key(*, model: str, type_k: str, type_v: str, flash_attn: str, llama_co
 def default_dir() -> Path:
     """$UMA_CACHE_DIR/prefix, else $XDG_CACHE_HOME/uma-serve/prefix or
     ~/.cache/uma-serve/prefix (beside the models, uma.synth.models_cache_dir)."""
-    base = os.environ.get("UMA_CACHE_DIR")
-    if base:
-        return Path(base) / "prefix"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "uma-serve" / "prefix"
+    return cache_root() / "prefix"
 
 
 class DiskTier:
