@@ -75,7 +75,8 @@ class BackgroundLane:
         cost = self.scheduler.cost.estimate
         return ApartView(least_ms=self._least_ms(MIN_CHUNK, depth),
                          one_ms=self._least_ms(1, depth),
-                         read_ms=cost.chunk_overhead_ms(depth) if depth else 0.0)
+                         read_ms=cost.chunk_overhead_ms(depth) if depth else 0.0,
+                         prompt=depth is not None)
 
     def run(self, grant_ms: float, arrived: Callable[[], bool] = _never) -> float:
         """Background ticks back to back, each packed within the grant's time left (the

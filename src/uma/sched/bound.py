@@ -238,19 +238,39 @@ def tick_limits(policy: BoundPolicy, state: SchedulerState, mem: BoundMemory) ->
         line_ms = max(cap * solo_ms, target_ms / margin)
     gap_ms = max(line_ms, max(policy.gap_ms, policy.gap_factor * alone_ms)
                  / max(margin, policy.gap_margin))
-    rate = pause_rate(policy, state, cap)
-    spacing = math.ceil(1 / rate) if rate > 0 else math.inf
     waiting = state.apart is not None \
         or any(s.phase is Phase.PREFILL or s.phase is Phase.DECODE for s in back)
+    spacing, pause_ms = pause_shape(policy, state, pause_rate(policy, state, cap), solo_ms,
+                                    line_ms, gap_ms, back)
     pause = policy.background_share > 0 and waiting and mem.since_pause >= spacing
-    pause_ms = 0.0
-    if pause:
-        # the share owed over the ticks between two pauses (T of them, d ms each): a pause
-        # of P ms past them gives P / (T d + P) = share
-        share = min(policy.background_share, 0.9)
-        pause_ms = min(gap_ms - solo_ms, share * spacing * solo_ms / (1 - share)
-                       + (line_ms - solo_ms))
-    return Limits(True, solo_ms, line_ms, gap_ms, target_ms, pause, pause_ms, back_ids)
+    return Limits(True, solo_ms, line_ms, gap_ms, target_ms, pause,
+                  pause_ms if pause else 0.0, back_ids)
+
+
+def pause_shape(policy: BoundPolicy, state: SchedulerState, rate: float, solo_ms: float,
+                line_ms: float, gap_ms: float, back: Sequence[SessionView]
+                ) -> tuple[float, float]:
+    """(ticks from one pause to the next, a pause's time past the streams' decode rows), so
+    that the background gets its share of the streams' time: T ordinary ticks of d ms and a
+    pause of P ms past them, of which the line's leftover L is every tick's, give
+    (P - L) / (T d + P) = share; never more often than the pause rate allows.
+
+    While a background prompt waits, its chunks take any length: each pause is as long as
+    the gap bound allows and pauses come as rarely as the share permits (the fewest for the
+    same time, so a p95 judged at one tick in 20 is left alone however fast the ticks).
+    Background decoders alone move one token a call: pauses as often as the rate allows,
+    each as long as the share owes."""
+    least = math.ceil(1 / rate) if rate > 0 else math.inf
+    share = min(policy.background_share, 0.9)
+    full = gap_ms - solo_ms
+    leftover = line_ms - solo_ms
+    if share <= 0 or solo_ms <= 0:
+        return least, full
+    apart = state.apart
+    if any(s.phase is Phase.PREFILL for s in back) or (apart is not None and apart.prompt):
+        owed = max(full - leftover, 0.0) * (1 - share) / (share * solo_ms)
+        return max(least, math.ceil(owed)), full
+    return least, min(full, share * least * solo_ms / (1 - share) + leftover)
 
 
 def served_decoders(policy: BoundPolicy, state: SchedulerState,

@@ -82,6 +82,7 @@ class ApartView:
     least_ms: float  # its least worthwhile call: its decoders, and a small prompt chunk
     one_ms: float = 0.0  # its least call that moves: its decoders, or one prompt token
     read_ms: float = 0.0  # its next prompt chunk's read of that context's cache (0: none)
+    prompt: bool = False  # whether a prompt waits to prefill there (else decoders only)
 
 
 @dataclass(frozen=True, slots=True)
