@@ -82,7 +82,9 @@ class Phase:
             self.streams.append((cls, s))
             if cls == "background":
                 self.prompts[id(s)] = prompt
-            if len(s.times) < max_tokens:  # ignore_eos: a stream that ended early was cut
+            # ignore_eos: a stream that ended early was cut. Counted from the usage the
+            # server reports: a chunk may carry two tokens (bytes completing one character)
+            if s.completion_tokens < max_tokens:
                 self.truncated += 1
         return s
 
@@ -187,8 +189,14 @@ def interactive_phase(server: Server, ns, storms: list[str],
 
     def background(j: int) -> None:
         time.sleep(ns.arrive_s + 0.25 * j)
-        try:  # a scheduler may take minutes to a background first token: wait an hour
-            phase.request("background", f"bg{j}", storms[j], ns.bg_tokens, timeout=3600)
+        # a scheduler may take minutes to a background first token, but one that sends
+        # nothing for 100x the request's time alone has starved it: say so, not wait an hour
+        wait_s = max(300.0, 0.1 * bg_alone.get(storms[j], 0.0))
+        try:
+            phase.request("background", f"bg{j}", storms[j], ns.bg_tokens, timeout=wait_s)
+        except TimeoutError:
+            raise RuntimeError(f"background request {j} got nothing for {wait_s:.0f} s "
+                               "(100x its time alone): starved") from None
         finally:  # failed or not, the storm is over for this request
             with phase._lock:
                 remaining[0] -= 1

@@ -51,10 +51,10 @@ class Stream:
 
 
 def sse_completion(port: int, body: dict, *, timeout: float = 300.0, label: str = "") -> Stream:
-    """POST /v1/completions with stream=True and usage. Both servers send one chunk per token
-    (finish_reason null), with empty text while a character or stop string is pending and for
-    tokens that render as nothing (a random model can loop on a control token): every such
-    chunk is a token, text or not."""
+    """POST /v1/completions with stream=True and usage. Each chunk with finish_reason null is
+    counted as a token's arrival. Nearly always one token a chunk; a token held back (half a
+    character, a possible stop string) arrives with the next, so a random model's byte
+    tokens give a few chunks fewer than tokens: the count of tokens is the usage's."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     conn.connect()
     payload = json.dumps({**body, "stream": True, "stream_options": {"include_usage": True}})
