@@ -12,7 +12,7 @@ import pytest
 from uma.engine.background import MIN_CHUNK
 from uma.sched.baseline import BaselinePolicy
 from uma.sched.bmt import BmtModel
-from uma.sched.bound import BoundMemory, BoundPolicy
+from uma.sched.bound import BoundMemory, BoundPolicy, price_band
 from uma.sched.cost import WIDE_ROWS, CostEstimate, CostModel, attended
 from uma.sched.policy import decode_kv
 from uma.sched.state import ApartView, Phase, SchedulerState
@@ -179,10 +179,37 @@ def test_an_overrun_prices_the_next_background_chunk_at_what_it_measured():
     plan = policy.schedule_tick(snapshot(memory, 0.0, 2))
     again = sum(i.n_tokens for i in plan.items if i.seq_id == 5)
     assert 0.15 * tokens <= again <= 0.35 * tokens
-    # a tick that comes in under eases the price back by at most a fifth
+    # every size's price followed the overrun: a smaller chunk is not assumed cheaper
+    assert all(p == pytest.approx(4.0) for p in plan.memory.prices)
+    # a tick that comes in under eases its own size's price back by at most a fifth
     chunk_ms = plan.memory.planned_ms - plan.memory.decode_ms
     plan = policy.schedule_tick(snapshot(plan.memory, plan.memory.decode_ms + chunk_ms / 8, 3))
-    assert plan.memory.price == pytest.approx(3.2)
+    eased = price_band(again)
+    assert plan.memory.prices[eased] == pytest.approx(3.2)
+    assert all(p == pytest.approx(4.0) for b, p in enumerate(plan.memory.prices) if b != eased)
+
+
+def test_a_price_learned_on_small_chunks_never_sets_a_large_ones():
+    # Ordinary ticks carry a token or two of a background prompt; the cost model overprices
+    # them (a call's fixed part), so their measured price falls. A pause's 40-token chunk is
+    # priced at its own size's price, not theirs: on a 2-core CPU that fall (to 0.58) once
+    # planned a pause's chunk at 80 ms that took 148.
+    policy = BoundPolicy()
+    sessions = (session(0, INT, Phase.DECODE), session(5, BG, Phase.PREFILL, prompt=5000,
+                                                       prefilled=1000))
+
+    def snapshot(memory, last_ms):
+        return SchedulerState(now_ns=0, sessions=sessions, n_waiting=0, n_batch=512,
+                              n_seq_max=8, decode_ms_ewma=0.0, cost=BELIEF, tick=0,
+                              last_tick_ms=last_ms, last_tick_tokens=0, memory=memory)
+
+    fresh = policy.schedule_tick(snapshot(BoundMemory(cap=512, since_pause=1 << 30), 0.0))
+    tokens = sum(i.n_tokens for i in fresh.items if i.seq_id == 5)
+    assert tokens >= 16 and fresh.notes.paused
+    small = BoundMemory(cap=512, since_pause=1 << 30, prices=(0.5,) * 2 + (1.0,) * 3)
+    plan = policy.schedule_tick(snapshot(small, 0.0))
+    assert sum(i.n_tokens for i in plan.items if i.seq_id == 5) == tokens
+    assert plan.notes.predicted_ms == pytest.approx(fresh.notes.predicted_ms)
 
 
 def test_a_new_interactive_prompt_is_chunked_within_the_gap_bound():

@@ -16,9 +16,11 @@ interactive prompts come first, in chunks that keep their tick within the gap bo
 
 The cost model prices every chunk at the depth it runs at; each tick's measured time then
 bounds the next tick of its kind: background chunks are priced at the cost model's price ×
-what the last background tick measured against it (`price`), which follows an overrun at
-once (shrink) and a tick that came in under by at most a fifth a tick (grow slowly). So a
-price the model got wrong, however wrong, costs one tick, not a streak. A slow start (a
+what the last background tick of that size measured against it (`prices`, one per size band
+of its tokens: a price learned on one-token chunks says nothing of a 64-token chunk's), which
+follows an overrun at once, in every band (shrink), and a tick that came in under by at most
+a fifth a tick, in its own band (grow slowly). So a price the model got wrong, however wrong,
+costs one tick, not a streak. A slow start (a
 token cap doubling from min_prefill while used) bounds the first chunks, before any has
 been measured.
 
@@ -39,6 +41,7 @@ A pure function of the snapshot; what it remembers travels in BoundMemory (Plan.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 from collections.abc import Sequence
@@ -71,6 +74,15 @@ from uma.sched.state import (
     Waiting,
 )
 
+# A tick's background tokens below 4, below 16, below 64, below 256, and more: a price is
+# learned per band, because the cost model's error differs with the rows (a CPU's cliff at 64
+# rows, a call's fixed part that one token cannot amortise).
+PRICE_EDGES = (1, 4, 16, 64, 256)
+
+
+def price_band(tokens: int) -> int:
+    return max(bisect.bisect_right(PRICE_EDGES, tokens) - 1, 0)
+
 
 @dataclass(frozen=True, slots=True)
 class BoundMemory:
@@ -81,10 +93,21 @@ class BoundMemory:
     planned_ms: float = 0.0  # the last plan's predicted time
     decode_ms: float = 0.0  # ... of which all but its background prompt chunks
     back_tokens: int = 0  # background prompt tokens it carried
-    price: float = 1.0  # background chunks' measured time / the cost model's, lately
+    # background chunks' measured time / the cost model's, lately: one per band of a tick's
+    # background tokens (PRICE_EDGES)
+    prices: tuple[float, ...] = (1.0,) * len(PRICE_EDGES)
     overruns: int = 0  # background ticks that ran past their plan, in all
     apart_ms: float = 0.0  # the background context's last grant
     apart_price: float = 1.0  # what its grants took / the grant, lately (at least 1)
+
+    def price_of(self, tokens: int) -> float:
+        """The price of a tick carrying this many background prompt tokens."""
+        return self.prices[price_band(tokens)]
+
+    @property
+    def price(self) -> float:
+        """The price the last plan's background chunks were set at."""
+        return self.price_of(self.back_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +152,7 @@ class BoundPolicy:
         decode_ms = state.cost.predict(0, len(decoders), decode_kv(decoders))
         first = first_tokens(self, state, limits, decoders, decode_ms)
         back = background_chunks(state, limits, decoders, decode_ms, first, mem)
-        own_ms = decode_ms + first.ms + mem.price * back.ms if decoders or first.items \
+        own_ms = decode_ms + first.ms + back.price * back.ms if decoders or first.items \
             or back.items else 0.0  # no tick of its own: no call to pay for
         apart = apart_time(state, limits, own_ms, first, back, mem)
         return settled(state, limits, decoders, decode_ms, first, back, apart, mem)
@@ -155,18 +178,22 @@ class Limits:
 
 
 class Chunks(NamedTuple):
-    """Prompt chunks of one kind, in batch order, and their time at the cost model's price."""
+    """Prompt chunks of one kind, in batch order, their time at the cost model's price, and
+    the measured price they are planned at (background chunks)."""
 
     items: tuple[BatchItem, ...] = ()
     ms: float = 0.0
+    price: float = 1.0
 
 
 def remembered(policy: BoundPolicy, state: SchedulerState) -> BoundMemory:
     """The memory, updated with what the last tick measured. Where it carried background
     prompt work that was a fair part of it (a quarter of its plan, or 5 ms: less, and the
-    decode rows' noise decides the ratio), `price` becomes the ratio of that work's measured
-    time to its plan: at once where it ran over, by at most a fifth a tick where it ran
-    under. A tick that used at least half the slow start's cap and held doubles the cap."""
+    decode rows' noise decides the ratio), the price of its band becomes the ratio of that
+    work's measured time to its plan: at once where it ran over (and every band's, to at least
+    that: a chunk of another size may be as wrong), by at most a fifth a tick where it ran
+    under (its band's only). A tick that used at least half the slow start's cap and held
+    doubles the cap."""
     mem = state.memory if isinstance(state.memory, BoundMemory) else BoundMemory()
     if mem.cap == 0:
         mem = dataclasses.replace(mem, cap=policy.min_prefill)
@@ -182,10 +209,15 @@ def remembered(policy: BoundPolicy, state: SchedulerState) -> BoundMemory:
     planned = mem.planned_ms - mem.decode_ms  # the background chunks' part, at its price
     took = state.last_tick_ms - mem.decode_ms
     if planned >= max(5.0, 0.25 * mem.planned_ms):
-        ratio = min(max(mem.price * took / planned, MIN_PRICE), MAX_PRICE)
-        price = ratio if ratio > mem.price else max(ratio, 0.8 * mem.price)
-        over = ratio > mem.price * max(1.1, state.decode_noise)
-        mem = dataclasses.replace(mem, price=price, overruns=mem.overruns + over)
+        band, price = price_band(n), mem.price_of(n)
+        ratio = min(max(price * took / planned, MIN_PRICE), MAX_PRICE)
+        if ratio > price:
+            prices = tuple(max(p, ratio) for p in mem.prices)
+        else:
+            prices = tuple(max(ratio, 0.8 * p) if b == band else p
+                           for b, p in enumerate(mem.prices))
+        over = ratio > price * max(1.1, state.decode_noise)
+        mem = dataclasses.replace(mem, prices=prices, overruns=mem.overruns + over)
         if over:
             return mem
     if 2 * n >= mem.cap:
@@ -339,13 +371,14 @@ def first_tokens(policy: BoundPolicy, state: SchedulerState, lim: Limits,
 def background_chunks(state: SchedulerState, lim: Limits, decoders: tuple[SessionView, ...],
                       decode_ms: float, first: Chunks, mem: BoundMemory) -> Chunks:
     """Background prompt chunks, shortest prompt first, each priced at its own depth (× the
-    measured price), in what the tick's limit leaves after the decoders and the first
-    tokens: the line's, or a pause's. At most the cap (the slow start) and the bandwidth
-    guard's tokens. A pause, and a tick with nothing else in it, moves at least one token
-    (the cost model may overprice a deep prompt; what one token really costs then corrects
-    it), unless new interactive prompts wait for more than the tick gives them. Their time
-    is returned at the model's price, unmeasured."""
-    cost = state.cost
+    measured price of the tick's size band), in what the tick's limit leaves after the
+    decoders and the first tokens: the line's, or a pause's. The largest tick whose tokens
+    fit at their own band's price: a price learned on small chunks never sets a large one's.
+    At most the cap (the slow start) and the bandwidth guard's tokens. A pause, and a tick
+    with nothing else in it, moves at least one token (the cost model may overprice a deep
+    prompt; what one token really costs then corrects it), unless new interactive prompts
+    wait for more than the tick gives them. Their time is returned at the model's price,
+    unmeasured, with the price they are planned at."""
     prompts = [s for s in shortest_background_first(state.sessions)
                if s.phase is Phase.PREFILL and s.seq_id in lim.back_ids]
     if not prompts:
@@ -354,28 +387,43 @@ def background_chunks(state: SchedulerState, lim: Limits, decoders: tuple[Sessio
     used = sum(i.n_tokens for i in first.items)
     spare_ms = lim.tick_ms - decode_ms - first.ms
     cap = min(mem.cap, bmt_room(state, lim.tick_ms, decoders, state.n_batch - rows - used))
+    for band in reversed(range(len(PRICE_EDGES))):
+        most = cap if band + 1 == len(PRICE_EDGES) else min(cap, PRICE_EDGES[band + 1] - 1)
+        if most < PRICE_EDGES[band]:
+            continue
+        chunks = packed(state, prompts, rows + used, spare_ms, most, mem.prices[band])
+        if sum(i.n_tokens for i in chunks.items) >= PRICE_EDGES[band]:
+            return chunks
     # ... unless a new interactive prompt is still waiting for tokens this tick did not give
-    given = sum(i.n_tokens for i in first.items)
     left_out = sum(s.prefill_left for s in state.sessions
-                   if s.phase is Phase.PREFILL and s.priority is Priority.INTERACTIVE) > given
+                   if s.phase is Phase.PREFILL and s.priority is Priority.INTERACTIVE) > used
     must = (lim.pause or (not lim.streams and not first.items)) and not left_out
+    s = prompts[0]
+    if must and s.prefill_left > 0 and state.n_batch > rows + used:
+        return Chunks((prompt_chunk(s, 1),), state.cost.prefill_ms(1, s.n_past, rows + used),
+                      mem.price_of(1))
+    return Chunks()
+
+
+def packed(state: SchedulerState, prompts: Sequence[SessionView], at: int, spare_ms: float,
+           most: int, price: float) -> Chunks:
+    """Chunks of the prompts in turn, at most `most` tokens in all, within spare_ms at this
+    price; the batch's rows start at `at`."""
+    cost = state.cost
     items: list[BatchItem] = []
     ms = 0.0
     for s in prompts:
-        at = rows + used
-        n = fitting(state, spare_ms / mem.price, s.n_past, at,
-                    min(s.prefill_left, cap - sum(i.n_tokens for i in items),
+        n = fitting(state, spare_ms / price, s.n_past, at,
+                    min(s.prefill_left, most - sum(i.n_tokens for i in items),
                         state.n_batch - at))
-        if n <= 0 and must and not items:
-            n = min(1, s.prefill_left, state.n_batch - at)
         if n <= 0:
             break
         items.append(prompt_chunk(s, n))
         chunk_ms = cost.prefill_ms(n, s.n_past, at)
-        spare_ms -= mem.price * chunk_ms
+        spare_ms -= price * chunk_ms
         ms += chunk_ms
-        used += n
-    return Chunks(tuple(items), ms)
+        at += n
+    return Chunks(tuple(items), ms, price)
 
 
 def fitting(state: SchedulerState, ms: float, depth: int, rows: int, most: int) -> int:
@@ -422,7 +470,7 @@ def settled(state: SchedulerState, lim: Limits, decoders: tuple[SessionView, ...
     """The plan, its figures, and what the next tick must remember."""
     rows = len(decoders)
     own_ms = decode_ms + first.ms  # all but the background chunks
-    predicted = own_ms + mem.price * back.ms
+    predicted = own_ms + back.price * back.ms
     back_tokens = sum(i.n_tokens for i in back.items)
     back_decoders = frozenset(s.seq_id for s in decoders if s.seq_id in lim.back_ids)
     paused = lim.pause and (back_tokens > 0 or bool(back_decoders) or apart_ms > 0) \
