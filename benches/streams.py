@@ -39,6 +39,7 @@ class Stream:
     times: list[float] = field(default_factory=list)
     completion_tokens: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # of prompt_tokens, those the server reused (its prompt cache)
     label: str = ""
     server_ttft_ms: float = float("nan")  # the daemon's own (arrival to first token), socket
 
@@ -77,6 +78,7 @@ def sse_completion(port: int, body: dict, *, timeout: float = 300.0, label: str 
     conn.close()
     s.completion_tokens = usage.get("completion_tokens", len(s.times))
     s.prompt_tokens = usage.get("prompt_tokens", 0)
+    s.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
     return s
 
 
