@@ -98,6 +98,15 @@ def lookup(name: str) -> CatalogModel | None:
     return CATALOG.get(name.strip().lower())
 
 
+def names_of(path: str | os.PathLike[str]) -> tuple[str, ...]:
+    """The catalogue names whose fetched file is this one (none for a file of the user's)."""
+    try:
+        here = Path(path).resolve()
+    except OSError:
+        return ()
+    return tuple(m.name for m in CATALOG.values() if m.path.resolve() == here)
+
+
 def resolve(model: str, say: Callable[[str], None] | None = None) -> str:
     """A model argument as a file path: an existing path stays as it is; a catalogue name
     (that is not also a file here) is fetched on first use and its cached path returned."""

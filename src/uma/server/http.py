@@ -8,6 +8,8 @@ touches the daemon's poller. Request bodies become socket-protocol requests
     POST /v1/completions, POST /v1/chat/completions  (stream: server-sent events)
     POST /v1/embeddings
     POST /tokenize, /detokenize, /infill (llama-server's)
+    POST /api/generate, /api/chat, /api/embed, /api/embeddings, /api/show; GET /api/tags,
+         /api/ps, /api/version (Ollama's, uma.server.ollama_api; stream: NDJSON)
     GET  /v1/models, /v1/models/{id}, /health, /metrics (Prometheus text; with
          Accept: application/json the scorecard), /scorecard
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import datetime
 import functools
 import hmac
 import json
@@ -37,13 +40,15 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from uma import catalog
 from uma.app import app_name
 from uma.config import ServerConfig, parse_http_address
+from uma.embeddings import Embeddings
 from uma.engine import Engine
 from uma.errors import SHOWN_CHARS, InvalidRequestError, UmaError, shown
 from uma.handle import RequestHandle, Result, TokenEvent
 from uma.priority import Priority
-from uma.server import prometheus
+from uma.server import ollama_api, prometheus
 from uma.server.http_limits import LimitedH11Protocol
 from uma.server.infill_api import InfillFormat, parse_infill
 from uma.server.openai_api import (
@@ -68,7 +73,8 @@ log = logging.getLogger("uma.http")
 
 _DONE = b"data: [DONE]\n\n"
 _ANSWERED = ("stop", "length", "tool_calls")  # finish reasons that are answers
-_KEYED = ("/v1", "/tokenize", "/detokenize", "/infill", "/priority")  # the paths an API key guards
+# the paths an API key guards
+_KEYED = ("/v1", "/api/", "/tokenize", "/detokenize", "/infill", "/priority")
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 _ALWAYS = ("/health", "/metrics")  # answered while the gateway drains
 
@@ -91,6 +97,14 @@ def create_app(engine: Engine, config: ServerConfig,
         Route("/metrics", api.metrics, methods=["GET"]),
         Route("/scorecard", api.scorecard, methods=["GET"]),
         Route("/priority", api.priority, methods=["POST"]),
+        Route("/api/generate", api.ollama_generate, methods=["POST"]),
+        Route("/api/chat", api.ollama_chat, methods=["POST"]),
+        Route("/api/embed", api.ollama_embed, methods=["POST"]),
+        Route("/api/embeddings", api.ollama_embeddings, methods=["POST"]),
+        Route("/api/tags", api.ollama_tags, methods=["GET"]),
+        Route("/api/ps", api.ollama_ps, methods=["GET"]),
+        Route("/api/show", api.ollama_show, methods=["POST"]),
+        Route("/api/version", api.ollama_version, methods=["GET"]),
     ]
     middleware = [Middleware(Draining, api=api)]
     if config.api_key:
@@ -115,6 +129,7 @@ class _Api:
         self.body_timeout_s = config.http_body_timeout_s
         self.model_id = Path(engine.config.model).stem
         self.model_created = int(os.path.getmtime(engine.config.model))
+        self.served = ollama_api.Served(self.model_id, catalog.names_of(engine.config.model))
         self.metrics_source = engine.metrics if metrics_source is None else metrics_source
         self.stopping = False  # set when the gateway drains: new requests get 503 (Draining)
         self.live = _Live()  # requests being answered, for cancel_all and the drain
@@ -142,12 +157,29 @@ class _Api:
     async def _generate(self, request: Request, parse: Callable[..., ApiRequest],
                         format_cls: type[CompletionFormat | ChatFormat | InfillFormat],
                         off_loop: bool = False) -> Response:
+        api_req, handle = await self._submit(request, parse, off_loop=off_loop)
+        fmt = format_cls(self.model_id, self._piece)
+        rid = getattr(fmt, "id", None)  # llama-server's /infill answers carry none
+        if api_req.stream:
+            return _EventStream(self, handle, self._events(handle, fmt, api_req), rid)
+        result = await self._result(handle, request, rid)
+        if result is None:
+            # Nobody will read this: nginx's "client closed request", for the access log.
+            return Response(status_code=499)
+        return JSONResponse(fmt.full(result))
+
+    async def _submit(self, request: Request, parse: Callable[..., ApiRequest],
+                      body: object = None, off_loop: bool = False
+                      ) -> tuple[ApiRequest, RequestHandle]:
+        """The request parsed (from `body`, else the request's own) and submitted to the
+        engine, as the app it comes from."""
         self.requests.inc()
         try:
             if self.stopping:
                 raise ApiError(503, "the server is shutting down", type="server_error",
                                code="shutting_down")
-            body = await _read_json(request, self.max_body, self.body_timeout_s)
+            if body is None:
+                body = await _read_json(request, self.max_body, self.body_timeout_s)
             parse = functools.partial(parse, body, model_id=self.model_id, limits=self.limits,
                                       default_priority=_header_priority(request))
             api_req = await asyncio.to_thread(parse) if off_loop else parse()
@@ -165,22 +197,113 @@ class _Api:
         except ApiError:
             self.errors.inc()
             raise
-        fmt = format_cls(self.model_id, self._piece)
-        rid = getattr(fmt, "id", None)  # llama-server's /infill answers carry none
-        if api_req.stream:
-            return _EventStream(self, handle, self._events(handle, fmt, api_req), rid)
+        return api_req, handle
+
+    async def _result(self, handle: RequestHandle, request: Request, rid: str | None
+                      ) -> Result | None:
+        """A request answered whole: its result, None if the client left first; an error
+        for one that neither stopped nor hit its length."""
         self.live.add(handle, rid)
         try:
             result = await self._wait(handle, request)
         finally:
             self.live.discard(handle)
-        if result is None:
-            # Nobody will read this: nginx's "client closed request", for the access log.
-            return Response(status_code=499)
-        if result.finish_reason not in _ANSWERED:
+        if result is not None and result.finish_reason not in _ANSWERED:
             self.errors.inc()
             raise _ended_badly(result)
-        return JSONResponse(fmt.full(result))
+        return result
+
+    # --- Ollama's dialect (uma.server.ollama_api) ------------------------------------------
+
+    async def ollama_generate(self, request: Request) -> Response:
+        return await self._ollama(request, ollama_api.parse_generate)
+
+    async def ollama_chat(self, request: Request) -> Response:
+        return await self._ollama(request, ollama_api.parse_chat)
+
+    async def _ollama(self, request: Request,
+                      parse: Callable[[object, ollama_api.Served], ollama_api.OllamaRequest]
+                      ) -> Response:
+        body = await _read_json(request, self.max_body, self.body_timeout_s)
+        ollama = parse(body, self.served)
+        api_req, handle = await self._submit(
+            request, parse_chat if ollama.chat else parse_completion, body=ollama.openai)
+        answer = ollama_api.Answer(ollama, self.served)
+        if ollama.stream:
+            return _EventStream(self, handle, self._ollama_lines(handle, answer, api_req), None,
+                                media_type="application/x-ndjson")
+        result = await self._result(handle, request, None)
+        if result is None:
+            return Response(status_code=499)
+        text = result.content if result.tool_calls and result.content is not None \
+            else result.text
+        return JSONResponse(answer.final(result, text))
+
+    async def _ollama_lines(self, handle: RequestHandle, answer: ollama_api.Answer,
+                            api_req: ApiRequest) -> AsyncIterator[bytes]:
+        """NDJSON: a line per piece of text, tool calls in a line of their own, the figures
+        last; an error ends the stream with Ollama's error line."""
+        calls = ToolStream(self.engine.tool_format) if api_req.generate.tools \
+            and api_req.generate.tool_choice != "none" else None
+        async for event in handle:
+            text = calls.feed(event.text) if calls is not None else event.text
+            if text:
+                yield ollama_api.line(answer.chunk(text))
+        result = await handle.aresult()
+        if result.finish_reason not in _ANSWERED:
+            self.errors.inc()
+            yield ollama_api.line(ollama_api.error_body(_ended_badly(result)))
+            return
+        if calls is not None:
+            rest = calls.finish(result.content if result.tool_calls else None)
+            if rest:
+                yield ollama_api.line(answer.chunk(rest))
+            if result.tool_calls:
+                yield ollama_api.line(answer.calls(result.tool_calls))
+        yield ollama_api.line(answer.final(result))
+
+    async def ollama_tags(self, request: Request) -> Response:
+        return JSONResponse({"models": [self._facts().listed()]})
+
+    async def ollama_ps(self, request: Request) -> Response:
+        return JSONResponse({"models": [self._facts().running()]})
+
+    async def ollama_show(self, request: Request) -> Response:
+        ollama_api.parse_show(await _read_json(request, self.max_body, self.body_timeout_s),
+                              self.served)
+        return JSONResponse(self._facts().shown())
+
+    async def ollama_version(self, request: Request) -> Response:
+        return JSONResponse({"version": ollama_api.VERSION})
+
+    async def ollama_embed(self, request: Request) -> Response:
+        return await self._ollama_embed(request, legacy=False)
+
+    async def ollama_embeddings(self, request: Request) -> Response:
+        return await self._ollama_embed(request, legacy=True)
+
+    async def _ollama_embed(self, request: Request, legacy: bool) -> Response:
+        inputs, legacy = ollama_api.parse_embed(
+            await _read_json(request, self.max_body, self.body_timeout_s), self.served, legacy)
+        start = time.perf_counter_ns()
+        result = await self._embedded(inputs)
+        if legacy:
+            return JSONResponse({"embedding": result.vectors[0].tolist()})
+        return JSONResponse({"model": self.served.name,
+                             "embeddings": result.vectors.tolist(),
+                             "total_duration": time.perf_counter_ns() - start,
+                             "load_duration": 0, "prompt_eval_count": result.prompt_tokens})
+
+    def _facts(self) -> ollama_api.ModelFacts:
+        model = self.engine.model
+        mtime = datetime.datetime.fromtimestamp(self.model_created, datetime.timezone.utc)
+        return ollama_api.ModelFacts(
+            served=self.served, size_bytes=os.path.getsize(self.engine.config.model),
+            modified_at=mtime.isoformat().replace("+00:00", "Z"),
+            architecture=model.architecture, n_params=model.n_params,
+            quantization=ollama_api.quantization(model.description),
+            n_ctx_train=model.n_ctx_train, n_embd=model.n_embd,
+            context=self.engine.n_ctx_seq, chat_template=model.chat_template)
 
     def cancel_all(self) -> None:
         """Ends every request in flight (at the end of the shutdown grace period); each
@@ -261,18 +384,22 @@ class _Api:
         body = parse_embeddings(await _read_json(request, self.max_body, self.body_timeout_s),
                                 model_id=self.model_id, limits=self.limits,
                                 dimensions=self.engine.model.n_embd)
+        result = await self._embedded(body.inputs)
+        return JSONResponse(embeddings_response(result, self.model_id, body.base64))
+
+    async def _embedded(self, inputs: list[str | list[int]]) -> Embeddings:
+        """The engine's embeddings of the inputs, errors as their HTTP answers."""
         try:
-            future = await asyncio.to_thread(self.engine.submit_embeddings, body.inputs)
+            future = await asyncio.to_thread(self.engine.submit_embeddings, inputs)
         except Exception as exc:  # noqa: BLE001 - each one has its HTTP answer
             raise error_for(exc) from exc
         try:
-            result = await asyncio.wrap_future(future)
+            return await asyncio.wrap_future(future)
         except asyncio.CancelledError:  # the client left: a job not yet started is dropped
             future.cancel()
             raise
         except Exception as exc:  # noqa: BLE001 - each one has its HTTP answer
             raise error_for(exc) from exc
-        return JSONResponse(embeddings_response(result, self.model_id, body.base64))
 
     async def tokenize(self, request: Request) -> Response:
         """llama-server's /tokenize: {"content", "add_special"?, "parse_special"?,
@@ -355,8 +482,8 @@ class _EventStream(StreamingResponse):
     that disconnects, or a server that stops, frees the request's KV at the next tick."""
 
     def __init__(self, api: _Api, handle: RequestHandle, chunks: AsyncIterator[bytes],
-                 rid: str | None) -> None:
-        super().__init__(chunks, media_type="text/event-stream", headers=_SSE_HEADERS)
+                 rid: str | None, media_type: str = "text/event-stream") -> None:
+        super().__init__(chunks, media_type=media_type, headers=_SSE_HEADERS)
         self._api = api
         self._handle = handle
         self._rid = rid
@@ -706,7 +833,13 @@ async def _api_error(request: Request, exc: Exception) -> Response:
         log.error("internal error serving %s", request.url.path, exc_info=exc.__cause__)
     busy = exc.status == 429 or exc.code == "shutting_down"  # worth trying again (elsewhere)
     headers = {"retry-after": "1"} if busy else None
-    return JSONResponse(exc.body(), exc.status, headers)
+    body = ollama_api.error_body(exc) if _ollama_path(request) else exc.body()
+    return JSONResponse(body, exc.status, headers)
+
+
+def _ollama_path(request: Request) -> bool:
+    """Ollama's endpoints answer errors in Ollama's shape ({"error": message})."""
+    return request.url.path.startswith("/api/")
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -715,11 +848,13 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     path = request.url.path  # up to h11's 16 KiB of request line: not echoed whole
     path = path if len(path) <= SHOWN_CHARS else f"{path[:SHOWN_CHARS - 3]}..."
     error = ApiError(exc.status_code, f"{request.method} {path}: {exc.detail}", code=kind)
-    return JSONResponse(error.body(), exc.status_code, exc.headers)
+    body = ollama_api.error_body(error) if _ollama_path(request) else error.body()
+    return JSONResponse(body, exc.status_code, exc.headers)
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
     # Starlette logs the traceback after this answer is sent; the client learns only that it
     # was the server's fault (Python's words name nothing it could fix).
     error = ApiError(500, P.error_message(exc), type="server_error")
-    return JSONResponse(error.body(), 500)
+    return JSONResponse(ollama_api.error_body(error) if _ollama_path(request) else error.body(),
+                        500)
