@@ -607,8 +607,8 @@ def peak_rss_since_reset(pid: int):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_every_connection_sending_its_largest_frame_stays_within_the_memory_bound(tiny_path):
-    # docs/PROTOCOL.md, "Limits": input buffers stay under max_input_bytes plus one 64 KiB
-    # read per connection, plus the one frame being decoded. Without the budget, 32 such
+    # docs/guide/socket-protocol.md, "Limits": input buffers stay under max_input_bytes plus one
+    # 64 KiB read per connection, plus the one frame being decoded. Without the budget, 32 such
     # frames in flight hold 32 MiB and more.
     n = 32
     frame_bytes, budget = 1 << 20, 3 << 19
