@@ -44,7 +44,7 @@ def daemon(tiny_path):
         yield d
         # A daemon that stopped serving fails every later test here with "no daemon"; its
         # own log says why. (Once, on lavapipe, one closed its socket and lived on, and that
-        # log was lost: docs/BENCHMARKS.md.)
+        # log was lost: docs/lab/2026-11-25-vulkan-lavapipe-suite.md.)
         if d.proc.poll() is not None or not os.path.exists(d.socket):
             raise AssertionError("the module's daemon stopped serving; its log:\n"
                                  + "".join(d.stderr)[-4000:])
