@@ -16,7 +16,7 @@ process of its own, as two unconfigured apps on one machine would: UMA Serve the
 apart by their processes. With --background A's requests are background work (UMA Serve's
 `priority` field; llama-server has no such notion): with --flood 4 every sequence holds one
 when B asks, and B's first token waits for a background request to be set aside at a token
-boundary (docs/SCHEDULING.md, "Demotion at a token boundary"; the side "uma, fair share off"
+boundary (docs/design/scheduling.md, "Demotion at a token boundary"; the side "uma, fair share off"
 shows it alone, without fair share parking for B's app).
 """
 

@@ -1,5 +1,5 @@
-"""A model split over two llama.cpp RPC workers on this machine (docs/SCALING.md): UMA Serve
-against llama-server with the same workers and split, and each against a local run.
+"""A model split over two llama.cpp RPC workers on this machine (docs/guide/scaling-out.md):
+UMA Serve against llama-server with the same workers and split, and each against a local run.
 
     python benches/rpc_split.py --model 134m --repeat 3
 

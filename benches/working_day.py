@@ -20,8 +20,9 @@ third of the day; the share of prompt tokens the server reported cached (usage
 prompt_tokens_details.cached_tokens) and the tokens that saved; the agents' later requests
 against the day's first one; chat turns from the third; short requests against the same
 request on the fresh server; the servers' resident memory, and UMA's prefix cache in host
-memory and on disk. Targets (docs/SCHEDULING.md, "What is worth keeping"): later agents
-<= 0.2x the first, short requests <= 2x fresh, chat turns from the third <= llama-server's.
+memory and on disk. Targets (docs/design/prefix-cache.md, "What is worth keeping"): later
+agents <= 0.2x the first, short requests <= 2x fresh, chat turns from the third <=
+llama-server's.
 """
 
 from __future__ import annotations

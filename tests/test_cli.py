@@ -194,7 +194,8 @@ def test_every_run_option_shows_its_default_and_the_help_names_the_variables():
             assert f"[default: {s.default}]" in after, s.name
             assert "env UMA_" not in after, s.name  # said once, for every option
     assert "environment variable UMA_<NAME> (UMA_CTX)" in text
-    assert "a key of the --config file (TOML or YAML); docs/CONFIG.md lists every setting" in text
+    assert ("a key of the --config file (TOML or YAML); docs/guide/configuration.md lists every"
+            " setting") in text
 
 
 def test_status_and_stop(tiny_path):
@@ -336,7 +337,7 @@ def test_config_refuses_formats_it_does_not_write(args, words):
     assert r.exit_code == cli.EXIT_USAGE and words in r.output
 
 
-# --- exit codes: docs/CONFIG.md, "Exit codes" ------------------------------------------------
+# --- exit codes: docs/guide/configuration.md, "Exit codes" --------------------------------------
 
 
 @pytest.mark.parametrize(("args", "env", "code", "words"), [

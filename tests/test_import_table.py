@@ -1,4 +1,4 @@
-"""docs/ARCHITECTURE.md's table "Who may import whom", checked against the code.
+"""docs/design/architecture.md's table "Who may import whom", checked against the code.
 
 The table's rows are layers, in order: a module may import its own layer and the layers above
 it, never one below. The checks read the source with `ast` (no imports, no subprocesses):
@@ -27,7 +27,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
 PACKAGE = SRC / "uma"
-DOC = ROOT / "docs" / "ARCHITECTURE.md"
+DOC = ROOT / "docs" / "design" / "architecture.md"
 TABLE_HEADING = "## Who may import whom"
 COMPILED = {"uma._core": PACKAGE / "_core.pyx"}  # no Python source to read imports from
 

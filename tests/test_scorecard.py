@@ -1,5 +1,5 @@
 """The scorecard's figures from readings of a registry, each field by its definition
-(docs/METRICS.md, "Scorecard"); no engine."""
+(docs/design/metrics.md, "Scorecard"); no engine."""
 
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ for m in $MODELS; do
       | tee -a "$OUT/log.txt"
     sides=$(echo "$sides" | tr ',' '\n' | tac | paste -sd, -)
   done
-  # the scenario matrix (docs/BENCHMARKS.md): 8 streams, 2 background prompts of 6000 tokens
+  # the scenario matrix (docs/results/scenario-matrix.md): 8 streams, 2 background prompts of 6000 tokens
   # (Poisson: 4 of 1,500-6,000), a burst of 8, an agent chain, a chat growing to 8k tokens
   [[ $SCENARIOS == *matrix* ]] && timeout "${MATRIX_TIMEOUT:-560}" python3 benches/mixed_load.py \
     --model "$m" $GPU --streams 8 --background 2 --storm-tokens 6000 \

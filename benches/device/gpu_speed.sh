@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU speed end to end (docs/BENCHMARKS.md "GPU speed"): where a tick's time goes, the engine
+# GPU speed end to end (docs/results/gpu-speed.md): where a tick's time goes, the engine
 # against llama-batched-bench with host and device sampling, and the served path against
 # llama-server. Two parts, each within one device call; the second reuses the first's build.
 #

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The real models' decode and prefill against llama-batched-bench on an NVIDIA GPU machine
-# without network access (docs/BENCHMARKS.md, "Real models, quantised kernels").
+# without network access (docs/results/decode-throughput.md, "Real models, quantised kernels").
 #
 #   PART=build bash benches/device/real_models.sh   # unpack llama.cpp, CUDA build (minutes)
 #   PART=bench bash benches/device/real_models.sh   # then the benchmark, on the warm machine

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Vulkan on an NVIDIA GPU (docs/BENCHMARKS.md "Vulkan"): the engine's decode against
+# Vulkan on an NVIDIA GPU (docs/results/vulkan.md): the engine's decode against
 # llama-batched-bench and llama-bench built for Vulkan from the same tree, alternating, 3 runs a
 # side; then llama-bench for Vulkan against llama-bench for CUDA on the same GPU.
 #

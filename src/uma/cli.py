@@ -1,7 +1,7 @@
 """The `uma` command line (typer).
 
-Every command exits with a code from one table (EXIT_*; docs/CONFIG.md, "Exit codes"), and
-every error names the flag, environment variable or config-file key the user set.
+Every command exits with a code from one table (EXIT_*; docs/guide/configuration.md, "Exit
+codes"), and every error names the flag, environment variable or config-file key the user set.
 """
 
 from __future__ import annotations
@@ -199,8 +199,8 @@ def run(
 ) -> None:
     """Serve a model to every app on this machine over a Unix socket (and HTTP, with --http);
     prints 'uma: serving ...' once it answers. Every option is also the environment variable
-    UMA_<NAME> (UMA_CTX) and a key of the --config file (TOML or YAML); docs/CONFIG.md lists
-    every setting, those without a flag too."""
+    UMA_<NAME> (UMA_CTX) and a key of the --config file (TOML or YAML);
+    docs/guide/configuration.md lists every setting, those without a flag too."""
     from uma.server.main import serve
 
     if model_option is not None:
@@ -460,7 +460,7 @@ def metrics(
     as_json: bool = typer.Option(False, "--json", help="print the raw snapshot as JSON"),
     socket: str | None = typer.Option(None, help=SOCKET_HELP),
 ) -> None:
-    """Print the daemon's metrics (docs/METRICS.md)."""
+    """Print the daemon's metrics (docs/design/metrics.md)."""
     from uma.client import Client
 
     with _client_errors(), Client(socket) as client:
@@ -499,7 +499,7 @@ def scorecard(
     as_json: bool = typer.Option(False, "--json", help="print the scorecard as JSON"),
     socket: str | None = typer.Option(None, help=SOCKET_HELP),
 ) -> None:
-    """Print the daemon's scorecard since it started (docs/METRICS.md, "Scorecard")."""
+    """Print the daemon's scorecard since it started (docs/design/metrics.md, "Scorecard")."""
     from uma.client import Client
     from uma.scorecard import FIELDS
 

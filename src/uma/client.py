@@ -416,7 +416,7 @@ class Client(_Demux):
         return self._ask("metrics")
 
     def scorecard(self) -> dict:
-        """The daemon's scorecard since it started (docs/METRICS.md, "Scorecard")."""
+        """The daemon's scorecard since it started (docs/design/metrics.md, "Scorecard")."""
         return self._ask("scorecard")
 
     def tokenize(self, text: str, *, add_special: bool = True,

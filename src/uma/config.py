@@ -262,7 +262,7 @@ class EngineConfig:
     # publish a tick's tokens while the device runs the next decode: "auto" where the model
     # runs on a GPU (a decode call returns once queued there), "on" or "off"
     overlap: str = "auto"
-    policy: str = "bound"  # the latency bound, or "baseline" (docs/SCHEDULING.md)
+    policy: str = "bound"  # the latency bound, or "baseline" (docs/design/scheduling.md)
     tick_target_ms: float = 30.0  # the baseline policy's tick time budget
     latency_cap: float = 1.20  # the streams' gap p95 allowed, relative to their own
     tick_budget_ms: float | None = None  # a fixed tick line instead of the cap
@@ -513,7 +513,7 @@ class ServerConfig:
     max_frame_bytes: int | None = None  # largest request frame; None: request_bytes_limit()
     # Request bytes buffered across all connections: a frame's length is reserved from this
     # when its prefix arrives, and a connection whose frame does not fit is not read until
-    # earlier frames are done (docs/PROTOCOL.md, "Limits").
+    # earlier frames are done (docs/guide/socket-protocol.md, "Limits").
     max_input_bytes: int = 32 << 20
     frame_timeout_s: float = 30.0  # a frame must arrive whole this long after it began
     max_outbuf_bytes: int = 8 << 20  # output a slow reader may fall behind before it is dropped

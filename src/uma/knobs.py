@@ -2,7 +2,7 @@
 its valid range, what raising it buys and costs, and whether it is a `uma run` flag.
 
 Each knob is a daemon setting of the same name (`background_share` in uma.toml, also in its
-`[slo]` table; UMA_BACKGROUND_SHARE; docs/CONFIG.md, "Scheduling policy"), and
+`[slo]` table; UMA_BACKGROUND_SHARE; docs/guide/configuration.md, "Scheduling policy"), and
 EngineConfig.slo holds the ones given, checked by check_knobs. The few a user may need are
 also flags (`--background-share`); the rest are for experts, in the file or the environment.
 

@@ -7,7 +7,7 @@
                      rss_bytes=rss_bytes())
 
 A pure function over two readings of the metrics registry: the counters' differences and the
-histograms' samples between them make the window's figures. docs/METRICS.md ("Scorecard")
+histograms' samples between them make the window's figures. docs/design/metrics.md ("Scorecard")
 defines every field, its window and its unit.
 """
 
@@ -68,7 +68,7 @@ class Reading:
 
 def scorecard(end: Reading, start: Reading, *, model: str, latency_cap: float,
               rss_bytes: int, window: str = "since_start") -> dict[str, object]:
-    """The scorecard of the window from `start` to `end` (docs/METRICS.md, "Scorecard").
+    """The scorecard of the window from `start` to `end` (docs/design/metrics.md, "Scorecard").
     A figure with nothing to compute it from (no tokens, no gap yet) is None."""
     def delta(name: str) -> float:
         return end.counters.get(name, 0.0) - start.counters.get(name, 0.0)
@@ -114,7 +114,8 @@ def scorecard(end: Reading, start: Reading, *, model: str, latency_cap: float,
         "copy_free_ratio": _round(None if copy_free is None else min(copy_free, 1.0), 4),
         # the spans a decode was in flight may overlap the window's edges by a tick: clipped
         "gpu_idle_pct": _round(None if idle is None else 100.0 * max(idle, 0.0), 2),
-        # llama.cpp maps the weights once and owns their pages; uma moves none (METRICS.md)
+        # llama.cpp maps the weights once and owns their pages; uma moves none
+        # (docs/design/metrics.md)
         "residency_churn_mb_per_token": 0.0,
         "rss_gb": round(rss_bytes / 1e9, 4),
     }

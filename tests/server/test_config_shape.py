@@ -53,7 +53,7 @@ def test_every_setting_has_exactly_one_nested_path():
 
 
 def test_docs_list_the_mapping_table_as_it_is():
-    doc = (Path(__file__).resolve().parents[2] / "docs" / "CONFIG.md").read_text()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "guide" / "configuration.md").read_text()
     table = doc.split("| nested path | setting |", 1)[1]
     rows = re.findall(r"^\| `([a-z_.]+)` \| `([a-z_]+)` \|$", table, re.M)
     assert rows == list(NESTED.items())

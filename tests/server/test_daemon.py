@@ -44,7 +44,7 @@ def daemon(tiny_path):
         yield d
         # A daemon that stopped serving fails every later test here with "no daemon"; its
         # own log says why. (Once, on lavapipe, one closed its socket and lived on, and that
-        # log was lost: docs/BENCHMARKS.md.)
+        # log was lost: docs/lab/2026-11-25-vulkan-lavapipe-suite.md.)
         if d.proc.poll() is not None or not os.path.exists(d.socket):
             raise AssertionError("the module's daemon stopped serving; its log:\n"
                                  + "".join(d.stderr)[-4000:])
@@ -607,8 +607,8 @@ def peak_rss_since_reset(pid: int):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_every_connection_sending_its_largest_frame_stays_within_the_memory_bound(tiny_path):
-    # docs/PROTOCOL.md, "Limits": input buffers stay under max_input_bytes plus one 64 KiB
-    # read per connection, plus the one frame being decoded. Without the budget, 32 such
+    # docs/guide/socket-protocol.md, "Limits": input buffers stay under max_input_bytes plus one
+    # 64 KiB read per connection, plus the one frame being decoded. Without the budget, 32 such
     # frames in flight hold 32 MiB and more.
     n = 32
     frame_bytes, budget = 1 << 20, 3 << 19

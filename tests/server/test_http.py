@@ -219,8 +219,9 @@ def test_penalties_and_common_extra_fields_pass_through(engine, http, model_id):
     assert r.json()["choices"][0]["text"] == expected.text
 
 
-# What editor assistants and chat front ends send for a chat turn (docs/TOOLS.md): streamed,
-# with usage asked for, stop lists, content parts, empty tool lists and their own extra fields.
+# What editor assistants and chat front ends send for a chat turn
+# (docs/guide/connect-your-tools.md): streamed, with usage asked for, stop lists, content parts,
+# empty tool lists and their own extra fields.
 TOOL_BODIES = {
     "continue": {"messages": [{"role": "system", "content": "You are a helpful assistant."},
                               {"role": "user", "content": "Explain this code"}],

@@ -1,4 +1,4 @@
-"""One catalogue of metric names: docs/METRICS.md's table, checked against a running daemon's
+"""One catalogue of metric names: docs/design/metrics.md's table, checked against a running daemon's
 `uma metrics` and `/metrics` (a name added, renamed or dropped anywhere fails here)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from uma import testing
 from uma.client import Client
 from uma.server import prometheus
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "METRICS.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "design" / "metrics.md"
 CLASSES = ("_interactive", "_background")
 
 

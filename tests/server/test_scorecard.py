@@ -1,5 +1,5 @@
-"""The scorecard served (docs/METRICS.md, "Scorecard"): a `uma run --http` subprocess on a tiny
-synthetic model, asked through every door, and its interval log; the log's writer alone."""
+"""The scorecard served (docs/design/metrics.md, "Scorecard"): a `uma run --http` subprocess on a
+tiny synthetic model, asked through every door, and its interval log; the log's writer alone."""
 
 from __future__ import annotations
 

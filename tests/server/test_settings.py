@@ -76,11 +76,11 @@ def test_missing_file_and_missing_model(tmp_path):
 
 
 def test_config_md_lists_every_setting_with_its_flag_and_default():
-    doc = (Path(__file__).resolve().parents[2] / "docs" / "CONFIG.md").read_text()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "guide" / "configuration.md").read_text()
     rows = {m[0]: m[1:] for m in re.findall(r"^\| `([a-z_]+)` \| ([^|]*) \| ([^|]*) \|", doc,
                                            re.M)}
     for s in settings.SETTINGS:
-        assert s.name in rows, f"{s.name} is not in docs/CONFIG.md"
+        assert s.name in rows, f"{s.name} is not in docs/guide/configuration.md"
         flag, default = rows[s.name]
         assert default == s.default, s.name
         assert (s.option in flag) == s.flag or s.name == "model", s.name
@@ -222,7 +222,7 @@ def test_an_slo_table_in_the_file_holds_knobs_for_experts(tmp_path):
         settings.read_file(conf)
 
 
-# --- the scorecard's log (docs/METRICS.md, "Scorecard") --------------------------------------
+# --- the scorecard's log (docs/design/metrics.md, "Scorecard") ----------------------------------
 
 
 def test_the_scorecard_log_settings_reach_the_server(tmp_path):

@@ -661,7 +661,7 @@ class Engine:
 
     def scorecard(self, since: Reading | None = None, at: Reading | None = None
                   ) -> dict[str, object]:
-        """The scorecard (uma.scorecard; docs/METRICS.md "Scorecard") of the window from
+        """The scorecard (uma.scorecard; docs/design/metrics.md "Scorecard") of the window from
         `since` (default: the engine's start) to `at` (default: now). Safe from any thread."""
         return scorecard(at or self.reading(), since or self._origin,
                          model=os.path.basename(self.config.model),

@@ -134,7 +134,7 @@ class TickMetrics:
                      for p in Priority}
         self.itl = {p: reg.histogram(f"inter_token_ms_{p.value}", f"inter-token gap, {p.value}")
                     for p in Priority}
-        # the scorecard's (uma.scorecard, docs/METRICS.md "Scorecard")
+        # the scorecard's (uma.scorecard, docs/design/metrics.md "Scorecard")
         self.itl_alone = reg.histogram(
             "inter_token_ms_alone",
             "interactive inter-token gap while no background request exists")

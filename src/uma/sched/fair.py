@@ -27,7 +27,7 @@ credit, and a newcomer starts level with the apps it now shares the ticks with.
 A share is the sequences divided among the apps that want them, in proportion to their
 weights: n_slots × w / Σw over apps running or waiting, rounded down but at least one. Two
 backlogged apps' service differs by at most about one quantum plus what one admission adds
-(a prompt's prefill): docs/SCHEDULING.md.
+(a prompt's prefill): docs/design/scheduling.md.
 """
 
 from __future__ import annotations

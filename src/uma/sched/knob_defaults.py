@@ -1,5 +1,6 @@
 """Each scheduling knob's default: its field's value in the bound policy, so what
-`uma config` and docs/CONFIG.md show is what the policy runs with and cannot drift from it.
+`uma config` and docs/guide/configuration.md show is what the policy runs with and cannot drift
+from it.
 
 The knobs themselves (names, kinds, ranges, help) are uma.knobs, vocabulary that uma.config
 checks EngineConfig.slo with; only their defaults need the policy, so they are read here.

@@ -15,8 +15,9 @@ The design brief (seed 004, "Runtime config (YAML)") writes the daemon's config 
 
 while the first config files were flat TOML, keyed by the settings' own names (`ctx = 4096`).
 Both are read, even mixed in one file; a setting given twice, once in each shape, is refused.
-NESTED is the single source: loading, `uma config --nested` and docs/CONFIG.md's mapping table
-follow it, and tests/server/test_config_shape.py holds every setting to exactly one path.
+NESTED is the single source: loading, `uma config --nested` and docs/guide/configuration.md's
+mapping table follow it, and tests/server/test_config_shape.py holds every setting to exactly one
+path.
 Pure: no I/O, so the file formats (config_file) and the settings (settings) both use it.
 """
 

@@ -660,7 +660,7 @@ class Daemon:
     # --- status --------------------------------------------------------------------------------
 
     def metrics(self) -> dict:
-        """The registry's snapshot, the daemon's own metrics in it (docs/METRICS.md)."""
+        """The registry's snapshot, the daemon's own metrics in it (docs/design/metrics.md)."""
         return self.engine.snapshot()
 
     def health(self) -> dict:

@@ -473,7 +473,7 @@ class _Api:
                         media_type=prometheus.CONTENT_TYPE)
 
     async def scorecard(self, request: Request) -> Response:
-        """The scorecard since the engine started (docs/METRICS.md, "Scorecard")."""
+        """The scorecard since the engine started (docs/design/metrics.md, "Scorecard")."""
         return JSONResponse(self.engine.scorecard())
 
 

@@ -2,7 +2,7 @@
 
 An app that names itself nowhere (no `app`, `configure`, `X-App` or `user`) is the process
 that sent the request: one process's twelve connections are one app, not twelve, so its flood
-no longer outnumbers another process's single question (docs/SCHEDULING.md, "Fair share
+no longer outnumbers another process's single question (docs/design/scheduling.md, "Fair share
 between apps"). On the Unix socket the OS tells the peer's process id (SO_PEERCRED on Linux,
 LOCAL_PEERPID on macOS). A loopback TCP connection has no such option; on Linux the kernel
 tells the inode and owner of the client's end of it (sock_diag, as `ss` asks it: 0.02 ms; the

@@ -2,7 +2,7 @@
 
 Every metric is named ``uma_<name>``. Metrics kept once per priority class (``ttft_ms_interactive``,
 ``ttft_ms_background``) become one metric with a ``class`` label, so a dashboard can sum or
-compare the classes: ``uma_ttft_ms_bucket{class="interactive",le="50"}``. docs/METRICS.md
+compare the classes: ``uma_ttft_ms_bucket{class="interactive",le="50"}``. docs/design/metrics.md
 lists the names.
 """
 

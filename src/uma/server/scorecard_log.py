@@ -1,5 +1,5 @@
 """The scorecard logged every `scorecard_interval_s` seconds: one log line each, and a row of a
-CSV file when `scorecard_csv` is set (docs/METRICS.md, "Scorecard").
+CSV file when `scorecard_csv` is set (docs/design/metrics.md, "Scorecard").
 
 Each entry is the scorecard of the interval since the last one, so the file is a time series.
 It runs on a thread of its own that sleeps between entries: the compute thread only bumps the

@@ -14,8 +14,8 @@ Every source uses the same names (the `uma run` options with underscores), e.g.:
 and a file may also give them in the design brief's nested sections (`kv: {ctx: 16384}`;
 config_shape maps each dotted path to its setting, config_file reads either syntax).
 The table (SETTINGS) is where `uma run --help`, `uma config`, the environment's parsing and the
-errors get their names, types and defaults; docs/CONFIG.md is checked against it. An error
-names the setting as the user gave it: `--ctx`, `UMA_CTX`, `ctx in uma.toml` or
+errors get their names, types and defaults; docs/guide/configuration.md is checked against it.
+An error names the setting as the user gave it: `--ctx`, `UMA_CTX`, `ctx in uma.toml` or
 `kv.ctx in uma.yaml`. The scheduling policy's knobs (uma.knobs) are settings too, one each,
 gathered into EngineConfig.slo (the file may also hold them in its [slo] table).
 """
@@ -40,7 +40,7 @@ from uma.server import config_file, config_shape
 class Setting:
     name: str  # TOML key; UMA_<NAME> in the environment; --name (dashes) as a flag
     kind: type  # int, float, bool or str
-    default: str  # as shown in --help, `uma config` and docs/CONFIG.md
+    default: str  # as shown in --help, `uma config` and docs/guide/configuration.md
     help: str
     # "engine" or "server": the dataclass it fills; "slo": a scheduling-policy knob (a pair in
     # EngineConfig.slo); "" for the CLI's own

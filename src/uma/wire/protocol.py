@@ -221,7 +221,7 @@ class MetricsRequest:
 
 @dataclass(frozen=True, slots=True)
 class ScorecardRequest:
-    """Ask for the scorecard (docs/METRICS.md, "Scorecard")."""
+    """Ask for the scorecard (docs/design/metrics.md, "Scorecard")."""
 
     id: str | None = None  # echoed in the answer when given
 
