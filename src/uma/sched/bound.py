@@ -2,7 +2,7 @@
 time the bound leaves.
 
 While an interactive stream decodes, every tick is planned within one of two limits
-(docs/SCHEDULING.md, "The latency bound"):
+(docs/design/scheduling.md, "The latency bound"):
 
 - the *line*: latency_cap × the streams' p95 alone, less how far ticks stray past their
   prediction. Ordinary ticks stay under it, so the streams' p95 moves at most to the cap.
