@@ -8,6 +8,7 @@ import pytest
 import uma
 from uma import _core
 from uma.engine.prefix_cache import MIN_REUSE_TOKENS, KvPrefixCache
+from uma.engine.prefix_disk import DiskTier
 from uma.engine.prefix_index import Reuses
 from uma.sched.cost import CostEstimate
 
@@ -469,5 +470,45 @@ def test_one_spare_is_kept_free_by_one_entry_leaving_not_by_all(model):
             ctx.seq_rm(0)
         assert len(cache.snapshots) == 1 and len(cache) == 7
     finally:
+        batch.close()
+        ctx.close()
+
+
+def test_the_disk_gets_what_leaves_host_memory_reused_and_the_rest_at_close(model, tmp_path):
+    """Snapshots are not written through: one reused and pushed out of host memory goes to
+    disk then, one never reused is let go, and what host memory holds is written as the
+    cache closes."""
+    ctx = _core.Context(model, n_ctx=1024, n_seq_max=2)
+    batch = _core.Batch(128)
+    disk = DiskTier(tmp_path, "key", 1 << 26)
+    try:
+        cache = KvPrefixCache(ctx, range(1, 2), budget=512, ram_budget=1 << 24, disk=disk)
+
+        def to_ram(tokens, reused):
+            batch.clear()
+            batch.add_sequence(tokens, 0, 0)
+            ctx.decode(batch)
+            cache.keep(0, tokens, app="a")
+            ctx.seq_rm(0)
+            if reused:
+                assert cache.reuse(0, np.append(tokens, 7).astype(np.int32), app="b") > 0
+                ctx.seq_rm(0)
+            assert cache.evict_one()  # copied whole into host memory: nothing runs
+            disk.flush()
+
+        once, shared, later = (np.arange(s, s + 100, dtype=np.int32) for s in (100, 300, 500))
+        to_ram(once, reused=False)
+        assert not disk.path_of(once).exists()  # in host memory only
+        cache.ram_budget = cache.ram_bytes + cache.ram_bytes // 2  # room for one snapshot
+        to_ram(shared, reused=True)  # pushes the unused one out: let go
+        assert cache.index.longest(once, "ram") is None and not disk.path_of(once).exists()
+        assert not disk.path_of(shared).exists()
+        to_ram(later, reused=True)  # pushes the older reused one out: to disk
+        assert cache.index.longest(shared, "ram") is None and disk.path_of(shared).exists()
+        assert not disk.path_of(later).exists()
+        cache.persist()  # what host memory holds, written as it closes
+        assert disk.path_of(later).exists() and not disk.path_of(once).exists()
+    finally:
+        disk.close()
         batch.close()
         ctx.close()

@@ -60,9 +60,9 @@ class KvPrefixCache:
                  ram_budget: int = 0, disk: DiskTier | None = None) -> None:
         """ram_budget: bytes of host memory for snapshots of entries that leave the KV cache
         (0: they are dropped). With a RAM budget and two sequences or more, the last of `seqs`
-        is kept empty for slicing snapshots (uma.engine.snapshots). disk: where snapshots are
-        written through, to outlive the process (uma.engine.prefix_disk; needs a RAM
-        budget)."""
+        is kept empty for slicing snapshots (uma.engine.snapshots). disk: where snapshots go to
+        outlive the process (uma.engine.prefix_disk; needs a RAM budget): those that leave
+        host memory having been reused, and the rest as the engine closes (persist)."""
         self.ctx = ctx
         self.budget = budget
         self.ram_budget = ram_budget
@@ -77,6 +77,7 @@ class KvPrefixCache:
         self._seq_of: dict[int, int] = {}  # "kv" entry -> the spare sequence holding its cells
         self._tokens_of: dict[int, np.ndarray] = {}  # "kv" entry -> its tokens (to snapshot)
         self._snapshot: dict[int, tuple[Part, ...]] = {}  # "ram" entry -> its state, in slices
+        self._snapshot_tokens: dict[int, np.ndarray] = {}  # ... and its tokens (for the disk)
         self._leaving: dict[int, Reuses] = {}  # sequence leaving in slices -> its entry's record
         # request's sequence -> the record of the snapshot restored into it, and the tokens
         # restored: the entry the request leaves is that snapshot back in the KV tier
@@ -241,7 +242,7 @@ class KvPrefixCache:
             self._release(self._forget(entry, counted=False)[0])
         for entry in list(self._snapshot):
             self.index.remove(entry)
-            del self._snapshot[entry]
+            del self._snapshot[entry], self._snapshot_tokens[entry]
 
     def _leave(self, entry: int) -> None:
         """An entry leaves the KV cache for the budget: through slices where it is worth a
@@ -288,17 +289,19 @@ class KvPrefixCache:
             return 0
         n = 0
         for saved in self.disk.read(self.ram_budget - self.ram_bytes):
-            n += self._file(saved.tokens, saved.parts, None, persist=False)
+            n += self._file(saved.tokens, saved.parts, None)
         return n
 
     def persist(self) -> None:
         """Writes every entry worth keeping to disk, as the engine closes (nothing runs then):
-        those leaving in slices are finished, those still in the KV cache copied whole; then
-        waits for the writes. Those in host memory are on disk already."""
+        those leaving in slices are finished, those in host memory written (the disk skips
+        those it holds), those still in the KV cache copied whole; then waits for the writes."""
         if self.disk is None:
             return
         try:
             self.save(float("inf"), idle=True)
+            for entry, parts in self._snapshot.items():
+                self.disk.write(self._snapshot_tokens[entry], parts)
             for entry, spare in list(self._seq_of.items()):
                 tokens = self._tokens_of[entry]
                 if self.index.covering(tokens, "ram") is None:
@@ -306,20 +309,24 @@ class KvPrefixCache:
         finally:
             self.disk.close()
 
-    def _file(self, tokens: np.ndarray, parts: tuple[Part, ...], reuses: Reuses | None,
-              persist: bool = True) -> bool:
+    def _file(self, tokens: np.ndarray, parts: tuple[Part, ...], reuses: Reuses | None
+              ) -> bool:
         """Keeps a complete snapshot in the "ram" tier, within the RAM budget, with the record
-        of the entry it was, and (persist) on disk; whether it was kept."""
+        of the entry it was; whether it was kept. The disk gets what leaves host memory
+        having been reused (what is worth a file past the RAM budget), and the rest as the
+        engine closes (persist): not every snapshot as it is made, which on a busy day wrote
+        gigabytes an hour of entries that were never read again."""
         nbytes = sum(len(p.data) for p in parts)
         if nbytes > self.ram_budget or self.index.covering(tokens, "ram") is not None:
             return False
         saved = self.index.insert(tokens, "ram", nbytes=nbytes, reuses=reuses)
         self._snapshot[saved] = parts
-        if persist and self.disk is not None:
-            self.disk.write(tokens, parts)
+        self._snapshot_tokens[saved] = tokens
         for victim in self.index.evictions("ram", self.ram_budget).victims:
+            if self.disk is not None and self.index.entry(victim).reuses.hits > 0:
+                self.disk.write(self._snapshot_tokens[victim], self._snapshot[victim])
             self.index.remove(victim)
-            del self._snapshot[victim]
+            del self._snapshot[victim], self._snapshot_tokens[victim]
             self.on_evict("ram")
         return True
 

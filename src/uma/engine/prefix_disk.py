@@ -1,10 +1,10 @@
 """The prefix cache's disk tier: snapshots that outlive the daemon.
 
-Host-memory snapshots (uma.engine.snapshots) are written through to files under the user's
-cache directory, and the live entries still in the KV cache are written once more as the
-engine closes; a daemon that starts again reads the newest back into host memory, so a
-chat's next turn or an app's shared system prompt is restored instead of prefilled after a
-restart, as it was before it.
+Snapshots (uma.engine.snapshots) are written to files under the user's cache directory when
+they leave host memory having been reused, and, as the engine closes, those host memory holds
+and the live entries still in the KV cache; a daemon that starts again reads the newest back
+into host memory, so a chat's next turn or an app's shared system prompt is restored instead
+of prefilled after a restart, as it was before it.
 
 The bytes are llama.cpp's sequence state (`llama_state_seq_get_data`), whose layout depends on
 the model, the KV cache's types and the llama.cpp build: files live in a folder named by a key
@@ -130,6 +130,9 @@ class DiskTier:
 
     def _write(self, tokens: np.ndarray, parts: tuple[Part, ...]) -> None:
         path = self.path_of(tokens)
+        if path.exists():  # the same prompt's state, written before: only its age changes
+            os.utime(path)
+            return
         body = [tokens.astype("<i4").tobytes(), *(p.data for p in parts)]
         digest = hashlib.sha256()
         for chunk in body:
