@@ -506,8 +506,15 @@ def test_the_disk_gets_what_leaves_host_memory_reused_and_the_rest_at_close(mode
         to_ram(later, reused=True)  # pushes the older reused one out: to disk
         assert cache.index.longest(shared, "ram") is None and disk.path_of(shared).exists()
         assert not disk.path_of(later).exists()
+        # a chat's next turn: the earlier one, reused, is held whole by the longer entry
+        longer = np.concatenate([later, np.arange(900, 920, dtype=np.int32)])
+        to_ram(longer, reused=True)
+        held = cache.index.longest(later, "ram").entry  # `later` left; `longer` holds it
+        assert cache.index.entry(held).tokens == len(longer)
+        assert not disk.path_of(later).exists()
         cache.persist()  # what host memory holds, written as it closes
-        assert disk.path_of(later).exists() and not disk.path_of(once).exists()
+        assert disk.path_of(longer).exists()
+        assert not disk.path_of(once).exists() and not disk.path_of(later).exists()
     finally:
         disk.close()
         batch.close()

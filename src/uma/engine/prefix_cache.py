@@ -313,9 +313,9 @@ class KvPrefixCache:
               ) -> bool:
         """Keeps a complete snapshot in the "ram" tier, within the RAM budget, with the record
         of the entry it was; whether it was kept. The disk gets what leaves host memory
-        having been reused (what is worth a file past the RAM budget), and the rest as the
-        engine closes (persist): not every snapshot as it is made, which on a busy day wrote
-        gigabytes an hour of entries that were never read again."""
+        having been reused and is held by no longer entry (what is worth a file past the RAM
+        budget), and the rest as the engine closes (persist): not every snapshot as it is
+        made, which on a busy day wrote gigabytes an hour of entries never read again."""
         nbytes = sum(len(p.data) for p in parts)
         if nbytes > self.ram_budget or self.index.covering(tokens, "ram") is not None:
             return False
@@ -323,10 +323,13 @@ class KvPrefixCache:
         self._snapshot[saved] = parts
         self._snapshot_tokens[saved] = tokens
         for victim in self.index.evictions("ram", self.ram_budget).victims:
-            if self.disk is not None and self.index.entry(victim).reuses.hits > 0:
-                self.disk.write(self._snapshot_tokens[victim], self._snapshot[victim])
+            reused = self.index.entry(victim).reuses.hits > 0
             self.index.remove(victim)
-            del self._snapshot[victim], self._snapshot_tokens[victim]
+            parts, tokens = self._snapshot.pop(victim), self._snapshot_tokens.pop(victim)
+            # a chat's earlier turn, reused by the next, is held whole by a longer entry
+            if self.disk is not None and reused and self.index.covering(tokens, "ram") is None \
+                    and self.index.covering(tokens, "kv") is None:
+                self.disk.write(tokens, parts)
             self.on_evict("ram")
         return True
 
