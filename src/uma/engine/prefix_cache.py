@@ -84,8 +84,8 @@ class KvPrefixCache:
         self._restored: dict[int, tuple[Reuses, np.ndarray]] = {}
         self.restored_bytes = 0  # snapshot bytes read back into the KV cache, in all
         self.restore_ms = 0.0  # the time those restores took: the bandwidth they are priced at
-        # (not the snapshots': llama.cpp reads a sequence's state off a GPU at a seventh of the
-        # speed it writes it back, 1.2 against 7.8 GB/s on an H100)
+        # (not the snapshots': llama.cpp reads a sequence's state off a GPU several times
+        # slower than it writes it back)
         # called as an entry leaves a tier for room: "kv" (the KV cache, snapshotted or not),
         # "ram" (a snapshot, for the RAM budget); the scheduler counts them
         self.on_evict: Callable[[str], None] = lambda tier: None

@@ -196,9 +196,9 @@ class TickSpread:
 
 def p95(ordered: list[float]) -> float:
     """The 95th percentile of sorted values, interpolated between the two nearest (numpy's
-    default). Not numpy.percentile: its first call in a process took 7 ms on a 2-core CPU and
-    52-82 ms on an H100 host, a stall in the 32nd tick of a fresh daemon's first stream;
-    a sort of 256 floats takes microseconds."""
+    default). Not numpy.percentile: its first call in a process loads enough to take tens of
+    milliseconds, a stall in a tick of a fresh daemon's first stream; a sort of 256 floats
+    takes microseconds."""
     pos = 0.95 * (len(ordered) - 1)
     lo = int(pos)
     hi = min(lo + 1, len(ordered) - 1)

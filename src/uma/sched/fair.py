@@ -53,8 +53,8 @@ class Ledger:
         self.weights: dict[str, float] = {}  # each app's, as its latest request gave it
         # The service of the largest recent request, decaying by DECAY a request; half of it
         # is the time-slice, so that two apps' service stays within about one and a half
-        # such requests whatever a request costs on this device (57 ms on an H100, 770 ms on
-        # a CPU, in the same benchmark).
+        # such requests whatever a request costs on this device (the same request costs ten
+        # times more on a CPU than on a data-centre GPU).
         self.largest_request_ms = 2 * FIRST_QUANTUM_MS
 
     def ended(self, service_ms: float) -> None:

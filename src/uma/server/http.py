@@ -721,8 +721,8 @@ class _Server(uvicorn.Server):
         await super().startup(sockets)
         self.loop = asyncio.get_running_loop()
         # A streamed response runs in an anyio task group, and the first one loads anyio's
-        # asyncio backend: 15 ms of the first request's time to first token on a 2-core CPU.
-        # Loaded here, start-up pays it.
+        # asyncio backend, tens of milliseconds on a small CPU that the first request's first
+        # token would wait for. Loaded here, start-up pays it.
         async with anyio.create_task_group():
             pass
         self.ready.set()

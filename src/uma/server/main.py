@@ -164,8 +164,8 @@ def serve(conf: Settings, say=None) -> int:
         stop()
     # Everything start-up made (modules, the model's metadata, the HTTP stack) lives as long
     # as the daemon. Frozen out of the collector's sight, a full collection walks only what
-    # serving allocates, not the ~41,000 start-up objects (a 10 ms pause on this project's
-    # 2-core CPU, taken on whichever thread allocates, the compute thread's included).
+    # serving allocates, not the ~41,000 start-up objects (a pause of about 10 ms on a small
+    # CPU, taken on whichever thread allocates, the compute thread's included).
     gc.collect()
     gc.freeze()
     where = conf.server.socket + (f" and {gateway.url}" if gateway is not None else "")

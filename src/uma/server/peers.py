@@ -6,8 +6,8 @@ no longer outnumbers another process's single question (docs/design/scheduling.m
 between apps"). On the Unix socket the OS tells the peer's process id (SO_PEERCRED on Linux,
 LOCAL_PEERPID on macOS). A loopback TCP connection has no such option; on Linux the kernel
 tells the inode and owner of the client's end of it (sock_diag, as `ss` asks it: 0.02 ms; the
-text of /proc/net/tcp says the same but took 3.5 ms to read on a 2-core VM, the kernel walking
-every bucket of its connection table, so it is only the fallback), and the process holding it
+text of /proc/net/tcp says the same but costs milliseconds to read, the kernel walking every
+bucket of its connection table, so it is only the fallback), and the process holding it
 has a `socket:[inode]` link in /proc/<pid>/fd (about 20 us a process scanned: 0.1 ms when the
 client is the newest of 93, 7 ms behind 300 others). Where that process cannot be seen
 (another user's, to a daemon without root) the socket's owner is known still, and that user's
