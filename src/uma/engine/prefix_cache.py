@@ -76,8 +76,8 @@ class KvPrefixCache:
         self.snapshots = Snapshots(ctx, seqs[-1] if slicing else None)
         self._seq_of: dict[int, int] = {}  # "kv" entry -> the spare sequence holding its cells
         self._tokens_of: dict[int, np.ndarray] = {}  # "kv" entry -> its tokens (to snapshot)
-        self._snapshot: dict[int, tuple[Part, ...]] = {}  # "ram" entry -> its state, in slices
-        self._snapshot_tokens: dict[int, np.ndarray] = {}  # ... and its tokens (for the disk)
+        # "ram" entry -> its tokens (for the disk) and its state, in slices
+        self._snapshot: dict[int, tuple[np.ndarray, tuple[Part, ...]]] = {}
         self._leaving: dict[int, Reuses] = {}  # sequence leaving in slices -> its entry's record
         # request's sequence -> the record of the snapshot restored into it, and the tokens
         # restored: the entry the request leaves is that snapshot back in the KV tier
@@ -208,7 +208,7 @@ class KvPrefixCache:
         (a hit by `app`); False (and `seq` left empty) where the KV cache has no room for it."""
         start = time.perf_counter()
         try:
-            read = self.snapshots.restore(seq, self._snapshot[entry], n)
+            read = self.snapshots.restore(seq, self._snapshot[entry][1], n)
         except UmaError:
             return False
         self.restore_ms += 1e3 * (time.perf_counter() - start)
@@ -242,7 +242,7 @@ class KvPrefixCache:
             self._release(self._forget(entry, counted=False)[0])
         for entry in list(self._snapshot):
             self.index.remove(entry)
-            del self._snapshot[entry], self._snapshot_tokens[entry]
+            del self._snapshot[entry]
 
     def _leave(self, entry: int) -> None:
         """An entry leaves the KV cache for the budget: through slices where it is worth a
@@ -300,8 +300,8 @@ class KvPrefixCache:
             return
         try:
             self.save(float("inf"), idle=True)
-            for entry, parts in self._snapshot.items():
-                self.disk.write(self._snapshot_tokens[entry], parts)
+            for tokens, parts in self._snapshot.values():
+                self.disk.write(tokens, parts)
             for entry, spare in list(self._seq_of.items()):
                 tokens = self._tokens_of[entry]
                 if self.index.covering(tokens, "ram") is None:
@@ -320,12 +320,11 @@ class KvPrefixCache:
         if nbytes > self.ram_budget or self.index.covering(tokens, "ram") is not None:
             return False
         saved = self.index.insert(tokens, "ram", nbytes=nbytes, reuses=reuses)
-        self._snapshot[saved] = parts
-        self._snapshot_tokens[saved] = tokens
+        self._snapshot[saved] = (tokens, parts)
         for victim in self.index.evictions("ram", self.ram_budget).victims:
             reused = self.index.entry(victim).reuses.hits > 0
             self.index.remove(victim)
-            parts, tokens = self._snapshot.pop(victim), self._snapshot_tokens.pop(victim)
+            tokens, parts = self._snapshot.pop(victim)
             # a chat's earlier turn, reused by the next, is held whole by a longer entry
             if self.disk is not None and reused and self.index.covering(tokens, "ram") is None \
                     and self.index.covering(tokens, "kv") is None:
