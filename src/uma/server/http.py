@@ -130,6 +130,7 @@ class _Api:
         self.model_id = Path(engine.config.model).stem
         self.model_created = int(os.path.getmtime(engine.config.model))
         self.served = ollama_api.Served(self.model_id, catalog.names_of(engine.config.model))
+        self.facts = _model_facts(engine, self.served, self.model_created)
         self.metrics_source = engine.metrics if metrics_source is None else metrics_source
         self.stopping = False  # set when the gateway drains: new requests get 503 (Draining)
         self.live = _Live()  # requests being answered, for cancel_all and the drain
@@ -239,12 +240,17 @@ class _Api:
             else result.text
         return JSONResponse(answer.final(result, text))
 
+    def _tool_stream(self, api_req: ApiRequest) -> ToolStream | None:
+        """With tools, text that may be a call waits for the end (uma.tools.ToolStream)."""
+        gen = api_req.generate
+        return ToolStream(self.engine.tool_format) if gen.tools and gen.tool_choice != "none" \
+            else None
+
     async def _ollama_lines(self, handle: RequestHandle, answer: ollama_api.Answer,
                             api_req: ApiRequest) -> AsyncIterator[bytes]:
         """NDJSON: a line per piece of text, tool calls in a line of their own, the figures
         last; an error ends the stream with Ollama's error line."""
-        calls = ToolStream(self.engine.tool_format) if api_req.generate.tools \
-            and api_req.generate.tool_choice != "none" else None
+        calls = self._tool_stream(api_req)
         async for event in handle:
             text = calls.feed(event.text) if calls is not None else event.text
             if text:
@@ -263,15 +269,15 @@ class _Api:
         yield ollama_api.line(answer.final(result))
 
     async def ollama_tags(self, request: Request) -> Response:
-        return JSONResponse({"models": [self._facts().listed()]})
+        return JSONResponse({"models": [self.facts.listed()]})
 
     async def ollama_ps(self, request: Request) -> Response:
-        return JSONResponse({"models": [self._facts().running()]})
+        return JSONResponse({"models": [self.facts.running()]})
 
     async def ollama_show(self, request: Request) -> Response:
         ollama_api.parse_show(await _read_json(request, self.max_body, self.body_timeout_s),
                               self.served)
-        return JSONResponse(self._facts().shown())
+        return JSONResponse(self.facts.shown())
 
     async def ollama_version(self, request: Request) -> Response:
         return JSONResponse({"version": ollama_api.VERSION})
@@ -294,16 +300,6 @@ class _Api:
                              "total_duration": time.perf_counter_ns() - start,
                              "load_duration": 0, "prompt_eval_count": result.prompt_tokens})
 
-    def _facts(self) -> ollama_api.ModelFacts:
-        model = self.engine.model
-        mtime = datetime.datetime.fromtimestamp(self.model_created, datetime.timezone.utc)
-        return ollama_api.ModelFacts(
-            served=self.served, size_bytes=os.path.getsize(self.engine.config.model),
-            modified_at=mtime.isoformat().replace("+00:00", "Z"),
-            architecture=model.architecture, n_params=model.n_params,
-            quantization=ollama_api.quantization(model.description),
-            n_ctx_train=model.n_ctx_train, n_embd=model.n_embd,
-            context=self.engine.n_ctx_seq, chat_template=model.chat_template)
 
     def cancel_all(self) -> None:
         """Ends every request in flight (at the end of the shutdown grace period); each
@@ -317,9 +313,7 @@ class _Api:
         if isinstance(fmt, ChatFormat):
             yield _sse(fmt.opening())
         logprobs = api_req.generate.params.logprobs
-        # With tools, text that may be a call waits for the end (uma.tools.ToolStream).
-        calls = ToolStream(self.engine.tool_format) if api_req.generate.tools \
-            and api_req.generate.tool_choice != "none" else None
+        calls = self._tool_stream(api_req)
         async for event in handle:
             if calls is not None:
                 event = dataclasses.replace(event, text=calls.feed(event.text))
@@ -811,6 +805,20 @@ async def _disconnected(request: Request) -> None:
     """Returns when the client disconnects (the body has been read by then)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
+
+
+def _model_facts(engine: Engine, served: ollama_api.Served, created: int
+                 ) -> ollama_api.ModelFacts:
+    """What Ollama's lists say of the loaded model (it does not change while served)."""
+    model = engine.model
+    mtime = datetime.datetime.fromtimestamp(created, datetime.timezone.utc)
+    return ollama_api.ModelFacts(
+        served=served, size_bytes=os.path.getsize(engine.config.model),
+        modified_at=mtime.isoformat().replace("+00:00", "Z"),
+        architecture=model.architecture, n_params=model.n_params,
+        quantization=ollama_api.quantization(model.description),
+        n_ctx_train=model.n_ctx_train, n_embd=model.n_embd,
+        context=engine.n_ctx_seq, chat_template=model.chat_template)
 
 
 def _ended_badly(result: Result) -> ApiError:
