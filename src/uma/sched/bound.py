@@ -387,8 +387,16 @@ def background_chunks(state: SchedulerState, lim: Limits, decoders: tuple[Sessio
     used = sum(i.n_tokens for i in first.items)
     spare_ms = lim.tick_ms - decode_ms - first.ms
     cap = min(mem.cap, bmt_room(state, lim.tick_ms, decoders, state.n_batch - rows - used))
-    for band in reversed(range(len(PRICE_EDGES))):
-        most = cap if band + 1 == len(PRICE_EDGES) else min(cap, PRICE_EDGES[band + 1] - 1)
+    # At the lowest price the most tokens any band could take: no band above theirs can
+    # take its own least, and where theirs is that lowest price they are the answer (the
+    # usual case, every band at one price): one packing a tick, not one a band.
+    cheapest = min(mem.prices)
+    most_any = packed(state, prompts, rows + used, spare_ms, cap, cheapest)
+    top = price_band(sum(i.n_tokens for i in most_any.items))
+    if most_any.items and mem.prices[top] == cheapest:
+        return most_any
+    for band in reversed(range(top + 1)):
+        most = min(cap, PRICE_EDGES[band + 1] - 1) if band + 1 < len(PRICE_EDGES) else cap
         if most < PRICE_EDGES[band]:
             continue
         chunks = packed(state, prompts, rows + used, spare_ms, most, mem.prices[band])
