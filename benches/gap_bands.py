@@ -9,7 +9,8 @@ ran, and the share of gaps in bands of milliseconds. The split is approximate: w
 overlapped scheduler a prompt tick's first token can be published at the end of the next tick,
 so some prompt ticks count among the others and some decode ticks among the prompt ticks'.
 
-    python benches/gap_bands.py benches/results/mixed_load_h100_1b_vulkan_lane_ride_1.json
+    python benches/mixed_load.py ... --out NAME   # keeps NAME.timelines.json.xz beside NAME.json
+    python benches/gap_bands.py benches/results/NAME.json
 """
 
 from __future__ import annotations

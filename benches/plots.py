@@ -1,6 +1,6 @@
 """PNG plots from the JSON the scenarios write (matplotlib, headless). Each function takes the
 JSON path and writes PNGs beside it, so a plot can be redrawn from a result without re-running
-it: python benches/plots.py benches/results/mixed_load.json"""
+it: python benches/plots.py benches/results/NAME.json"""
 
 from __future__ import annotations
 
