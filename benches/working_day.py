@@ -44,6 +44,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from report import run_info  # noqa: E402
 from servers import (  # noqa: E402
     Server,
     add_server_args,
@@ -270,7 +271,8 @@ def main() -> int:
     path, tool = model_and_server(ns)
     common = {"threads": ns.threads, "ctx": ns.ctx, "parallel": ns.parallel,
               "gpu_layers": ns.gpu_layers}
-    report: dict = {"model": str(path), "settings": vars(ns) | {"out": str(ns.out)},
+    report: dict = {"info": run_info(Path(path)), "model": str(path),
+                    "settings": vars(ns) | {"out": str(ns.out)},
                     "runs": {name: [] for name in sides}}
     for r, name in alternating(sides, ns.repeat):
         with ExitStack() as stack:

@@ -244,3 +244,27 @@ def test_citation_patterns_expand():
     assert expand_citation("run_a1000_1-3") == ["run_a1000_1", "run_a1000_2", "run_a1000_3"]
     assert cites({"run_1"}, "run_1.csv") and cites({"run_*"}, "run_7.png")
     assert not cites({"run_1"}, "run_10.json")
+
+
+PROVENANCE = re.compile(r"(?m)^> \*\*Measured\*\*.*(?:\n>.*)*")
+PROVENANCE_FIELDS = ("**Measured**", "**recorded in**", "**machine**", "**model**",
+                     "**command**")
+
+
+def provenance_problems(root: Path) -> list[str]:
+    """A results page's figures carry their date, commit, machine, model and command: each page
+    opens its measurements with such a block, and every block names all five."""
+    problems = []
+    for page in sorted((root / "docs" / "results").glob("*.md")):
+        if page.name == "README.md":
+            continue
+        blocks = PROVENANCE.findall(page.read_text(encoding="utf-8"))
+        if not blocks:
+            problems.append(f"{page.name}: no '> **Measured** ...' block")
+        problems += [f"{page.name}: a block without {field}: {block[:60]!r}"
+                     for block in blocks for field in PROVENANCE_FIELDS if field not in block]
+    return problems
+
+
+def test_every_results_page_says_where_its_figures_come_from():
+    assert provenance_problems(ROOT) == []
