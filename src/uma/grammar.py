@@ -5,8 +5,8 @@ step's token mask.
 llguidance (Microsoft's Rust engine behind guidance, also used by llama.cpp and vLLM) is used
 rather than llama.cpp's own grammar sampler: it compiles JSON schemas itself (llama.cpp's
 schema converter lives in its `common` library, which UMA Serve does not build), builds a
-JSON grammar's mask in ~5 us a token where llama.cpp's sampler took ~4.5 ms over a
-32,000-token vocabulary (benches/constrained.py, the same GBNF and tokens), and has no
+JSON grammar's mask about a thousand times faster than llama.cpp's sampler on the same GBNF and
+tokens (benches/constrained.py; docs/results/constrained-decoding.md), and has no
 dependencies. xgrammar, the other well-kept engine, needs torch. The mask is applied by the
 host sampler (uma._core Sampler.sample's masks): a constrained row is never sampled on the
 device.
@@ -171,12 +171,12 @@ class Grammars:
     def fill_masks(self, matchers: Sequence[Any], out: np.ndarray) -> None:
         """Each matcher's next-token mask into a row of `out` (int32, (n, words)).
 
-        On a CPU, one after the other: llguidance's thread pool cost 9 % of the decode rate
-        at 8 constrained streams on 2 cores, its threads spinning beside llama.cpp's, where
-        one after the other cost nothing measurable. Beside a GPU, on the pool: with a
-        128,000-token vocabulary a mask takes 0.4-0.6 ms at the median and up to 3 ms, and 8
-        in a row left the H100 0.23 of its decode rate, 0.34 on the pool
-        (benches/constrained.py; TickMasks starts them earlier still)."""
+        On a CPU, one after the other: with few cores llguidance's thread pool cost a
+        noticeable share of the decode rate, its threads spinning beside llama.cpp's, where
+        one after the other cost nothing measurable. Beside a GPU, on the pool: with a large
+        vocabulary a mask takes a fair fraction of a fast GPU's decode, and eight in a row
+        left it under a quarter of its decode rate, a third on the pool (benches/constrained.py;
+        docs/results/constrained-decoding.md; TickMasks starts them earlier still)."""
         from llguidance.numpy import fill_next_token_bitmask, fill_next_token_bitmask_par
 
         if self._pool is not None and len(matchers) > 1:
@@ -213,12 +213,12 @@ class TickMasks:
 
     Beside a GPU (Grammars built parallel), the next tick's masks are started on a thread of
     their own as soon as this tick's tokens are consumed (`prefetch`), so they are built while
-    the tick is handed on, the next one planned and its decode run; the sampler then waits
-    only for what is left. Profiled on an H100 (1B, 8 streams held to a JSON schema), masks
-    built after the decode's launch took 2.2 ms a tick against a 2.5 ms decode, most of it on
-    the critical path. Masks are keyed by request: a request that was parked, or is new since
-    the prefetch, gets its mask built when it is needed. On a CPU the masks are built when
-    needed, one after the other (Grammars.fill_masks says why)."""
+    the tick is handed on, the next one planned and its decode run; the sampler then waits only
+    for what is left. Built after the decode's launch instead, a tick's masks took nearly as
+    long as a fast GPU's decode, most of it on the critical path
+    (docs/results/constrained-decoding.md). Masks are keyed by request: a request that was
+    parked, or is new since the prefetch, gets its mask built when it is needed. On a CPU the
+    masks are built when needed, one after the other (Grammars.fill_masks says why)."""
 
     def __init__(self, grammars: Grammars, n_vocab: int) -> None:
         self.grammars = grammars

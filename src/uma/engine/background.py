@@ -48,8 +48,9 @@ class BackgroundLane:
         # Not overlapped: its tokens go out at the end of its own tick, which may be many of
         # the streams' ticks before the next. Settled: a GPU's decode returns once queued, and
         # a prompt chunk without logits would end its grant at once, its work landing in the
-        # streams' next tick and its cost model learning it for free (under Vulkan on an H100
-        # the storm's gaps were as long as with one KV buffer).
+        # streams' next tick and its cost model learning it for free (the streams' tail was
+        # then as long as with no background context:
+        # docs/lab/2026-11-26-background-context-lane.md).
         self.scheduler = Scheduler(ctx, self.policy, output, metrics.lane("background_"), core,
                            device_sampling=device_sampling, overlap=False, fair_share=False,
                            settle=True)
@@ -79,11 +80,11 @@ class BackgroundLane:
                          prompt=depth is not None)
 
     def run(self, grant_ms: float, arrived: Callable[[], bool] = _never) -> float:
-        """Background ticks back to back, each packed within the grant's time left (the
-        first, at least one token), while it has room for one worth a call (MIN_CHUNK prompt
-        tokens); returns the seconds they took. A grant may be longer than one full chunk takes
-        (n_batch tokens), and under Vulkan on an H100 one tick a grant left two background
-        prompts 30-41x slower than alone where several made them 17x. arrived: whether a new
+        """Background ticks back to back, each packed within the grant's time left (the first,
+        at least one token), while it has room for one worth a call (MIN_CHUNK prompt tokens);
+        returns the seconds they took. A grant may be longer than one full chunk takes (n_batch
+        tokens), and one tick per grant left background prompts about twice as slow as running
+        ticks while the grant lasts (docs/lab/2026-11-26-rides.md). arrived: whether a new
         request came in meanwhile; the grant then ends at the next tick (with no stream
         decoding, so that a newcomer waits for one background tick, not the grant). An
         interactive newcomer ends it sooner, mid-decode (interrupt)."""

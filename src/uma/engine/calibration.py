@@ -3,7 +3,7 @@ engine's cost model starts (uma.sched.cost.CostModel.calibrate).
 
 It runs on the compute thread, like every tick: ggml's OpenMP pool belongs to the thread that
 first decodes, and timing from another thread left a second pool behind that made every later
-decode ~25 % slower (134M, 2 CPU threads).
+decode on a CPU about a quarter slower (docs/results/kv-sweep.md).
 """
 
 from __future__ import annotations
@@ -29,27 +29,28 @@ class DeviceTiming:
         self.batch = batch
         self.progress = (0, 0)
 
-    # A device this slow at one decode row gets the short calibration (a 1B f16 model on two
-    # CPU cores: ~60 ms a row, 11.5 s for the full schedule, 3 s for the short one).
+    # A device this slow at one decode row gets the short calibration: a small CPU running a
+    # 1B model is past it, and there the full schedule takes several times the short one's
+    # time before the first request is served.
     SLOW_ROW_MS = 30.0
 
     def run(self, passes: int = 2) -> list[Timed]:
         """Times scratch batches of a few shapes before serving and anchors the cost model
-        there: decode rows; one-token, short and long prompt chunks; prompt chunks beside up
-        to eight decoders that take the batch into each row class where ggml changes kernels;
-        a decode row, one-token and short chunks and a chunk past WIDE_ROWS rows deep into a
-        sequence (the CPU's flash attention scores those two ways). From the generic
-        prior alone, a GPU never learns what a prompt token costs it (a fiftieth of that
-        prior): when every tick of a storm carries one or two prompt tokens, the fit cannot
-        tell them from the decoders, blames the decoders, inflates their budget and spends it
-        on two prompt tokens a tick (a background prompt took 59 s on an H100, every
-        interactive tick ran at 1.5x). Attention needs the deep shapes for the same reason: a
-        storm's few deep prompt ticks among its many decode ticks cannot pin what a prompt
-        token's attention costs on their own, and the one-token chunks tell a row step from a
-        chunk's read of the cache before it. The shapes beside decoders price each row step
-        (uma.sched.cost.ROW_EDGES): on an H100 under Vulkan one prompt token beside eight
-        decoders costs more than their whole tick. Returns the timed shapes; none if the
-        context is too small to try or the engine is closing (the generic prior stays)."""
+        there: decode rows; one-token, short and long prompt chunks; prompt chunks beside up to
+        eight decoders that take the batch into each row class where ggml changes kernels; a
+        decode row, one-token and short chunks and a chunk past WIDE_ROWS rows deep into a
+        sequence (the CPU's flash attention scores those two ways). From the generic prior
+        alone, a GPU never learns what a prompt token costs it (a fiftieth of that prior): when
+        every tick of a storm carries one or two prompt tokens, the fit cannot tell them from
+        the decoders, blames the decoders, inflates their budget and spends it on two prompt
+        tokens a tick (a GPU's background prompt crawled while every interactive tick ran half
+        again as long: docs/lab/2026-11-24-calibration.md). Attention needs the deep shapes for
+        the same reason: a storm's few deep prompt ticks among its many decode ticks cannot pin
+        what a prompt token's attention costs on their own, and the one-token chunks tell a row
+        step from a chunk's read of the cache before it. The shapes beside decoders price each
+        row step (uma.sched.cost.ROW_EDGES): on a GPU one prompt token beside a few decoders can
+        cost more than their whole tick. Returns the timed shapes; none if the context is too
+        small to try or the engine is closing (the generic prior stays)."""
         n_rows = min(4, self.ctx.n_seq_max)
         chunk = max(1, min(64, self.batch.capacity, self.ctx.n_ctx_seq - 1))
         small = min(8, chunk)
@@ -67,16 +68,17 @@ class DeviceTiming:
 
         def planned() -> int:  # the probe's 2, each shape's runs, the deep prefill
             # The shapes beside decoders run once, twice in a row: they are the largest, and
-            # each prices one step (on the 134M CPU model the full schedule for them took 4 s).
+            # each prices one step (on a CPU, run as often as the others, they alone took
+            # seconds).
             return 2 + passes * runs * (len(shallow) + len(deep)) + 2 * len(mixed) + 1
 
         self.progress = (0, planned())
         ticks = []
         try:
-            # On a slow device (an 8B model on a laptop CPU: ~1 s a decode row) the full
-            # schedule took 50 s before the first request could be answered: there, each shape
-            # runs twice in one pass (no graph capture to wait out on a CPU), not so deep. The
-            # probe's first decode pays one-off costs, its second does not.
+            # On a slow device (a large model on a laptop CPU) the full schedule kept the first
+            # request waiting the better part of a minute: there, each shape runs twice in one
+            # pass (no graph capture to wait out on a CPU), not so deep. The probe's first
+            # decode pays one-off costs, its second does not.
             probe = [self._scratch(tokens[:0], 1, 0) for _ in range(2)]
             if probe[-1] > self.SLOW_ROW_MS:
                 passes, runs = 1, 2
@@ -104,8 +106,8 @@ class DeviceTiming:
         that take the batch 8 rows into each row class past eight (16, 24, 40, 72, 136 and 264
         rows: ragged past 16, uma.sched.cost.ragged_span) and to the top of each from 32 on
         (32, 64, 128 and 256 rows: powers of two), as far as `largest` prompt tokens and the
-        batch allow. The pairs tell a row step from a ragged price: under Vulkan on an H100
-        a 64-row tick cost less than a 40-row one."""
+        batch allow. The pairs tell a row step from a ragged price: under Vulkan a 64-row
+        tick can cost less than a 40-row one (docs/design/scheduling.md, "Ragged ticks")."""
         rows = max(0, min(8, self.ctx.n_seq_max - 1, self.batch.capacity - 1))
         shapes = [(0, rows), (1, rows)] if rows else []
         for edge in (e for e in ROW_EDGES if e >= 8):

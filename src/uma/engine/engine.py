@@ -290,11 +290,12 @@ class Engine:
     @classmethod
     def _device_sampling(cls, config: EngineConfig, core: ModuleType) -> bool:
         """auto: on a CUDA GPU, with at most DEVICE_SAMPLING_MAX_SEQ sequences. llama.cpp's
-        backend samplers are one sub-graph per sequence: on an H100 (1B f16, 128k vocabulary)
-        they gave +17 % decode tokens/s at 8 streams against copying the logits to the host,
-        and -6 % at 32, where 32 separate arg-max kernels outweigh one 16 MB copy. Under
-        Vulkan on the same GPU they lost 4 % at one stream and 3 % at 8; on Metal they are
-        unmeasured, and unified memory makes the copy they save cheap."""
+        backend samplers are one sub-graph per sequence: under CUDA, with a large vocabulary,
+        they beat copying the logits to the host at a few streams and lose to it at many, where
+        one arg-max kernel per sequence outweighs one copy of every row
+        (docs/results/gpu-speed.md). Under Vulkan they lost a little even at one stream
+        (docs/lab/2026-11-25-vulkan-traced.md); on Metal they are unmeasured, and unified
+        memory makes the copy they save cheap."""
         if config.device_sampling == "auto":
             if config.n_seq_max > DEVICE_SAMPLING_MAX_SEQ:
                 return False
@@ -576,7 +577,7 @@ class Engine:
         contexts = self._contexts
         # On this thread, like every tick: ggml's OpenMP pool belongs to the thread that first
         # decodes, and calibrating from the constructor's thread left a second pool behind
-        # that made every later decode ~25 % slower (134M, 2 threads).
+        # that made every later decode on a CPU about a quarter slower (docs/results/kv-sweep.md).
         self._scheduler.calibrate()
         if self._lane is not None:  # the same device and weights: the same prices to start
             self._lane.scheduler.adopt_calibration(self._scheduler.calibration_ticks)

@@ -117,8 +117,9 @@ class Scheduler:
         self.eog = frozenset(int(t) for t in self.model.eog_tokens())
         # Free sequence ids, lowest handed out first, so the sequences decoding together stay a
         # contiguous range. With per-sequence KV (kv_unified=False) llama.cpp puts only
-        # consecutive ids in one micro-batch (build): three decoders on streams 0, 1, 3 took
-        # 14.9 ms a step against 9.0 ms on 0, 1, 2 (134M, 2 CPU threads).
+        # consecutive ids in one micro-batch (build), and each micro-batch reads all the
+        # weights again: three decoders on streams 0, 1, 3 run as two, and took a step about 1.6
+        # times as long as on 0, 1, 2 (docs/design/scheduling.md).
         self.n_running = ctx.n_seq_max if n_running is None else n_running
         self.free_seqs = list(range(self.n_running))  # a heap
         self.prefix = prefix
@@ -443,8 +444,8 @@ class Scheduler:
         """Whether the prefix cache may hold this thread for a whole snapshot of an entry that
         must leave at once: only while nothing runs or waits, and then what the ticks so far
         produced is handed on first (a request that had just ended waited behind such a copy
-        for its last token: 367 ms on an H100). Otherwise entries leave in slices between
-        ticks (_save)."""
+        for its last token, a storm's worst gap: docs/design/prefix-cache.md). Otherwise
+        entries leave in slices between ticks (_save)."""
         if self.running or any(self.waiting.values()):
             return False
         self._flush()
@@ -660,9 +661,10 @@ class Scheduler:
         self._due = self._report(ran, apps)
         # Now, not when the report is handed on: overlapped, that is during the next decode,
         # and the policy, planning the tick after it, would pair this plan's memory with the
-        # tick before's time. It did: the background floor paid for a 47 ms prompt chunk at
-        # the price of the 4 ms decode tick before it, and the H100's storm under Vulkan
-        # spent 38 % of its time on background prompts against a 15 % floor.
+        # tick before's time. It did: on a GPU the background floor paid for a long prompt
+        # chunk at the price of the short decode tick before it, and a storm spent more than
+        # twice its floor's share on background prompts
+        # (docs/lab/2026-11-26-row-steps-and-overlap-feedback.md).
         self._measured = (self._due.tick_s * 1e3, self._due.n_sampled)
         self.n_ticks += 1
         self.last_plan = ran.plan
@@ -724,8 +726,8 @@ class Scheduler:
             and not self.waiting[Priority.BACKGROUND]
         # A snapshot taken in the tick (an ended request's KV pushed an entry out of the
         # prefix cache) held it, but is none of the batch's work: the cost model learned one
-        # of 367 ms as decode time (its error went from 5 to 37 ms), and the policy's feedback
-        # and the apps' ledger would count it too.
+        # as decode time (its error grew several-fold), and the policy's feedback and the
+        # apps' ledger would count it too.
         tick_s = time.perf_counter() - self._tick_start \
             - (self._snapshot_seconds() - self._tick_snapshots)
         # Service only sets apps apart: with one app running and none waiting (the steady

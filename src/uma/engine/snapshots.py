@@ -1,11 +1,12 @@
 """Host-memory snapshots of prefix-cache entries, taken in slices between ticks.
 
-llama.cpp copies a sequence's KV out (`llama_state_seq_get_data`) one run of cells at a time
-per layer, on the thread that decodes, and nothing else may use the context meanwhile. A
-request that decoded beside others holds a cell every few, so the copy of one long entry took
-80-320 ms on a 2-core CPU and 197 ms for 160 tokens on an H100 under Vulkan: a freeze of every
-stream if it is taken in one piece while they run. Its cost per token also varies 100x with
-how scattered the cells are, so no price set in advance holds.
+llama.cpp copies a sequence's KV out (`llama_state_seq_get_data`) one run of cells at a time per
+layer, on the thread that decodes, and nothing else may use the context meanwhile. A request
+that decoded beside others holds a cell every few, so the copy of one long entry takes many
+ticks' time, on a CPU and on a GPU alike (a GPU waits for the device at every run of cells;
+docs/design/prefix-cache.md has the figures): a freeze of every stream if it is taken in one
+piece while they run. Its cost per token also varies 100x with how scattered the cells are, so
+no price set in advance holds.
 
 So an entry leaving the KV cache is copied in slices of positions, each small enough for the
 time a tick leaves free: positions [start, end) are shared into a scratch sequence
@@ -31,8 +32,8 @@ from uma.errors import UmaError
 if TYPE_CHECKING:
     from uma import _core
 
-# The first slice of an entry, in positions: on the slowest device seen (scattered cells, a GPU
-# under Vulkan, 1.2 ms a token) about 10 ms.
+# The first slice of an entry, in positions: about 10 ms at the dearest copy per token seen
+# (scattered cells, a GPU under Vulkan waiting at every run of them: docs/design/prefix-cache.md).
 FIRST_SLICE = 8
 
 

@@ -310,7 +310,7 @@ def served_decoders(policy: BoundPolicy, state: SchedulerState,
     """Every interactive decoder; background decoders, rotated so each is left out equally
     often, while the tick stays within the line (a pause's time, in a pause). The first
     decoder of a tick goes in whatever the prediction says: with nobody else in the tick
-    there is no one to protect, and a model that had learned a 191 ms step on an overloaded
+    there is no one to protect, and a model that had learned an inflated step on an overloaded
     CPU once parked a lone background request for good."""
     cost = state.cost
     served = [s for s in state.sessions

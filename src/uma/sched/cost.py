@@ -12,69 +12,69 @@ The row steps are what a GPU charges as a batch's rows (prompt tokens and decode
 pass the sizes where ggml changes kernels: up to eight rows it multiplies by the weights with
 matrix-vector kernels, past that with matrix-matrix ones, whose tiles come in size classes (on
 Vulkan: small up to 32 rows, medium up to 64, large past that), and CUDA replays a captured
-graph only for one row. On an H100 under Vulkan one prompt token beside eight decoders cost
-6.5-9 ms on a 5 ms tick while the next 63 added about as much again; a model that charged the
-step for "the tick has prompt tokens" priced eight decoders and two background decoders (ten
-rows, past the same kernels' limit) as ten decoders. With the steps in the model, a policy
-saving up spare time spends it on one worthwhile chunk instead of paying a step for a
+graph only for one row. On a GPU one prompt token beside a few decoders can cost more than their
+whole tick, and the next few dozen about as much again (docs/design/scheduling.md); a model that
+charged the step for "the tick has prompt tokens" priced eight decoders and two background
+decoders (ten rows, past the same kernels' limit) as ten decoders. With the steps in the model,
+a policy saving up spare time spends it on one worthwhile chunk instead of paying a step for a
 handful of tokens every tick, and it prices a chunk by the rows already in the tick (`rows`):
-the step is paid by whichever chunk crosses it. Steps are non-negative; a chunk's price
-falls as it grows only where it takes the tick past WIDE_ROWS and the wide tick's attention
-is cheaper, or takes a ragged tick to a power of two (both below). On a CPU the steps are
-small.
+the step is paid by whichever chunk crosses it. Steps are non-negative; a chunk's price falls as
+it grows only where it takes the tick past WIDE_ROWS and the wide tick's attention is cheaper,
+or takes a ragged tick to a power of two (both below). On a CPU the steps are small.
 
 A tick whose rows are past 16 and not a power of two is *ragged*, and pays its span's ragged
-price besides the steps. Under Vulkan on an H100 (1B f16, eight decoders and a chunk,
-benches/chunk_cost.py) 32, 64, 128, 256 and 512 rows took 17, 22, 34, 57 and 110 ms, and the
-rows between them 21 (24 rows), 27-29 (40-56), 50-55 (72-104) and 42-48 (136-144): the
-matrix kernels run their tiles whole only for some batch sizes, so a 64-row tick costs less
+price besides the steps. On a GPU the matrix kernels run their tiles whole only for some batch
+sizes, so a tick's time does not grow with its rows alone: under Vulkan a 64-row tick costs less
 than a 40-row one, and a new 32-token prompt beside seven decoders (39 rows) cost the streams
-more than 56 background tokens beside eight (64 rows). Priced, a chunk that takes a ragged
+more than 56 background tokens beside eight (64 rows) (benches/chunk_cost.py measures it;
+docs/design/scheduling.md, "Ragged ticks", has the figures). Priced, a chunk that takes a ragged
 tick to the next power of two can cost nothing or less (step_ms is then negative), and
 chunk_tokens counts such sizes. On a CPU the prices are about nothing.
 
 Scoring prompt tokens has two prices because ggml has two ways to do it: the CPU's flash
 attention runs its tiled, matrix-multiply path only for a batch of at least 64 query rows and
-scores one row at a time below that. Three decoders and a chunk deep in a long prompt (134M,
-2 CPU threads): 60 prompt tokens (63 rows) took 1,024 ms, 61 (64 rows) 162 ms. One price for
-both made a 61-token chunk dearer than a 9-token one, so a floor chunk on the CPU was 9 tokens
-in 105 ms, where 61 tokens would have taken about as long.
+scores one row at a time below that: deep in a long prompt, one token more that takes a tick
+from 63 rows to 64 makes it several times cheaper (docs/lab/2026-11-26-cpu-cliff-at-64-rows.md).
+One price for both made a chunk just past the edge dearer than one of a few tokens, so a CPU's
+floor chunks stayed a few tokens long where a chunk past the edge would have taken about as
+long.
 
 Attention is the term that grows, and it has two parts. Reading the cache is memory-bound and
 happens once per sequence a tick: a decode row reads its sequence's K/V, and a prompt chunk
 starting at position p reads the p positions before it once, whatever its length (its tokens
 share them layer by layer). Computing the scores is per token: a chunk of c tokens attends to
-c·p + c(c+1)/2 positions. On the 134M CPU model one prompt token added to three decode rows
-costs 2 ms at position 0, 8 ms at 600 and 17 ms at 1,500, while each further token of the same
-chunk adds ~2.6 ms at 600: the read dominates a small deep chunk, so the last chunks of a long
-prompt are cheap per token only when they are large. A model that priced prompt attention per
-token alone underpredicted small deep chunks by half and overpredicted shallow ones; it had
-fitted the missing read into the step (4.6-6.5 ms on that CPU).
+c·p + c(c+1)/2 positions. On a CPU one prompt token added to a few decode rows costs several
+times more deep in a prompt than at its start, while each further token of the same chunk adds
+a fraction of that (docs/design/scheduling.md): the read dominates a small deep chunk, so the
+last chunks of a long prompt are cheap per token only when they are large. A model that priced
+prompt attention per token alone underpredicted small deep chunks by half and overpredicted
+shallow ones; it had fitted the missing read into the step, which on a CPU is near zero
+(docs/lab/2026-11-24-pricing-the-cache-read.md).
 
-The coefficients are a least-squares fit over recent ticks (exponentially weighted, so the
-model follows the machine as it warms up, throttles or shares the GPU), anchored to a prior by
-a ridge term that never fades and held non-negative. The prior is the device's own: before
-serving, the scheduler times a few scratch batches and `calibrate` fits them. The anchor
-matters: a server mostly runs ticks that look alike (three decoders, no prompt), which say
-nothing about how cost splits between the terms. Recursive least squares with forgetting lets
-its covariance blow up along those unexcited directions; on the mixed-load benchmark it
-drifted to 283 ms per prompt token and held every prompt back. Residuals are clipped
-(Huber-like) so one stalled tick, a page fault or a preempted thread, does not drag the fit.
-Policies get a frozen `CostEstimate` to predict a plan's time before running it; the scheduler
-feeds back what each tick really took.
+The coefficients are a least-squares fit over recent ticks (exponentially weighted, so the model
+follows the machine as it warms up, throttles or shares the GPU), anchored to a prior by a ridge
+term that never fades and held non-negative. The prior is the device's own: before serving, the
+scheduler times a few scratch batches and `calibrate` fits them. The anchor matters: a server
+mostly runs ticks that look alike (three decoders, no prompt), which say nothing about how cost
+splits between the terms. Recursive least squares with forgetting lets its covariance blow up
+along those unexcited directions; under mixed load it drifted until one prompt token was priced
+above a whole tick and held every prompt back (docs/lab/2026-11-23-cost-model-fit.md). Residuals
+are clipped (Huber-like) so one stalled tick, a page fault or a preempted thread, does not drag
+the fit. Policies get a frozen `CostEstimate` to predict a plan's time before running it; the
+scheduler feeds back what each tick really took.
 
 The fit learns slowly by design, and a prompt chunk's attention is what it gets most wrong: its
 price moves with the depth a chunk runs at and with the kernel path (the CPU's flash attention
-below 64 query rows), and the clipped residuals let one 1,500 ms tick predicted at 20 ms move
-the fit as if it had taken 40. So the estimate carries a correction on top of the fit, per
-attention path (narrow, wide): an extra price per 1000 KV positions prompt tokens attend. A
-tick with prompt attention that overran its prediction (beyond the usual error) raises its
-path's extra at once to what would have predicted it (at most 8x the path's price in one
-tick, so that a stall does not price prompts out for long); ticks whose attention is a fair part
-of their time and that came in under let it back down slowly, never below 0. A misprediction
-of prompt attention up to 8x costs one tick (a larger one a tick per factor of 8); the next
-chunk of that kind is priced at what the last one really cost, and grows back only as ticks
-prove it.
+below 64 query rows), and the clipped residuals let a tick that ran dozens of times its
+prediction move the fit as if it had taken only twice as long. So the estimate carries a
+correction on top of the fit, per attention path (narrow, wide): an extra price per 1000 KV
+positions prompt tokens attend. A tick with prompt attention that overran its prediction (beyond
+the usual error) raises its path's extra at once to what would have predicted it (at most 8x the
+path's price in one tick, so that a stall does not price prompts out for long); ticks whose
+attention is a fair part of their time and that came in under let it back down slowly, never
+below 0. A misprediction of prompt attention up to 8x costs one tick (a larger one a tick per
+factor of 8); the next chunk of that kind is priced at what the last one really cost, and grows
+back only as ticks prove it.
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ class CostEstimate:
     samples: int = 0  # ticks the estimate has learned from
     # the steps' running sums: _passed[i] is what a tick whose rows pass the first i edges
     # pays. Policies price chunks dozens of times a tick; summing the steps each time made
-    # planning one stream's tick 5x slower (25 against 5 us on the 2-core CPU).
+    # planning a tick several times slower.
     _passed: tuple[float, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -210,8 +210,8 @@ class CostEstimate:
         cheaper_later = self.prompt_kv_ms(WIDE_ROWS + 1) < self.prompt_kv_ms(rows + 1)
         # A chunk that takes the tick to its span's edge has passed the steps below that edge
         # at no ragged price (the edges are powers of two), and is the span's largest: where
-        # it fits, so does the span, with no search (planning one stream's tick took 17
-        # against 10-12 us with a search in every span, on the 2-core CPU).
+        # it fits, so does the span, with no search (a search in every span made planning a
+        # tick about half again as slow).
         base = self.per_kv_kpos_ms * depth / 1000.0 - self.shape_ms(rows)
         for lo, hi, edge_steps in self._spans(rows):
             whole = hi < math.inf and \
@@ -404,8 +404,8 @@ class CostModel:
         # residual far beyond the usual error moves the fit only so far (a page fault, a
         # preempted thread). A tick with prompt tokens that ran long may say the model is
         # wrong about prompt cost, so it counts up to twice its prediction, not without
-        # limit: unclipped stalls of prompt ticks alone had put a 5 ms step into a CPU fit
-        # whose prompt tokens cost 1 ms and whose real step is near zero.
+        # limit: unclipped stalls of prompt ticks alone had put a step worth several prompt
+        # tokens into a CPU fit whose real step is near zero.
         predicted = self._base.predict(*shape)
         bound = max(4.0 * self.error_ewma_ms, 0.5 * predicted, 1.0)
         upper = max(bound, predicted) if prefill_tokens else bound

@@ -94,7 +94,7 @@ def prefill_order(sessions: Sequence[SessionView]) -> list[SessionView]:
 def shortest_background_first(sessions: Sequence[SessionView]) -> list[SessionView]:
     """Interactive prompts by arrival (TTFT first), then background prompts by what is left of
     them, shortest first: behind a long one, a short background prompt would wait for the whole
-    of it (on the CPU a 250-token prompt took 36x its time alone behind a 1,000-token one), and
+    of it (a short prompt behind one a few times longer took dozens of times its time alone), and
     shortest-remaining-first is what minimises the mean completion time."""
     return sorted(sessions, key=prefill_rank)
 

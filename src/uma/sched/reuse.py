@@ -7,8 +7,9 @@ it is taken where the prefill it saves beyond the live match is predicted to tak
 that copy, at the bandwidth restores have shown (RESTORE_BYTES_PER_MS before the first).
 A prefill is priced at the cost model's prediction or at the prompt throughput large chunks
 have shown, whichever is slower: the cost model learns from ticks whose prompt chunks are
-mostly small, and on an H100 it priced 8,000 prompt tokens at 16-70 ms where they took
-155-590 ms, which made every restore (37 ms) look slower than the prefill it saved.
+mostly small, and on a GPU it priced a long prompt's prefill about an order of magnitude below
+what it took, which made every restore look slower than the prefill it saved
+(docs/design/prefix-cache.md).
 Either way the request's time to first token falls by the prefill it no longer does: the
 scheduler starts its sequence there, and the policy plans its first chunk at that depth
 (SessionView.n_past, n_cached).
@@ -31,7 +32,7 @@ from uma.sched.cost import CostEstimate
 # copy and the bookkeeping take, and every prompt shares its first (BOS, template) tokens.
 MIN_REUSE_TOKENS = 16
 # Host-to-KV bandwidth assumed before the first restore is timed (bytes per ms: 4 GB/s),
-# below what a memory copy or a PCIe transfer does (an H100 restored at 7.8 GB/s).
+# below what a memory copy or a PCIe transfer does (docs/results/prefix-reuse.md has restores).
 RESTORE_BYTES_PER_MS = 4e6
 # A snapshot is taken where the prefill it would save is at least this many times its copy
 # out: it pays if one such entry in this many comes back. One-off requests that decoded
