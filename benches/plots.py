@@ -5,6 +5,7 @@ it: python benches/plots.py benches/results/NAME.json"""
 from __future__ import annotations
 
 import sys
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -15,6 +16,31 @@ import matplotlib.pyplot as plt  # noqa: E402
 import report  # noqa: E402
 
 COLOURS = {"interactive": "tab:blue", "background": "tab:red"}
+
+
+def provenance(info: dict) -> dict:
+    """A result's info block (report.run_info) as the fields `stamp` writes."""
+    machine = info.get("gpu") or f"{info.get('cpu', '?')}, {info.get('cpus', '?')} CPUs"
+    return {"machine": f"{machine}, {info['threads']} threads" if "threads" in info else machine,
+            "model": info.get("model", "?"), "date": str(info.get("when", "?"))[:10],
+            "commit": info.get("commit", "?"), "command": info.get("command", "?")}
+
+
+def stamp(fig, sources: list[dict]) -> None:
+    """Writes along the foot of the figure one line per result it draws (data, machine, model,
+    date, commit, command), so that the PNG on its own says where its figures came from. It
+    lays the axes out above the lines (tight_layout): call it last, before saving."""
+    fields = ("data", "machine", "model", "date", "commit", "command")
+    width = int(fig.get_figwidth() * 72 / 4.0)  # characters a line holds at 6.5 pt
+    lines: list[str] = []
+    for src in sources:
+        parts = [f"{k} {src[k]}" for k in fields if k in src] + [src.get("note", "")]
+        lines += textwrap.wrap(" · ".join(p for p in parts if p), width,
+                               subsequent_indent="    ")
+    height = (0.12 * len(lines) + 0.08) / fig.get_figheight()  # 0.12 inch a line
+    fig.tight_layout(rect=(0, height, 1, 1))
+    fig.text(0.005, 0.005, "\n".join(lines), fontsize=6.5, va="bottom", ha="left",
+             color="0.3")
 
 
 def timelines(path: Path, keys: list[str], data: dict | None = None) -> Path:
