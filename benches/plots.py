@@ -43,6 +43,14 @@ def stamp(fig, sources: list[dict]) -> None:
              color="0.3")
 
 
+def _finish(fig, path: Path, data: dict) -> None:
+    """Lays the figure out, stamped with the result's provenance where it records one."""
+    if "info" in data:
+        stamp(fig, [{"data": Path(path).name, **provenance(data["info"])}])
+    else:
+        fig.tight_layout()
+
+
 def timelines(path: Path, keys: list[str], data: dict | None = None) -> Path:
     """Per-stream token timelines, one panel per side: time on x, stream on y, one dot per
     token. A freeze shows as a gap in every interactive row at once. `data`: the result
@@ -65,7 +73,7 @@ def timelines(path: Path, keys: list[str], data: dict | None = None) -> Path:
         ax.set_title(key.replace(" | ", ": "), fontsize=10, loc="left")
         ax.set_xlabel("seconds since the phase began (one mark per token; shaded: the "
                       "background prompt being computed)", fontsize=8)
-    fig.tight_layout()
+    _finish(fig, path, data)
     out = Path(path).with_name(Path(path).stem + "_timeline.png")
     fig.savefig(out, dpi=110)
     plt.close(fig)
@@ -89,7 +97,7 @@ def lines(path: Path, x: str, ys: list[tuple[str, str]], by: str, suffix: str,
             ax.set_xscale("log", base=2)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
+    _finish(fig, path, data)
     out = Path(path).with_name(Path(path).stem + f"_{suffix}.png")
     fig.savefig(out, dpi=110)
     plt.close(fig)
@@ -131,7 +139,7 @@ def scenario(path: Path, phase: str, data: dict | None = None) -> Path | None:
                           "tokens)", fontsize=8)
         bottom.sharex(top)
     fig.suptitle(phase, fontsize=11)
-    fig.tight_layout()
+    _finish(fig, path, data)
     out = Path(path).with_name(Path(path).stem + "_" + phase.replace(" + ", "_").replace(
         " ", "_") + ".png")
     fig.savefig(out, dpi=100)
