@@ -24,7 +24,6 @@ import functools
 import hashlib
 import json
 import os
-import struct
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ import numpy as np
 
 from uma import templates
 from uma.config import cache_root
+from uma.gguf_header import read_header
 
 __all__ = [
     "PRESETS",
@@ -356,76 +356,13 @@ def vocab_path(name: str) -> Path:
     raise FileNotFoundError(f"vocab file {fname} not found; looked in:\n  {looked}")
 
 
-# GGUF value type -> struct format of a scalar (gguf.GGUFValueType numbering).
-_GGUF_SCALAR = {
-    0: "B",
-    1: "b",
-    2: "H",
-    3: "h",
-    4: "I",
-    5: "i",
-    6: "f",
-    7: "?",
-    10: "Q",
-    11: "q",
-    12: "d",
-}
-_GGUF_STRING = 8
-_GGUF_ARRAY = 9
-
-
 @functools.lru_cache(maxsize=4)
 def _tokenizer_kv(path: Path) -> tuple[tuple[str, Any, int, int | None], ...]:
-    """All ``tokenizer.*`` key/values of a GGUF file as (key, value, type, sub_type).
-
-    Strings are returned as raw bytes so they are copied exactly. This is a minimal reader of
-    the GGUF v2/v3 key/value section: ``gguf.GGUFReader`` takes ~8 s to parse the 408k strings
-    of ``ggml-vocab-llama-bpe.gguf``, this takes a fraction of a second.
-    """
-    data = memoryview(path.read_bytes())
-    magic, version, _n_tensors, n_kv = struct.unpack_from("<IIQQ", data, 0)
-    if magic != 0x46554747 or version not in (2, 3):  # b"GGUF" little-endian
-        raise ValueError(f"{path}: not a little-endian GGUF v2/v3 file")
-    off = 24
-
-    def read_str(off: int) -> tuple[bytes, int]:
-        (n,) = struct.unpack_from("<Q", data, off)
-        return bytes(data[off + 8 : off + 8 + n]), off + 8 + n
-
-    out: list[tuple[str, Any, int, int | None]] = []
-    for _ in range(n_kv):
-        raw_key, off = read_str(off)
-        key = raw_key.decode()
-        (vtype,) = struct.unpack_from("<I", data, off)
-        off += 4
-        sub: int | None = None
-        value: Any
-        if vtype == _GGUF_ARRAY:
-            sub, n = struct.unpack_from("<IQ", data, off)
-            off += 12
-            if sub == _GGUF_STRING:
-                value = []
-                for _ in range(n):
-                    item, off = read_str(off)
-                    value.append(item)
-            elif sub in _GGUF_SCALAR:
-                fmt = "<" + _GGUF_SCALAR[sub]
-                arr = np.frombuffer(data, dtype=np.dtype(fmt), count=n, offset=off)
-                off += arr.nbytes
-                value = arr.tolist()
-            else:
-                raise ValueError(f"{path}: unsupported array element type {sub} in {key}")
-        elif vtype == _GGUF_STRING:
-            value, off = read_str(off)
-        elif vtype in _GGUF_SCALAR:
-            fmt = "<" + _GGUF_SCALAR[vtype]
-            (value,) = struct.unpack_from(fmt, data, off)
-            off += struct.calcsize(fmt)
-        else:
-            raise ValueError(f"{path}: unsupported value type {vtype} in {key}")
-        if key.startswith("tokenizer."):
-            out.append((key, value, vtype, sub))
-    return tuple(out)
+    """All ``tokenizer.*`` key/values of a GGUF file as (key, value, type, sub_type), strings
+    as raw bytes so they are copied exactly (uma.gguf_header reads them)."""
+    header = read_header(path, arrays=lambda key: key.startswith("tokenizer."))
+    return tuple((key, v.value, v.type, v.sub_type) for key, v in header.kv.items()
+                 if key.startswith("tokenizer."))
 
 
 # --------------------------------------------------------------------------- writing
