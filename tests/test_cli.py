@@ -27,6 +27,8 @@ from uma.sched.policies import create_policy
 from uma.server import main as server_main
 from uma.server import settings
 
+from .gguf_files import write_gguf
+
 
 def uma(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "uma", *args], capture_output=True, text=True,
@@ -431,6 +433,55 @@ def test_model_list_and_fetch_name_the_catalogue():
     assert r.returncode == 0 and "smollm2" in r.stdout and "gemma3-270m" in r.stdout
     r = uma("model", "fetch", "nope")
     assert r.returncode == 4 and "unknown model 'nope'; choose from smollm2" in r.stderr
+
+
+@pytest.fixture
+def models_dir(tmp_path, monkeypatch):
+    """A model directory of one model and a damaged file; the model cache (where fetched
+    catalogue models would be listed from) empty."""
+    monkeypatch.setenv("UMA_CACHE_DIR", str(tmp_path / "cache"))
+    folder = tmp_path / "models"
+    folder.mkdir()
+    write_gguf(folder / "qwen.gguf", arch="qwen2", context_length=32768)
+    (folder / "broken.gguf").write_bytes(b"not a model")
+    return folder
+
+
+def test_models_lists_the_directory_as_a_table(models_dir):
+    r = CliRunner().invoke(cli.app, ["models", "--models-dir", str(models_dir)])
+    assert r.exit_code == 0, r.output
+    assert r.output.splitlines() == [
+        "NAME    SIZE    QUANT  CONTEXT  ARCH   PATH",
+        f"broken  11 B    -      -        -      {models_dir / 'broken.gguf'}  "
+        f"(not a GGUF file (it starts with b'not '))",
+        f"qwen    8.5 kB  F32    32768    qwen2  {models_dir / 'qwen.gguf'}"]
+
+
+def test_models_as_json_from_the_environment_with_files_named(models_dir, tiny_path):
+    r = CliRunner().invoke(cli.app, ["models", str(tiny_path), "--json"],
+                           env={"UMA_MODELS_DIR": str(models_dir)})
+    tiny, broken, qwen = json.loads(r.output)
+    assert (tiny["name"], tiny["path"], tiny["error"]) == (tiny_path.stem, str(tiny_path), None)
+    assert broken["error"].startswith("not a GGUF file") and broken["architecture"] is None
+    assert {k: qwen[k] for k in ("name", "architecture", "quantization", "context_length",
+                                 "n_params", "size")} == {
+        "name": "qwen", "architecture": "qwen2", "quantization": "F32",
+        "context_length": 32768, "n_params": 32 * 64, "size": 8480}
+
+
+@pytest.mark.parametrize(("args", "env", "words"), [
+    (["--models-dir", "/nowhere"], {}, "invalid --models-dir: /nowhere is not a folder"),
+    ([], {"UMA_MODELS_DIR": "/nowhere"}, "invalid UMA_MODELS_DIR: /nowhere is not a folder"),
+])
+def test_models_refuses_a_folder_that_is_not_there_naming_the_setting(args, env, words):
+    r = uma("models", *args, env=env)
+    assert r.returncode == 4 and words in r.stderr
+
+
+def test_models_with_nothing_to_list_says_where_it_looked(tmp_path):
+    r = uma("models", env={"UMA_CACHE_DIR": str(tmp_path)})
+    assert r.returncode == 0 and r.stdout == ""
+    assert f"no GGUF files in {tmp_path / 'models'}" in r.stderr
 
 
 def test_a_socket_directory_is_created_only_where_it_belongs_to_the_user(tiny_path, tmp_path):

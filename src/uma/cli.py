@@ -66,9 +66,9 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version, is
 # `uma run --help`'s sections after "Options" (--config, --log-level), each with its settings
 # in the order shown
 PANELS: dict[str, tuple[str, ...]] = {
-    "Model and device": ("threads", "gpu_layers", "experts_used", "flash_attn", "device_sampling",
-                         "overlap", "batch", "ubatch", "chat_template", "embedding_ctx",
-                         "pooling", "rpc", "tensor_split"),
+    "Model and device": ("models_dir", "threads", "gpu_layers", "experts_used", "flash_attn",
+                         "device_sampling", "overlap", "batch", "ubatch", "chat_template",
+                         "embedding_ctx", "pooling", "rpc", "tensor_split"),
     "KV cache and prefix cache": ("ctx", "parallel", "kv_type", "kv_unified", "prefix_cache",
                                   "prefix_cache_tokens", "prefix_cache_ram_mb"),
     "Scheduling": ("policy", "latency_cap", "bmt_budget", "gap_ms", "background_share",
@@ -143,6 +143,7 @@ def run(
                    f"random-weight demo]",
         show_default=False),
     config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
+    models_dir: str | None = _opt("models_dir"),
     socket: str | None = _opt("socket"),
     ctx: int | None = _opt("ctx"),
     parallel: int | None = _opt("parallel"),
@@ -649,6 +650,55 @@ def model_synth(
     except OSError as exc:
         raise _fail(f"cannot write the model: {exc}", EXIT_FAILED) from exc
     typer.echo(str(path))
+
+
+@app.command("models")
+def models(
+    paths: list[Path] | None = typer.Argument(None, metavar="FILE",
+                                              help="GGUF files to list besides"),
+    models_dir: str | None = typer.Option(
+        None, "--models-dir", show_default=False,
+        help=f"{BY_NAME['models_dir'].help} (env UMA_MODELS_DIR)  "
+             f"[default: {BY_NAME['models_dir'].default}]"),
+    config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """List the models on this machine that a daemon can serve: the model directory's GGUF
+    files, the fetched catalogue models and any files named, each described from its header
+    (no daemon needed, nothing loaded). A file that cannot be read is listed with the
+    reason."""
+    from uma.model_dir import default_dir, list_models
+
+    conf = _settings(config, {"models_dir": models_dir})
+    folder = conf.server.models_dir
+    if folder is not None and not os.path.isdir(os.path.expanduser(folder)):
+        where = conf.origins["models_dir"].label("models_dir")
+        raise _fail(f"invalid {where}: {folder} is not a folder", EXIT_USAGE)
+    listing = list_models(folder, paths or ())
+    if as_json:
+        typer.echo(json.dumps([{**dataclasses.asdict(m), "path": str(m.path)} for m in listing],
+                              indent=2))
+        return
+    if not listing:
+        typer.echo(f"uma: no GGUF files in {folder or default_dir()}; `uma model fetch` "
+                   f"fetches {catalog.DEMO}, or put .gguf files there", err=True)
+        return
+    rows = [("NAME", "SIZE", "QUANT", "CONTEXT", "ARCH", "PATH")] + [
+        (m.name, _bytes(m.size) if m.size else "-", m.quantization or "-",
+         str(m.context_length or "-"), m.architecture or "-",
+         str(m.path) + (f"  ({m.error})" if m.error else "")) for m in listing]
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    for *cells, path in rows:  # the path last and unpadded: it may be long
+        typer.echo("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))
+                   + "  " + path)
+
+
+def _bytes(n: int) -> str:
+    """A file's size as model pages give it: decimal units, three figures at most."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}" if n < 10 * scale else f"{n / scale:.0f} {unit}"
+    return f"{n} B"
 
 
 @model_app.command("list")

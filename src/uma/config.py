@@ -527,6 +527,7 @@ class ServerConfig:
     http_max_body_bytes: int | None = None  # largest request body; None: request_bytes_limit()
     scorecard_interval_s: float = 0.0  # the scorecard logged this often (0: off)
     scorecard_csv: str | None = None  # ... and appended to this CSV file
+    models_dir: str | None = None  # GGUF files the listings offer; None: the model cache
 
     def __post_init__(self) -> None:
         if not isinstance(self.socket, str) or not self.socket:
@@ -560,6 +561,9 @@ class ServerConfig:
             if not self.scorecard_interval_s:
                 raise InvalidRequestError("scorecard_csv needs scorecard_interval_s > 0 (how "
                                           "often a row is written)")
+        if self.models_dir is not None and (not isinstance(self.models_dir, str)
+                                            or not self.models_dir.strip()):
+            raise InvalidRequestError("models_dir must be a folder's path")
         if self.api_key is not None and (
                 not isinstance(self.api_key, str) or not self.api_key.strip()
                 or self.api_key != self.api_key.strip()):

@@ -37,6 +37,7 @@ NESTED: dict[str, str] = {
     "bmt_budget_gbps": "bmt_budget",  # GB/s, as bmt_budget (which also takes "320GBps")
     # Model and device
     "model.path": "model",
+    "model.models_dir": "models_dir",
     "model.threads": "threads",
     "model.threads_batch": "threads_batch",
     "model.gpu_layers": "gpu_layers",

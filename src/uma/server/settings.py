@@ -97,7 +97,7 @@ SETTINGS: tuple[Setting, ...] = (
             "or q4_0"),
     _e("type_k", str, "f16", "K cache type (kv_type sets both)", flag=False),
     _e("type_v", str, "f16", "V cache type (kv_type sets both)", flag=False),
-    _e("kv_unified", bool, "on", "one KV buffer for all requests"),
+    _e("kv_unified", bool, "on", "all requests in one KV buffer"),
     _e("flash_attn", str, "auto", "flash attention: auto, on or off"),
     _e("device_sampling", str, "auto",
        "sample on the device: auto (a CUDA GPU, parallel <= "
@@ -141,6 +141,7 @@ SETTINGS: tuple[Setting, ...] = (
     _e("pooling", str, "the model's, else mean", "embeddings pooling: auto, mean, cls or last",
        "embedding_pooling"),
     *(_knob(k) for k in KNOBS),
+    _s("models_dir", str, "the model cache", "folder of GGUF models"),
     _s("socket", str, "$XDG_RUNTIME_DIR/uma.sock, else /tmp/uma-$UID.sock",
        "socket path"),
     _s("max_connections", int, "64", "socket connections at once"),
