@@ -89,7 +89,7 @@ def test_embeddings_are_the_engines(engine, client, name):
 
 
 def test_the_lists_show_and_version(engine, client, name):
-    [listed] = client.list().models
+    listed = client.list().models[0]  # the loaded model first (test_models_http.py)
     assert listed.model == f"{name}:latest" and listed.details.format == "gguf"
     assert listed.details.family == engine.model.architecture
     [running] = client.ps().models

@@ -12,6 +12,10 @@ touches the daemon's poller. Request bodies become socket-protocol requests
          /api/ps, /api/version (Ollama's, uma.server.ollama_api; stream: NDJSON)
     GET  /v1/models, /v1/models/{id}, /health, /metrics (Prometheus text; with
          Accept: application/json the scorecard), /scorecard
+
+Both dialects' model listings show the models of the model directory beside the loaded one
+(uma.server.models_api); a request for one of them is answered 409: only the loaded one is
+served.
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import datetime
 import functools
 import hmac
 import json
@@ -47,8 +50,9 @@ from uma.embeddings import Embeddings
 from uma.engine import Engine
 from uma.errors import SHOWN_CHARS, InvalidRequestError, UmaError, shown
 from uma.handle import RequestHandle, Result, TokenEvent
+from uma.model_dir import ModelFile, list_models
 from uma.priority import Priority
-from uma.server import ollama_api, prometheus
+from uma.server import models_api, ollama_api, prometheus
 from uma.server.http_limits import LimitedH11Protocol
 from uma.server.infill_api import InfillFormat, parse_infill
 from uma.server.openai_api import (
@@ -64,6 +68,7 @@ from uma.server.openai_api import (
     parse_detokenize,
     parse_embeddings,
     parse_tokenize,
+    serves,
 )
 from uma.tools import ToolStream
 from uma.wire import protocol as P
@@ -130,6 +135,7 @@ class _Api:
         self.model_id = Path(engine.config.model).stem
         self.model_created = int(os.path.getmtime(engine.config.model))
         self.served = ollama_api.Served(self.model_id, catalog.names_of(engine.config.model))
+        self.models_dir = config.models_dir  # None: the model cache (uma.model_dir)
         self.facts = _model_facts(engine, self.served, self.model_created)
         self.metrics_source = engine.metrics if metrics_source is None else metrics_source
         self.stopping = False  # set when the gateway drains: new requests get 503 (Draining)
@@ -181,6 +187,7 @@ class _Api:
                                code="shutting_down")
             if body is None:
                 body = await _read_json(request, self.max_body, self.body_timeout_s)
+                await self._check_openai_model(body)
             parse = functools.partial(parse, body, model_id=self.model_id, limits=self.limits,
                                       default_priority=_header_priority(request))
             api_req = await asyncio.to_thread(parse) if off_loop else parse()
@@ -226,6 +233,7 @@ class _Api:
                       parse: Callable[[object, ollama_api.Served], ollama_api.OllamaRequest]
                       ) -> Response:
         body = await _read_json(request, self.max_body, self.body_timeout_s)
+        await self._check_ollama_model(body)
         ollama = parse(body, self.served)
         api_req, handle = await self._submit(
             request, parse_chat if ollama.chat else parse_completion, body=ollama.openai)
@@ -269,14 +277,15 @@ class _Api:
         yield ollama_api.line(answer.final(result))
 
     async def ollama_tags(self, request: Request) -> Response:
-        return JSONResponse({"models": [self.facts.listed()]})
+        return JSONResponse(ollama_api.tags(self.facts, await self._others()))
 
     async def ollama_ps(self, request: Request) -> Response:
         return JSONResponse({"models": [self.facts.running()]})
 
     async def ollama_show(self, request: Request) -> Response:
-        ollama_api.parse_show(await _read_json(request, self.max_body, self.body_timeout_s),
-                              self.served)
+        body = await _read_json(request, self.max_body, self.body_timeout_s)
+        await self._check_ollama_model(body)
+        ollama_api.parse_show(body, self.served)
         return JSONResponse(self.facts.shown())
 
     async def ollama_version(self, request: Request) -> Response:
@@ -289,8 +298,9 @@ class _Api:
         return await self._ollama_embed(request, legacy=True)
 
     async def _ollama_embed(self, request: Request, legacy: bool) -> Response:
-        inputs, legacy = ollama_api.parse_embed(
-            await _read_json(request, self.max_body, self.body_timeout_s), self.served, legacy)
+        body = await _read_json(request, self.max_body, self.body_timeout_s)
+        await self._check_ollama_model(body)
+        inputs, legacy = ollama_api.parse_embed(body, self.served, legacy)
         start = time.perf_counter_ns()
         result = await self._embedded(inputs)
         if legacy:
@@ -360,23 +370,54 @@ class _Api:
     # --- the rest ------------------------------------------------------------------------------
 
     async def models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [self._model()]})
+        """The loaded model, then the others available (usable files only)."""
+        others = [models_api.openai_listed(m) for m in await self._others() if m.usable]
+        return JSONResponse({"object": "list", "data": [self._model(), *others]})
 
     async def model(self, request: Request) -> Response:
-        if request.path_params["model_id"] not in (self.model_id, f"{self.model_id}.gguf"):
-            raise ApiError(404, f"no model {shown(request.path_params['model_id'])}; this "
-                                f"server has {self.model_id!r}", param="model",
-                           code="model_not_found")
-        return JSONResponse(self._model())
+        model_id = request.path_params["model_id"]
+        if serves(self.model_id, model_id):
+            return JSONResponse(self._model())
+        others = await self._others()
+        found = models_api.find(others, model_id)
+        if found is not None and found.usable:
+            return JSONResponse(models_api.openai_listed(found))
+        raise models_api.not_served(model_id, self.model_id, others)
 
     def _model(self) -> dict:
-        return {"id": self.model_id, "object": "model", "created": self.model_created,
-                "owned_by": "uma"}
+        f = self.facts
+        return models_api.openai_model(
+            self.model_id, self.model_created, True, architecture=f.architecture,
+            quantization=f.quantization, n_ctx_train=f.n_ctx_train, n_params=f.n_params,
+            size=f.size_bytes)
+
+    async def _others(self) -> tuple[ModelFile, ...]:
+        """The models available besides the loaded one. Read off the event loop: a file's
+        header is read the first time it is seen (and again once it changes)."""
+        listing = await asyncio.to_thread(list_models, self.models_dir,
+                                          (self.engine.config.model,))
+        return models_api.others(listing, self.engine.config.model)
+
+    async def _check_openai_model(self, body: object) -> None:
+        """A body naming another model than the served one: 409 where it is available, 404
+        naming those that are otherwise. A `model` that is not text is the parser's to
+        refuse."""
+        model = body.get("model") if type(body) is dict else None
+        if type(model) is str and not serves(self.model_id, model):
+            raise models_api.not_served(model, self.model_id, await self._others())
+
+    async def _check_ollama_model(self, body: object) -> None:
+        """As _check_openai_model, for Ollama's names (with or without the tag)."""
+        model = ollama_api.named_model(body)
+        if type(model) is str and not self.served.serves(model):
+            raise models_api.not_served(model, self.served.name, await self._others(),
+                                        tag=":latest")
 
     async def embeddings(self, request: Request) -> Response:
         """OpenAI's /v1/embeddings: each input pooled into one unit-length vector."""
-        body = parse_embeddings(await _read_json(request, self.max_body, self.body_timeout_s),
-                                model_id=self.model_id, limits=self.limits,
+        body = await _read_json(request, self.max_body, self.body_timeout_s)
+        await self._check_openai_model(body)
+        body = parse_embeddings(body, model_id=self.model_id, limits=self.limits,
                                 dimensions=self.engine.model.n_embd)
         result = await self._embedded(body.inputs)
         return JSONResponse(embeddings_response(result, self.model_id, body.base64))
@@ -811,10 +852,9 @@ def _model_facts(engine: Engine, served: ollama_api.Served, created: int
                  ) -> ollama_api.ModelFacts:
     """What Ollama's lists say of the loaded model (it does not change while served)."""
     model = engine.model
-    mtime = datetime.datetime.fromtimestamp(created, datetime.timezone.utc)
     return ollama_api.ModelFacts(
         served=served, size_bytes=os.path.getsize(engine.config.model),
-        modified_at=mtime.isoformat().replace("+00:00", "Z"),
+        modified_at=ollama_api.rfc3339(created),
         architecture=model.architecture, n_params=model.n_params,
         quantization=ollama_api.quantization(model.description),
         n_ctx_train=model.n_ctx_train, n_embd=model.n_embd,

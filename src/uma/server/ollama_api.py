@@ -6,7 +6,7 @@ the same words; answers are Ollama's objects, streamed as NDJSON (one JSON objec
 
 Where it differs from Ollama (docs/guide/http-api.md, "Ollama's API"): the daemon serves the
 one model it loaded, under its catalogue or file name, with or without a tag (`smollm2`,
-`smollm2:latest`);
+`smollm2:latest`), and lists the others of its model directory (uma.server.models_api);
 the model stays loaded for the daemon's life, so `keep_alive` is accepted and has nothing to
 do; the context is set when the model loads (`--ctx`), so a request's `num_ctx` never reloads
 it: a prompt longer than the loaded context is refused, as on the OpenAI endpoints. Images,
@@ -23,6 +23,7 @@ from typing import Any
 
 from uma.errors import shown
 from uma.handle import Result
+from uma.model_dir import ModelFile
 from uma.server.openai_api import ApiError
 from uma.tools import ToolCall
 
@@ -53,17 +54,27 @@ class Served:
         """The name Ollama's lists give it: the first of its names, with the default tag."""
         return f"{(self.names or (self.model_id,))[0]}:latest"
 
+    def serves(self, model: str) -> bool:
+        """Whether a request's `model` names this one."""
+        return model.removesuffix(":latest") in (*self.names, self.model_id) \
+            or model == f"{self.model_id}.gguf"
+
     def check(self, body: Mapping[str, Any]) -> None:
         """The body's `model` must be this one; 404 naming it otherwise, as Ollama answers
         for a model it does not have."""
         model = body.get("model")
         if model is None:
             raise ApiError(400, "model is required", param="model")
-        known = (*self.names, self.model_id)
-        if type(model) is not str or model.removesuffix(":latest") not in known \
-                and model != f"{self.model_id}.gguf":
+        if type(model) is not str or not self.serves(model):
             raise ApiError(404, f"model {shown(model)} not found; this server has "
                                 f"{self.name!r}", param="model", code="model_not_found")
+
+
+def named_model(body: object) -> object:
+    """The model a body names: `model`, else the older `name` (/api/show)."""
+    if type(body) is not dict:
+        return None
+    return body["model"] if body.get("model") is not None else body.get("name")
 
 
 def _object(body: object) -> dict[str, Any]:
@@ -298,9 +309,7 @@ class ModelFacts:
     chat_template: str | None
 
     def details(self) -> dict[str, Any]:
-        return {"parent_model": "", "format": "gguf", "family": self.architecture,
-                "families": [self.architecture], "parameter_size": _params(self.n_params),
-                "quantization_level": self.quantization}
+        return _details(self.architecture, self.n_params, self.quantization)
 
     def listed(self) -> dict[str, Any]:
         """An entry of /api/tags."""
@@ -326,6 +335,34 @@ class ModelFacts:
                 + (["tools"] if self.chat_template and "tool" in self.chat_template else [])}
 
 
+def tags(facts: ModelFacts, others: Sequence[ModelFile]) -> dict[str, Any]:
+    """/api/tags: the loaded model, then the others available (usable files only), each
+    marked `loaded`, a field of this server's."""
+    return {"models": [{**facts.listed(), "loaded": True},
+                       *(_listed_file(m) for m in others if m.usable)]}
+
+
+def _listed_file(m: ModelFile) -> dict[str, Any]:
+    name = f"{m.name}:latest"
+    return {"name": name, "model": name, "modified_at": rfc3339(m.modified), "size": m.size,
+            "digest": "", "details": _details(m.architecture or "", m.n_params,
+                                              m.quantization or ""),
+            "loaded": False}
+
+
+def _details(architecture: str, n_params: int | None, quantization: str) -> dict[str, Any]:
+    return {"parent_model": "", "format": "gguf", "family": architecture,
+            "families": [architecture],
+            "parameter_size": "" if n_params is None else _params(n_params),
+            "quantization_level": quantization}
+
+
+def rfc3339(seconds: float) -> str:
+    """A file time as Ollama's modified_at: UTC, RFC 3339, whole seconds."""
+    when = datetime.datetime.fromtimestamp(int(seconds), datetime.timezone.utc)
+    return when.isoformat().replace("+00:00", "Z")
+
+
 def quantization(description: str) -> str:
     """The weights' type as Ollama names it, from llama.cpp's description of the model
     ("llama 135M Q4_1", "gemma3 270M Q4_K - Medium", "llama ?B all F32")."""
@@ -345,10 +382,7 @@ def _params(n: int) -> str:
 
 
 def parse_show(body: object, served: Served) -> None:
-    body = _object(body)
-    if body.get("model") is None and body.get("name") is not None:  # the older field
-        body = {**body, "model": body["name"]}
-    served.check(body)
+    served.check({**_object(body), "model": named_model(body)})
 
 
 def parse_embed(body: object, served: Served, legacy: bool = False

@@ -341,10 +341,17 @@ def _object(body: object) -> dict:
     return body
 
 
+def serves(model_id: str, model: str) -> bool:
+    """Whether a request's `model` names the served one: its id, or its file's name."""
+    return model in (model_id, f"{model_id}.gguf")
+
+
 def _check_model(body: dict, model_id: str) -> None:
+    # the gateway answers a model it does not serve from its listing first
+    # (uma.server.models_api); this is the last line for callers without one
     model = _field(body, "model", str)
-    if model is not None and model not in (model_id, f"{model_id}.gguf"):
-        raise ApiError(400, f"unknown model {shown(model)}; this server has {model_id!r}",
+    if model is not None and not serves(model_id, model):
+        raise ApiError(404, f"model {shown(model)} not found; this server has {model_id!r}",
                        param="model", code="model_not_found")
 
 
