@@ -44,11 +44,11 @@ def test_each_knob_has_a_kind_a_range_holding_its_default_and_a_short_help(knob)
 def test_knobs_given_reach_the_policy_the_engine_builds():
     config = EngineConfig(model="m.gguf", latency_cap=1.5,
                           slo={"gap_factor": 3, "ttft_burst_tokens": 0,
-                               "background_share": 0.3})
+                               "background_share": 0.45})
     policy = create_policy("bound", config)
     assert isinstance(policy, BoundPolicy)
     assert policy.gap_factor == 3.0 and type(policy.gap_factor) is float
-    assert (policy.ttft_burst_tokens, policy.background_share) == (0, 0.3)
+    assert (policy.ttft_burst_tokens, policy.background_share) == (0, 0.45)
     assert policy.latency_cap == 1.5 and policy.gap_margin == BoundPolicy().gap_margin
     hash(config)  # still frozen and hashable
 

@@ -118,15 +118,16 @@ def test_no_streak_of_gaps_past_the_bound_however_wrong_the_cost_model(name):
 @pytest.mark.parametrize("prompt_x", [1.0, 5.0])
 def test_on_fast_ticks_pauses_are_few_and_as_long_as_the_bound_allows(prompt_x):
     # 8 streams of 2.4 ms ticks beside a 20,000-token prompt: a pause one tick in 25 (what a
-    # p95 at one tick in 20 leaves) of the 15 % share would be 11 ms long; instead each pause
-    # takes what the gap bound allows and pauses come as rarely as the share permits
+    # p95 at one tick in 20 leaves) of the 30 % share would be 26 ms long; instead each pause
+    # takes what the gap bound allows and pauses come as rarely as the share permits (about
+    # one tick in 75)
     policy = BoundPolicy()
     ticks = run(device(prompt_x=prompt_x, belief=FAST), prompt=20000, streams=8,
                 belief=FAST, max_ticks=100000)
     assert ticks[-1].back_tokens > 0  # it reached its first token
     solo = FAST.fixed_ms + 8 * FAST.per_decode_ms
     paused = [t for t in ticks[50:] if t.measured_ms > 3 * solo]
-    assert 0 < len(paused) <= 0.01 * len(ticks)  # the p95 is left alone
+    assert 0 < len(paused) <= 0.02 * len(ticks)  # the p95 is left alone
     long = sorted(t.measured_ms for t in paused)[len(paused) // 2]
     assert long >= 0.5 * policy.gap_ms / policy.gap_margin  # each near the bound
     # a price learned wrong costs one tick past the bound, as everywhere

@@ -114,7 +114,7 @@ class BoundMemory:
 class BoundPolicy:
     latency_cap: float = 1.20  # the streams' gap p95 allowed, × their p95 alone
     tick_budget_ms: float | None = None  # an explicit line instead of the cap
-    background_share: float = 0.15  # the streams' time owed to background work (0: only
+    background_share: float = 0.3  # the streams' time owed to background work (0: only
     # what the line leaves)
     gap_ms: float = 100.0  # the worst interactive gap allowed is the larger of this...
     gap_factor: float = 4.0  # ... and this × the streams' p95 alone
