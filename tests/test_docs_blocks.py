@@ -9,7 +9,8 @@ The blocks of one page run in order in one working folder, as a reader would typ
 its `uma: serving` line, and stops the daemon a previous `uma run` left), later blocks and the
 Python ones talk to it, and the page's last daemon is stopped at the end. What a reader has and
 the test has not is substituted: any `*.gguf` path becomes the tiny synthetic model, the HTTP
-ports free ones, key files one written here; the socket is one of this test's own.
+ports free ones, key files one written here, a folder of models the test's own; the socket
+is one of this test's own.
 
 The README's install command runs in a fresh virtual environment (`pip install .` reuses the
 build folder the first install made, as a user's second install does); its test command is the
@@ -115,6 +116,8 @@ HOW: dict[tuple[str, str], How] = {
                              "tokenizer (tests)"):
         How(leave_out=("uma model synth 1b", "uma model synth 8b", "uma model info 8b.gguf"),
             why="they write 2.5 and 8.5 GB"),
+    ("docs/guide/models.md", "uma models                        # the model directory and "
+                             "the fetched catalogue models"): How(),
     ("docs/guide/scaling-out.md", "uma rpc-worker --host 10.0.0.2 --port 50052     "
                                   "# a private address of that machine"):
         How("not run", why=NOT_HERE.format("a second machine")),
@@ -218,6 +221,7 @@ class PageSession:
     def substitute(self, text: str, how: How) -> str:
         model = str(self.models[how.model])
         text = re.sub(r"(?:~/|/)?[\w./-]*\.gguf\b", model, text)
+        text = re.sub(r"~/models\b", str(self.tmp), text)  # a folder of models
         text = re.sub(r"\b(uma run) smollm2\b", rf"\1 {model}", text)
         for port, free in self.ports.items():
             text = re.sub(rf"(?<=[: ]){port}\b", free, text)
