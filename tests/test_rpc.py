@@ -129,3 +129,15 @@ def test_a_worker_lost_mid_stream_ends_requests_and_the_daemon_says_so(tiny_path
         c.stop()
         # it exits as failed (for a service manager to restart it), not held by the thread
         assert d.proc.wait(60) == 1
+
+
+def test_a_listening_worker_is_found_at_once_and_one_that_never_listens_given_up_on():
+    from uma.engine import rpc_workers
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        endpoint = f"127.0.0.1:{listener.getsockname()[1]}"
+        assert rpc_workers.wait_until_listening(endpoint, wait_s=5.0)
+    nobody = f"127.0.0.1:{free_port()}"
+    assert not rpc_workers.wait_until_listening(nobody, wait_s=0.3)

@@ -35,6 +35,7 @@ from uma import tools as uma_tools
 from uma.app import DEFAULT_APP, app_name, app_weight
 from uma.config import EngineConfig, SamplingParams, check_logit_bias
 from uma.embeddings import EmbeddingJob, Embeddings, inputs_of
+from uma.engine import rpc_workers
 from uma.engine.background import BackgroundLane
 from uma.engine.contexts import Contexts
 from uma.engine.output import OutputStage
@@ -217,11 +218,15 @@ class Engine:
     @staticmethod
     def _add_rpc_workers(config: EngineConfig, core: ModuleType) -> None:
         """Registers config.rpc's workers as devices before the model loads; a worker that
-        cannot be reached fails the start, naming it. From here on a ggml abort (what
-        llama.cpp's RPC client does when a worker is lost mid-run) holds its thread instead
-        of ending the process (_watch_aborts)."""
+        does not listen within a few seconds (rpc_workers.WAIT_S) fails the start, naming
+        it. From here on a ggml abort (what llama.cpp's RPC client does when a worker is lost
+        mid-run) holds its thread instead of ending the process (_watch_aborts)."""
         if not config.rpc:
             return
+        for endpoint in config.rpc:
+            if not rpc_workers.wait_until_listening(endpoint):
+                log.warning("the RPC worker at %s did not listen within %.0f s", endpoint,
+                            rpc_workers.WAIT_S)
         core.hold_aborts()
         devices = [d for endpoint in config.rpc for d in core.rpc_add_worker(endpoint)]
         log.info("RPC workers %s: devices %s", ", ".join(config.rpc), ", ".join(devices))
