@@ -23,7 +23,6 @@ import dataclasses
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +31,8 @@ import pytest
 
 from uma import synth
 from uma.testing import short_socket_path
+
+from .helpers import fetched_or_skip, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs" / "guide").glob("*.md"))]
@@ -198,12 +199,6 @@ def toml_block(page: str, first_line: str) -> str:
     return found.group(1)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class PageSession:
     """One page's blocks in one folder, with the substitutions the module docstring lists."""
 
@@ -276,16 +271,7 @@ def test_every_block_is_listed_and_every_entry_is_a_block():
 
 @pytest.fixture(scope="module")
 def models() -> dict[str, Path]:
-    def smollm2() -> Path:
-        from uma import catalog
-        try:
-            return catalog.fetch(catalog.CATALOG["smollm2"])
-        except catalog.FetchError as exc:
-            if os.environ.get("CI"):
-                raise
-            pytest.skip(f"smollm2 cannot be fetched here: {exc}")
-
-    return {"tiny": synth.cached_model("tiny"), "smollm2": smollm2()}
+    return {"tiny": synth.cached_model("tiny"), "smollm2": fetched_or_skip("smollm2")}
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from uma.client import Client, ServerError
 from uma.config import EngineConfig, check_endpoints
 from uma.errors import InvalidRequestError
 
-from .helpers import assert_same_greedy
+from .helpers import assert_same_greedy, free_port
 
 pytestmark = pytest.mark.skipif(not _core.rpc_supported(),
                                 reason="built without llama.cpp's RPC backend (UMA_RPC=OFF)")
@@ -61,12 +61,6 @@ def test_a_worker_refuses_a_public_address(host):
 
 
 # --- live, on loopback ------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def accepts(port: int) -> bool:

