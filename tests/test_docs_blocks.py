@@ -111,6 +111,11 @@ HOW: dict[tuple[str, str], How] = {
     ("docs/guide/http-api.md", "uma run smollm2 --http 127.0.0.1:11434    # Ollama's usual "
                                "port, if Ollama is not running"): How(model="smollm2"),
     ("docs/guide/http-api.md", "import ollama"): How(model="smollm2"),
+    ("docs/guide/http-api.md", "curl -s 127.0.0.1:8080/load -d '{\"model\": \"gemma3-270m\"}'"
+                               "     # {\"model\": ..., \"loaded\": true, \"load_ms\": ...}"):
+        How("not run", why="needs a second model in the model directory (Gemma 3 270M, "
+                           "fetched); tests/server/test_models_http.py loads and unloads one "
+                           "through the same endpoints"),
     ("docs/guide/models.md", "uma run smollm2               # fetched on first use"):
         How(model="smollm2"),
     ("docs/guide/models.md", "uma model synth tiny          # 8.5M params, f32, Llama-2 "

@@ -66,9 +66,10 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version, is
 # `uma run --help`'s sections after "Options" (--config, --log-level), each with its settings
 # in the order shown
 PANELS: dict[str, tuple[str, ...]] = {
-    "Model and device": ("models_dir", "threads", "gpu_layers", "experts_used", "flash_attn",
-                         "device_sampling", "overlap", "batch", "ubatch", "chat_template",
-                         "embedding_ctx", "pooling", "rpc", "tensor_split"),
+    "Model and device": ("models_dir", "max_loaded", "keep_alive", "threads", "gpu_layers",
+                         "experts_used", "flash_attn", "device_sampling", "overlap", "batch",
+                         "ubatch", "chat_template", "embedding_ctx", "pooling", "rpc",
+                         "tensor_split"),
     "KV cache and prefix cache": ("ctx", "parallel", "kv_type", "kv_unified", "prefix_cache",
                                   "prefix_cache_tokens", "prefix_cache_ram_mb"),
     "Scheduling": ("policy", "latency_cap", "bmt_budget", "gap_ms", "background_share",
@@ -144,6 +145,8 @@ def run(
         show_default=False),
     config: Path | None = typer.Option(None, "--config", "-c", help=CONFIG_HELP),
     models_dir: str | None = _opt("models_dir"),
+    max_loaded: int | None = _opt("max_loaded"),
+    keep_alive: float | None = _opt("keep_alive"),
     socket: str | None = _opt("socket"),
     ctx: int | None = _opt("ctx"),
     parallel: int | None = _opt("parallel"),

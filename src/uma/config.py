@@ -528,6 +528,8 @@ class ServerConfig:
     scorecard_interval_s: float = 0.0  # the scorecard logged this often (0: off)
     scorecard_csv: str | None = None  # ... and appended to this CSV file
     models_dir: str | None = None  # GGUF files the listings offer; None: the model cache
+    max_loaded: int = 3  # models loaded at once (uma.host)
+    keep_alive_s: float = 300.0  # a model loaded on demand stays this long idle (-1: for good)
 
     def __post_init__(self) -> None:
         if not isinstance(self.socket, str) or not self.socket:
@@ -561,6 +563,12 @@ class ServerConfig:
             if not self.scorecard_interval_s:
                 raise InvalidRequestError("scorecard_csv needs scorecard_interval_s > 0 (how "
                                           "often a row is written)")
+        if not 1 <= checks.integer("max_loaded", self.max_loaded) < 1 << 16:
+            raise InvalidRequestError(f"max_loaded must be in [1, 65536), not {self.max_loaded}")
+        keep = checks.number("keep_alive", self.keep_alive_s)
+        if keep < 0 and keep != -1:
+            raise InvalidRequestError(
+                f"keep_alive must be seconds >= 0, or -1 (until unloaded), not {keep}")
         if self.models_dir is not None and (not isinstance(self.models_dir, str)
                                             or not self.models_dir.strip()):
             raise InvalidRequestError("models_dir must be a folder's path")

@@ -40,6 +40,16 @@ class EngineBusyError(UmaError):
     """Too many requests are already waiting; try again later."""
 
 
+class ModelBusyError(UmaError):
+    """A model with requests queued or running cannot be unloaded, nor pushed out to make
+    room for another."""
+
+
+class ModelsFullError(ModelBusyError):
+    """No other model can be loaded now: as many as allowed are, and every one has
+    requests."""
+
+
 class NoChatTemplateError(InvalidRequestError):
     """The model has no chat template (and none was given), so chat messages cannot be
     rendered."""

@@ -764,7 +764,8 @@ def test_models_and_health(http, oai, model_id):
     assert loaded.id == model_id and loaded.loaded and not any(m.loaded for m in others)
     assert oai.models.retrieve(model_id).id == model_id
     assert http.get("/v1/models/other").status_code == 404
-    assert http.get("/health").json() == {"status": "ok", "model": model_id}
+    assert http.get("/health").json() == {"status": "ok", "model": model_id,
+                                          "loaded": [model_id]}
 
 
 def test_priority_from_header_or_body(engine, http):

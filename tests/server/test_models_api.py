@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from uma.model_dir import ModelFile
 from uma.server import models_api
 from uma.server import ollama_api as O
@@ -29,29 +27,23 @@ def test_the_loaded_file_is_left_to_its_served_names():
     assert models_api.others(LISTING, "/elsewhere.gguf") == LISTING
 
 
-@pytest.mark.parametrize("asked", ["qwen", "qwen:latest"])
-def test_an_available_model_that_is_not_loaded_is_a_409(asked):
-    e = models_api.not_served(asked, "tiny", models_api.others(LISTING, LOADED))
-    assert (e.status, e.code, e.param) == (409, "model_not_loaded", "model")
-    assert e.message == (f"model {asked!r} is available but not loaded: this server serves "
-                         f"'tiny' and loads no other while it runs")
-
-
 def test_a_file_that_cannot_be_served_says_why():
-    e = models_api.not_served("broken", "tiny", LISTING)
+    e = models_api.not_served("broken", ["tiny"], LISTING)
     assert (e.status, e.code) == (404, "model_not_found")
     assert e.message == "model 'broken' cannot be served: not a GGUF file"
 
 
 def test_a_model_nowhere_is_a_404_naming_what_there_is():
-    e = models_api.not_served("llama3", "tiny:latest", models_api.others(LISTING, LOADED),
+    e = models_api.not_served("llama3", ["tiny"], models_api.others(LISTING, LOADED),
                               tag=":latest")
     assert (e.status, e.code) == (404, "model_not_found")
     assert e.message == ("model 'llama3' not found; this server has 'tiny:latest' (loaded), "
                          "'qwen:latest'")
     many = tuple(model(f"m{i}") for i in range(models_api.NAMED + 3))
-    e = models_api.not_served("x" * 10_000, "tiny", many)
+    e = models_api.not_served("x" * 10_000, ["tiny"], many)
     assert e.message.endswith("'m3', 'm4' and 3 more") and len(e.message) < 200
+    assert models_api.not_served("x", [], ()).message == \
+        "model 'x' not found; this server has no model"
 
 
 def test_openai_entries_mark_the_loaded_model_and_carry_its_facts():

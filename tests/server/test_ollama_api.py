@@ -73,6 +73,35 @@ def test_chat_messages_carry_tool_calls_and_results_as_openai_ones():
     assert req.openai["tools"][0]["function"]["name"] == "f" and req.answer == "chat"
 
 
+@pytest.mark.parametrize("value, seconds", [
+    ("5m", 300.0), ("1h30m", 5400.0), ("10s", 10.0), ("250ms", 0.25), ("1.5h", 5400.0),
+    (90, 90.0), (2.5, 2.5), ("90", 90.0), (0, 0.0), ("0s", 0.0),
+    ("-1m", None), (-1, None), ("-1", None)])
+def test_keep_alive_is_a_duration_or_seconds_and_negative_is_for_good(value, seconds):
+    assert O.keep_alive_s({"keep_alive": value}) == seconds
+
+
+def test_no_keep_alive_leaves_the_daemons():
+    assert O.keep_alive_s({}) is ... and O.keep_alive_s({"keep_alive": None}) is ...
+
+
+@pytest.mark.parametrize("value", ["5 minutes", "m", "", "5m5", "1x", True, [5], {"m": 5}])
+def test_a_keep_alive_that_is_no_duration_is_refused_by_name(value):
+    with pytest.raises(ApiError) as e:
+        O.keep_alive_s({"keep_alive": value})
+    assert e.value.status == 400 and e.value.param == "keep_alive"
+
+
+def test_a_request_without_prompt_or_messages_loads_the_model():
+    assert O.parse_generate({"model": "smollm2"}, SERVED).empty
+    assert not O.parse_generate({"model": "smollm2", "prompt": "x"}, SERVED).empty
+    assert O.parse_chat({"model": "smollm2", "messages": []}, SERVED).empty
+    answer = O.Answer(O.parse_chat({"model": "smollm2", "messages": []}, SERVED), SERVED)
+    loaded = answer.loaded("unload")
+    assert (loaded["done"], loaded["done_reason"], loaded["message"]["content"]) \
+        == (True, "unload", "")
+
+
 @pytest.mark.parametrize("parse, body, words", [
     (O.parse_generate, {"images": ["aGk="]}, "images is not supported"),
     (O.parse_generate, {"context": [1, 2]}, "context is not supported"),

@@ -55,7 +55,7 @@ from uma.handle import RequestHandle, Result
 from uma.metrics import Registry
 from uma.priority import Priority
 from uma.request import Request
-from uma.sched.bmt import BmtModel, probe_bandwidth_gbps
+from uma.sched.bmt import BmtModel, machine_bandwidth_gbps
 from uma.sched.policies import create_policy
 from uma.scorecard import Reading, rss_bytes, scorecard
 from uma.templates import ChatTemplate
@@ -89,24 +89,29 @@ class Engine:
     """
 
     def __init__(self, model: str | os.PathLike[str], *, progress: Progress | None = None,
-                 core: ModuleType | None = None, **config: Any) -> None:
-        self._start(EngineConfig(model=os.fspath(model), **config), progress, core)
+                 core: ModuleType | None = None, calibrate: bool = True,
+                 **config: Any) -> None:
+        self._start(EngineConfig(model=os.fspath(model), **config), progress, core, calibrate)
 
     @classmethod
     def from_config(cls, config: EngineConfig, *, progress: Progress | None = None,
-                    core: ModuleType | None = None) -> Engine:
+                    core: ModuleType | None = None, calibrate: bool = True) -> Engine:
         """progress: optional callable(fraction) observed while the model loads. core: the
         module with Model, Context, Batch, Sampler and backends (uma._core; tests pass a
-        stand-in, uma.testing.fake_core)."""
+        stand-in, uma.testing.fake_core). calibrate: time the device before serving
+        (uma.engine.calibration); False starts the cost model from its prior and lets it learn
+        from the first ticks, as a model loaded beside others serving does: its scratch
+        decodes would take the cores from their streams for seconds."""
         engine = cls.__new__(cls)
-        engine._start(config, progress, core)
+        engine._start(config, progress, core, calibrate)
         return engine
 
     def _start(self, config: EngineConfig, progress: Progress | None,
-               core_module: ModuleType | None) -> None:
+               core_module: ModuleType | None, calibrate: bool = True) -> None:
         # Imported here: the engine's module loads without the compiled core (uma.fake_core).
         core = core_module if core_module is not None else importlib.import_module("uma._core")
         self.config = config
+        self._calibrate = calibrate
         self._weights = dict(config.app_weights)
         self._caps = dict(config.app_latency_caps)
         self._closed = False
@@ -256,7 +261,7 @@ class Engine:
         if config.bmt_budget_gbps is not None:
             return config.bmt_budget_gbps
         if core.backends() == ("cpu",) or config.n_gpu_layers == 0 or not _gpu_devices(core):
-            return probe_bandwidth_gbps()
+            return machine_bandwidth_gbps()
         return 0.0
 
     @staticmethod
@@ -583,7 +588,8 @@ class Engine:
         # On this thread, like every tick: ggml's OpenMP pool belongs to the thread that first
         # decodes, and calibrating from the constructor's thread left a second pool behind
         # that made every later decode on a CPU about a quarter slower (docs/results/kv-sweep.md).
-        self._scheduler.calibrate()
+        if self._calibrate:
+            self._scheduler.calibrate()
         if self._lane is not None:  # the same device and weights: the same prices to start
             self._lane.scheduler.adopt_calibration(self._scheduler.calibration_ticks)
         self._ready.set()

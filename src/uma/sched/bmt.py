@@ -8,6 +8,7 @@ keeps ticks out of the regime where everyone waits on memory.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -72,6 +73,14 @@ class BmtModel:
         kv = 2 * n_layer * n_embd_kv * KV_TYPE_BYTES.get(kv_type, 2.0)
         act = 8 * n_layer * n_embd * 4  # a handful of f32 vectors per layer
         return cls(dense, expert_bytes, n_expert, used, kv, act)
+
+
+@functools.cache
+def machine_bandwidth_gbps() -> float:
+    """probe_bandwidth_gbps, once a process: the bandwidth is the machine's, not a model's, and
+    the probe saturates memory for a second or more: a model loaded beside others that probed
+    again stalled their streams for up to 200 ms a tick on a 2-core CPU."""
+    return probe_bandwidth_gbps()
 
 
 def probe_bandwidth_gbps(megabytes: int = 256, repeats: int = 3) -> float:

@@ -38,6 +38,8 @@ NESTED: dict[str, str] = {
     # Model and device
     "model.path": "model",
     "model.models_dir": "models_dir",
+    "model.max_loaded": "max_loaded",
+    "model.keep_alive": "keep_alive",
     "model.threads": "threads",
     "model.threads_batch": "threads_batch",
     "model.gpu_layers": "gpu_layers",

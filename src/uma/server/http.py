@@ -13,9 +13,12 @@ touches the daemon's poller. Request bodies become socket-protocol requests
     GET  /v1/models, /v1/models/{id}, /health, /metrics (Prometheus text; with
          Accept: application/json the scorecard), /scorecard
 
-Both dialects' model listings show the models of the model directory beside the loaded one
-(uma.server.models_api); a request for one of them is answered 409: only the loaded one is
-served.
+    POST /load, /unload {"model": NAME}
+
+Both dialects' model listings show the loaded models and the others of the model directory
+(uma.server.models_api). A request names its model (none: the one `uma run` names); one of
+the directory that is not loaded is loaded first and the request waits for it (uma.host:
+keep-alive, least recently used out under max_loaded, never a model with requests).
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
+from concurrent.futures import Future
 from pathlib import Path
+from types import EllipsisType
 
 import anyio
 import uvicorn
@@ -50,6 +55,7 @@ from uma.embeddings import Embeddings
 from uma.engine import Engine
 from uma.errors import SHOWN_CHARS, InvalidRequestError, UmaError, shown
 from uma.handle import RequestHandle, Result, TokenEvent
+from uma.host import Loaded, ModelHost
 from uma.model_dir import ModelFile, list_models
 from uma.priority import Priority
 from uma.server import models_api, ollama_api, prometheus
@@ -68,7 +74,6 @@ from uma.server.openai_api import (
     parse_detokenize,
     parse_embeddings,
     parse_tokenize,
-    serves,
 )
 from uma.tools import ToolStream
 from uma.wire import protocol as P
@@ -79,7 +84,8 @@ log = logging.getLogger("uma.http")
 _DONE = b"data: [DONE]\n\n"
 _ANSWERED = ("stop", "length", "tool_calls")  # finish reasons that are answers
 # the paths an API key guards
-_KEYED = ("/v1", "/api/", "/tokenize", "/detokenize", "/infill", "/priority")
+_KEYED = ("/v1", "/api/", "/tokenize", "/detokenize", "/infill", "/priority", "/load",
+          "/unload")
 _SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 _ALWAYS = ("/health", "/metrics")  # answered while the gateway drains
 
@@ -102,6 +108,8 @@ def create_app(engine: Engine, config: ServerConfig,
         Route("/metrics", api.metrics, methods=["GET"]),
         Route("/scorecard", api.scorecard, methods=["GET"]),
         Route("/priority", api.priority, methods=["POST"]),
+        Route("/load", api.load, methods=["POST"]),
+        Route("/unload", api.unload, methods=["POST"]),
         Route("/api/generate", api.ollama_generate, methods=["POST"]),
         Route("/api/chat", api.ollama_chat, methods=["POST"]),
         Route("/api/embed", api.ollama_embed, methods=["POST"]),
@@ -120,23 +128,59 @@ def create_app(engine: Engine, config: ServerConfig,
     return app
 
 
-class _Api:
-    """The routes' shared state: the engine, the limits and the gateway's own counters."""
+class _Model:
+    """A loaded model as the routes use it: its engine, the names it answers to, what the
+    listings say of it and the limits of its requests."""
 
-    def __init__(self, engine: Engine, config: ServerConfig,
-                 metrics_source: Iterable[prometheus.Metric] | None) -> None:
+    def __init__(self, engine: Engine, config: ServerConfig, name: str) -> None:
         self.engine = engine
+        self.name = name  # its name in the model directory (uma.model_dir)
         self.limits = RequestLimits(
             max_prompt_bytes=config.max_prompt_bytes, max_prompt_tokens=engine.n_ctx_seq,
             max_tokens=config.max_tokens,
             default_max_tokens=min(config.default_max_tokens, config.max_tokens))
+        stem = Path(engine.config.model).stem
+        self.model_id = name  # what the OpenAI answers and listings call it
+        self.created = int(os.path.getmtime(engine.config.model))
+        self.served = ollama_api.Served(stem, (*catalog.names_of(engine.config.model), name))
+        self.facts = _model_facts(engine, self.served, self.created)
+        self.piece = engine.model.token_to_piece
+
+    def named(self, body: object) -> object:
+        """The body with its `model` (any name this model answers to) as the parsers check it:
+        its id."""
+        if type(body) is dict and type(body.get("model")) is str:
+            return {**body, "model": self.model_id}
+        return body
+
+    def answers_to(self, model: str) -> bool:
+        """Whether a request's `model` names this one: its directory name, catalogue names
+        or file's name, with or without Ollama's tag `:latest`."""
+        return self.served.serves(model)
+
+
+class _Api:
+    """The routes' shared state: the models, the limits and the gateway's own counters."""
+
+    def __init__(self, engine: Engine, config: ServerConfig,
+                 metrics_source: Iterable[prometheus.Metric] | None) -> None:
+        self.config = config
         self.max_body = config.http_max_body_bytes
         self.body_timeout_s = config.http_body_timeout_s
-        self.model_id = Path(engine.config.model).stem
-        self.model_created = int(os.path.getmtime(engine.config.model))
-        self.served = ollama_api.Served(self.model_id, catalog.names_of(engine.config.model))
         self.models_dir = config.models_dir  # None: the model cache (uma.model_dir)
-        self.facts = _model_facts(engine, self.served, self.model_created)
+        self.first_path = engine.config.model  # the model `uma run` names: the default
+        first = list_models(self.models_dir, (self.first_path,))[0]
+        self.first = first.name
+        self.host = ModelHost(
+            lambda file: Engine.from_config(
+                dataclasses.replace(engine.config, model=str(file.path)),
+                calibrate=not self.host.loaded()),
+            lambda: list_models(self.models_dir, (self.first_path,)),
+            max_loaded=config.max_loaded,
+            keep_alive_s=None if config.keep_alive_s < 0 else config.keep_alive_s)
+        self.host.add(engine, first)
+        self.first_engine = engine  # the caller's: it closes it
+        self._models: dict[str, _Model] = {first.name: _Model(engine, config, first.name)}
         self.metrics_source = engine.metrics if metrics_source is None else metrics_source
         self.stopping = False  # set when the gateway drains: new requests get 503 (Draining)
         self.live = _Live()  # requests being answered, for cancel_all and the drain
@@ -145,66 +189,118 @@ class _Api:
         self.errors = reg.counter("http_errors_total", "of those, answered with an error")
         self.disconnects = reg.counter(
             "http_client_disconnects_total", "HTTP requests cancelled because the client left")
-        self._piece = engine.model.token_to_piece
+
+    # --- models --------------------------------------------------------------------------------
+
+    def _view(self, entry: Loaded) -> _Model:
+        model = self._models.get(entry.name)
+        if model is None or model.engine is not entry.engine:
+            model = self._models[entry.name] = _Model(entry.engine, self.config, entry.name)
+        return model
+
+    async def _held(self, body: object, *, tag: str = "",
+                    keep_alive: float | None | EllipsisType = ...) -> tuple[_Model, Loaded]:
+        """The model a request's body names (none: the first), loaded first where it is not
+        (the request waits), held until release(): between now and its submission keep-alive
+        and room-making leave it alone. A model found nowhere: 404 naming those there are."""
+        name = body.get("model") if type(body) is dict else None
+        if type(name) is not str or not name:  # no model, or one the parser refuses
+            name = self.first
+        for model in list(self._models.values()):
+            if model.answers_to(name):
+                name = model.name
+                break
+        entry = self.host.hold(name, keep_alive_s=keep_alive)
+        if entry is not None:
+            return self._view(entry), entry
+        listing = await asyncio.to_thread(list_models, self.models_dir, (self.first_path,))
+        found = models_api.find(listing, name)
+        if found is None or not found.usable:
+            raise models_api.not_served(name, [e.name for e in self.host.loaded()], listing,
+                                        tag=tag)
+        try:
+            entry = await asyncio.to_thread(self.host.load, found.name, hold=True,
+                                            keep_alive_s=keep_alive)
+        except Exception as exc:  # noqa: BLE001 - each one has its HTTP answer
+            raise error_for(exc) from exc
+        return self._view(entry), entry
+
+    @contextlib.asynccontextmanager
+    async def _using(self, body: object, *, tag: str = "",
+                     keep_alive: float | None | EllipsisType = ...) -> AsyncIterator[_Model]:
+        model, entry = await self._held(body, tag=tag, keep_alive=keep_alive)
+        try:
+            yield model
+        finally:
+            self.host.release(entry)
 
     # --- generation --------------------------------------------------------------------------
 
     async def completions(self, request: Request) -> Response:
-        return await self._generate(request, parse_completion, CompletionFormat)
+        return await self._generate(request, lambda model: parse_completion, CompletionFormat)
 
     async def chat_completions(self, request: Request) -> Response:
-        return await self._generate(request, parse_chat, ChatFormat)
+        return await self._generate(request, lambda model: parse_chat, ChatFormat)
 
     async def infill(self, request: Request) -> Response:
         """llama-server's /infill (uma.server.infill_api): tokenising the prefix, suffix and
         extra context happens off the event loop."""
-        return await self._generate(request, functools.partial(
-            parse_infill, tokens_of=self.engine.infill_tokens), InfillFormat, off_loop=True)
+        return await self._generate(request, lambda model: functools.partial(
+            parse_infill, tokens_of=model.engine.infill_tokens), InfillFormat, off_loop=True)
 
-    async def _generate(self, request: Request, parse: Callable[..., ApiRequest],
+    async def _generate(self, request: Request,
+                        parse_for: Callable[[_Model], Callable[..., ApiRequest]],
                         format_cls: type[CompletionFormat | ChatFormat | InfillFormat],
                         off_loop: bool = False) -> Response:
-        api_req, handle = await self._submit(request, parse, off_loop=off_loop)
-        fmt = format_cls(self.model_id, self._piece)
+        async with self._counted():
+            body = await _read_json(request, self.max_body, self.body_timeout_s)
+            async with self._using(body) as model:
+                api_req, handle = await self._submit(request, model, parse_for(model), body,
+                                                     off_loop=off_loop)
+        fmt = format_cls(model.model_id, model.piece)
         rid = getattr(fmt, "id", None)  # llama-server's /infill answers carry none
         if api_req.stream:
-            return _EventStream(self, handle, self._events(handle, fmt, api_req), rid)
+            return _EventStream(self, handle, self._events(handle, fmt, api_req, model), rid)
         result = await self._result(handle, request, rid)
         if result is None:
             # Nobody will read this: nginx's "client closed request", for the access log.
             return Response(status_code=499)
         return JSONResponse(fmt.full(result))
 
-    async def _submit(self, request: Request, parse: Callable[..., ApiRequest],
-                      body: object = None, off_loop: bool = False
-                      ) -> tuple[ApiRequest, RequestHandle]:
-        """The request parsed (from `body`, else the request's own) and submitted to the
-        engine, as the app it comes from."""
+    @contextlib.asynccontextmanager
+    async def _counted(self) -> AsyncIterator[None]:
+        """A generation request counted, and its error answers too; refused while the
+        gateway drains."""
         self.requests.inc()
         try:
             if self.stopping:
                 raise ApiError(503, "the server is shutting down", type="server_error",
                                code="shutting_down")
-            if body is None:
-                body = await _read_json(request, self.max_body, self.body_timeout_s)
-                await self._check_openai_model(body)
-            parse = functools.partial(parse, body, model_id=self.model_id, limits=self.limits,
-                                      default_priority=_header_priority(request))
-            api_req = await asyncio.to_thread(parse) if off_loop else parse()
-            gen = api_req.generate
-            app = _header_app(request) or api_req.user or await _peer_app(request) \
-                or _connection_app(request)
-            try:
-                submit = functools.partial(
-                    self.engine.submit, gen.engine_prompt, gen.params, priority=gen.priority,
-                    app=app, tools=gen.tools, tool_choice=gen.tool_choice,
-                    response_format=gen.response_format, grammar=gen.grammar)
-                handle = submit() if gen.quick_to_submit else await asyncio.to_thread(submit)
-            except Exception as exc:  # noqa: BLE001 - each one has its HTTP answer
-                raise error_for(exc) from exc
+            yield
         except ApiError:
             self.errors.inc()
             raise
+
+    async def _submit(self, request: Request, model: _Model, parse: Callable[..., ApiRequest],
+                      body: object, off_loop: bool = False
+                      ) -> tuple[ApiRequest, RequestHandle]:
+        """The body parsed and submitted to the model's engine, as the app it comes from."""
+        parse = functools.partial(
+            parse, model.named(body), model_id=model.model_id, limits=model.limits,
+            default_priority=_header_priority(request))
+        api_req = await asyncio.to_thread(parse) if off_loop else parse()
+        gen = api_req.generate
+        app = _header_app(request) or api_req.user or await _peer_app(request) \
+            or _connection_app(request)
+        try:
+            submit = functools.partial(
+                model.engine.submit, gen.engine_prompt, gen.params, priority=gen.priority,
+                app=app, tools=gen.tools, tool_choice=gen.tool_choice,
+                response_format=gen.response_format, grammar=gen.grammar)
+            handle = submit() if gen.quick_to_submit else await asyncio.to_thread(submit)
+        except Exception as exc:  # noqa: BLE001 - each one has its HTTP answer
+            raise error_for(exc) from exc
+        self.live.own(handle, model.engine)
         return api_req, handle
 
     async def _result(self, handle: RequestHandle, request: Request, rid: str | None
@@ -232,14 +328,24 @@ class _Api:
     async def _ollama(self, request: Request,
                       parse: Callable[[object, ollama_api.Served], ollama_api.OllamaRequest]
                       ) -> Response:
-        body = await _read_json(request, self.max_body, self.body_timeout_s)
-        await self._check_ollama_model(body)
-        ollama = parse(body, self.served)
-        api_req, handle = await self._submit(
-            request, parse_chat if ollama.chat else parse_completion, body=ollama.openai)
-        answer = ollama_api.Answer(ollama, self.served)
+        async with self._counted():
+            body = await _read_json(request, self.max_body, self.body_timeout_s)
+            keep = ollama_api.keep_alive_s(body)
+            async with self._using(body, tag=":latest", keep_alive=keep) as model:
+                ollama = parse(body, model.served)
+                if not ollama.empty:
+                    api_req, handle = await self._submit(
+                        request, model, parse_chat if ollama.chat else parse_completion,
+                        ollama.openai)
+        answer = ollama_api.Answer(ollama, model.served)
+        if ollama.empty:  # load, or unload with keep_alive 0 (idle: at once; else when idle)
+            if keep == 0:
+                with contextlib.suppress(UmaError):
+                    await asyncio.to_thread(self.host.unload, model.name)
+            return JSONResponse(answer.loaded("unload" if keep == 0 else "load"))
         if ollama.stream:
-            return _EventStream(self, handle, self._ollama_lines(handle, answer, api_req), None,
+            return _EventStream(self, handle,
+                                self._ollama_lines(handle, answer, api_req, model), None,
                                 media_type="application/x-ndjson")
         result = await self._result(handle, request, None)
         if result is None:
@@ -248,17 +354,18 @@ class _Api:
             else result.text
         return JSONResponse(answer.final(result, text))
 
-    def _tool_stream(self, api_req: ApiRequest) -> ToolStream | None:
+    @staticmethod
+    def _tool_stream(api_req: ApiRequest, model: _Model) -> ToolStream | None:
         """With tools, text that may be a call waits for the end (uma.tools.ToolStream)."""
         gen = api_req.generate
-        return ToolStream(self.engine.tool_format) if gen.tools and gen.tool_choice != "none" \
-            else None
+        return ToolStream(model.engine.tool_format) \
+            if gen.tools and gen.tool_choice != "none" else None
 
     async def _ollama_lines(self, handle: RequestHandle, answer: ollama_api.Answer,
-                            api_req: ApiRequest) -> AsyncIterator[bytes]:
+                            api_req: ApiRequest, model: _Model) -> AsyncIterator[bytes]:
         """NDJSON: a line per piece of text, tool calls in a line of their own, the figures
         last; an error ends the stream with Ollama's error line."""
-        calls = self._tool_stream(api_req)
+        calls = self._tool_stream(api_req, model)
         async for event in handle:
             text = calls.feed(event.text) if calls is not None else event.text
             if text:
@@ -277,16 +384,25 @@ class _Api:
         yield ollama_api.line(answer.final(result))
 
     async def ollama_tags(self, request: Request) -> Response:
-        return JSONResponse(ollama_api.tags(self.facts, await self._others()))
+        loaded, others = await self._listing()
+        return JSONResponse(ollama_api.tags([m.facts for m in loaded], others))
 
     async def ollama_ps(self, request: Request) -> Response:
-        return JSONResponse({"models": [self.facts.running()]})
+        """The loaded models, the most recently used first, each with when its keep-alive
+        ends."""
+        now, wall = time.monotonic(), time.time()
+        running = []
+        for entry in self.host.loaded():
+            alive = entry.keep_alive_s
+            expires = None if alive is None else wall + (entry.used_at + alive - now)
+            running.append(self._view(entry).facts.running(expires))
+        return JSONResponse({"models": running})
 
     async def ollama_show(self, request: Request) -> Response:
         body = await _read_json(request, self.max_body, self.body_timeout_s)
-        await self._check_ollama_model(body)
-        ollama_api.parse_show(body, self.served)
-        return JSONResponse(self.facts.shown())
+        async with self._using(body, tag=":latest") as model:
+            ollama_api.parse_show(body, model.served)
+            return JSONResponse(model.facts.shown())
 
     async def ollama_version(self, request: Request) -> Response:
         return JSONResponse({"version": ollama_api.VERSION})
@@ -299,17 +415,47 @@ class _Api:
 
     async def _ollama_embed(self, request: Request, legacy: bool) -> Response:
         body = await _read_json(request, self.max_body, self.body_timeout_s)
-        await self._check_ollama_model(body)
-        inputs, legacy = ollama_api.parse_embed(body, self.served, legacy)
-        start = time.perf_counter_ns()
-        result = await self._embedded(inputs)
+        keep = ollama_api.keep_alive_s(body)
+        async with self._using(body, tag=":latest", keep_alive=keep) as model:
+            inputs, legacy = ollama_api.parse_embed(body, model.served, legacy)
+            start = time.perf_counter_ns()
+            future = await self._embedding(model, inputs)
+        result = await self._embedded(future)
         if legacy:
             return JSONResponse({"embedding": result.vectors[0].tolist()})
-        return JSONResponse({"model": self.served.name,
+        return JSONResponse({"model": model.served.name,
                              "embeddings": result.vectors.tolist(),
                              "total_duration": time.perf_counter_ns() - start,
                              "load_duration": 0, "prompt_eval_count": result.prompt_tokens})
 
+    # --- loading and unloading ---------------------------------------------------------------
+
+    async def load(self, request: Request) -> Response:
+        """POST /load {"model": NAME}: loads a model of the directory (at once where it is
+        loaded); 404 naming the models there are, 503 where every loaded model has requests
+        and no more may be loaded."""
+        body = await _read_json(request, self.max_body, self.body_timeout_s)
+        _model_field(body)
+        start = time.perf_counter()
+        async with self._using(body) as model:
+            return JSONResponse({"model": model.name, "loaded": True,
+                                 "load_ms": round((time.perf_counter() - start) * 1e3, 1)})
+
+    async def unload(self, request: Request) -> Response:
+        """POST /unload {"model": NAME}: unloads a loaded model; 409 while it has requests
+        (they are never cut off), 404 where it is not loaded."""
+        body = await _read_json(request, self.max_body, self.body_timeout_s)
+        name = _model_field(body)
+        for model in list(self._models.values()):
+            if model.answers_to(name):
+                name = model.name
+                break
+        try:
+            await asyncio.to_thread(self.host.unload, name)
+        except Exception as exc:  # noqa: BLE001 - each one has its HTTP answer
+            raise error_for(exc) from exc
+        self._models.pop(name, None)
+        return JSONResponse({"model": name, "loaded": False})
 
     def cancel_all(self) -> None:
         """Ends every request in flight (at the end of the shutdown grace period); each
@@ -319,11 +465,11 @@ class _Api:
 
     async def _events(self, handle: RequestHandle,
                       fmt: CompletionFormat | ChatFormat | InfillFormat,
-                      api_req: ApiRequest) -> AsyncIterator[bytes]:
+                      api_req: ApiRequest, model: _Model) -> AsyncIterator[bytes]:
         if isinstance(fmt, ChatFormat):
             yield _sse(fmt.opening())
         logprobs = api_req.generate.params.logprobs
-        calls = self._tool_stream(api_req)
+        calls = self._tool_stream(api_req, model)
         async for event in handle:
             if calls is not None:
                 event = dataclasses.replace(event, text=calls.feed(event.text))
@@ -361,73 +507,72 @@ class _Api:
             await asyncio.wait({done, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             gone.cancel()
-            if not done.done():
+            left = not done.done()
+            if left:  # a task cancelled reads as cancelled only once the loop has run it
                 done.cancel()
                 handle.cancel()
                 self.disconnects.inc()
-        return done.result() if not done.cancelled() else None
+        return None if left else done.result()
 
     # --- the rest ------------------------------------------------------------------------------
 
     async def models(self, request: Request) -> Response:
-        """The loaded model, then the others available (usable files only)."""
-        others = [models_api.openai_listed(m) for m in await self._others() if m.usable]
-        return JSONResponse({"object": "list", "data": [self._model(), *others]})
+        """The loaded models, then the others available (usable files only)."""
+        loaded, others = await self._listing()
+        return JSONResponse({"object": "list", "data": [
+            *(self._openai_entry(m) for m in loaded),
+            *(models_api.openai_listed(m) for m in others if m.usable)]})
 
     async def model(self, request: Request) -> Response:
         model_id = request.path_params["model_id"]
-        if serves(self.model_id, model_id):
-            return JSONResponse(self._model())
-        others = await self._others()
+        loaded, others = await self._listing()
+        for m in loaded:
+            if m.answers_to(model_id):
+                return JSONResponse(self._openai_entry(m))
         found = models_api.find(others, model_id)
         if found is not None and found.usable:
             return JSONResponse(models_api.openai_listed(found))
-        raise models_api.not_served(model_id, self.model_id, others)
+        raise models_api.not_served(model_id, [m.name for m in loaded], others)
 
-    def _model(self) -> dict:
-        f = self.facts
+    @staticmethod
+    def _openai_entry(m: _Model) -> dict:
+        f = m.facts
         return models_api.openai_model(
-            self.model_id, self.model_created, True, architecture=f.architecture,
+            m.name, m.created, True, architecture=f.architecture,
             quantization=f.quantization, n_ctx_train=f.n_ctx_train, n_params=f.n_params,
             size=f.size_bytes)
 
-    async def _others(self) -> tuple[ModelFile, ...]:
-        """The models available besides the loaded one. Read off the event loop: a file's
-        header is read the first time it is seen (and again once it changes)."""
-        listing = await asyncio.to_thread(list_models, self.models_dir,
-                                          (self.engine.config.model,))
-        return models_api.others(listing, self.engine.config.model)
-
-    async def _check_openai_model(self, body: object) -> None:
-        """A body naming another model than the served one: 409 where it is available, 404
-        naming those that are otherwise. A `model` that is not text is the parser's to
-        refuse."""
-        model = body.get("model") if type(body) is dict else None
-        if type(model) is str and not serves(self.model_id, model):
-            raise models_api.not_served(model, self.model_id, await self._others())
-
-    async def _check_ollama_model(self, body: object) -> None:
-        """As _check_openai_model, for Ollama's names (with or without the tag)."""
-        model = ollama_api.named_model(body)
-        if type(model) is str and not self.served.serves(model):
-            raise models_api.not_served(model, self.served.name, await self._others(),
-                                        tag=":latest")
+    async def _listing(self) -> tuple[list[_Model], tuple[ModelFile, ...]]:
+        """The loaded models (the most recently used first) and the others available. Read
+        off the event loop: a file's header is read the first time it is seen (and again
+        once it changes)."""
+        listing = await asyncio.to_thread(list_models, self.models_dir, (self.first_path,))
+        loaded = [self._view(e) for e in self.host.loaded()]
+        paths = {e.file.path for e in self.host.loaded()}
+        return loaded, tuple(m for m in listing if m.path not in paths)
 
     async def embeddings(self, request: Request) -> Response:
         """OpenAI's /v1/embeddings: each input pooled into one unit-length vector."""
         body = await _read_json(request, self.max_body, self.body_timeout_s)
-        await self._check_openai_model(body)
-        body = parse_embeddings(body, model_id=self.model_id, limits=self.limits,
-                                dimensions=self.engine.model.n_embd)
-        result = await self._embedded(body.inputs)
-        return JSONResponse(embeddings_response(result, self.model_id, body.base64))
+        async with self._using(body) as model:
+            parsed = parse_embeddings(model.named(body), model_id=model.model_id,
+                                      limits=model.limits, dimensions=model.engine.model.n_embd)
+            future = await self._embedding(model, parsed.inputs)
+        result = await self._embedded(future)
+        return JSONResponse(embeddings_response(result, model.model_id, parsed.base64))
 
-    async def _embedded(self, inputs: list[str | list[int]]) -> Embeddings:
-        """The engine's embeddings of the inputs, errors as their HTTP answers."""
+    @staticmethod
+    async def _embedding(model: _Model, inputs: list[str | list[int]]) -> Future[Embeddings]:
+        """The inputs submitted to the model's engine for embeddings; errors as their HTTP
+        answers."""
         try:
-            future = await asyncio.to_thread(self.engine.submit_embeddings, inputs)
+            return await asyncio.to_thread(model.engine.submit_embeddings, inputs)
         except Exception as exc:  # noqa: BLE001 - each one has its HTTP answer
             raise error_for(exc) from exc
+
+    @staticmethod
+    async def _embedded(future: Future[Embeddings]) -> Embeddings:
+        """The embeddings, errors as their HTTP answers."""
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:  # the client left: a job not yet started is dropped
@@ -438,41 +583,54 @@ class _Api:
 
     async def tokenize(self, request: Request) -> Response:
         """llama-server's /tokenize: {"content", "add_special"?, "parse_special"?,
-        "with_pieces"?} -> {"tokens": [id, ...]} (with_pieces: [{"id", "piece"}, ...])."""
-        body = parse_tokenize(await _read_json(request, self.max_body, self.body_timeout_s),
-                              self.limits)
-        try:
-            tokens = await asyncio.to_thread(
-                self.engine.tokenize, body.text, add_special=body.add_special,
-                parse_special=body.parse_special)
-        except Exception as exc:  # noqa: BLE001 - each one has its HTTP answer
-            raise error_for(exc) from exc
-        if body.with_pieces:
-            return JSONResponse({"tokens": [{"id": t, "piece": self._piece(t).decode(
-                "utf-8", "replace")} for t in tokens]})
+        "with_pieces"?, "model"?} -> {"tokens": [id, ...]} (with_pieces: [{"id", "piece"},
+        ...]), with the named model's tokenizer (none: the first model's)."""
+        raw = await _read_json(request, self.max_body, self.body_timeout_s)
+        async with self._using(raw) as model:
+            body = parse_tokenize(raw, model.limits)
+            try:
+                tokens = await asyncio.to_thread(
+                    model.engine.tokenize, body.text, add_special=body.add_special,
+                    parse_special=body.parse_special)
+            except Exception as exc:  # noqa: BLE001 - each one has its HTTP answer
+                raise error_for(exc) from exc
+            if body.with_pieces:
+                return JSONResponse({"tokens": [{"id": t, "piece": model.piece(t).decode(
+                    "utf-8", "replace")} for t in tokens]})
         return JSONResponse({"tokens": tokens})
 
     async def detokenize(self, request: Request) -> Response:
-        """llama-server's /detokenize: {"tokens": [id, ...]} -> {"content": text}."""
-        tokens = parse_detokenize(await _read_json(request, self.max_body, self.body_timeout_s),
-                                  self.limits)
-        try:
-            return JSONResponse({"content": self.engine.detokenize(tokens)})
-        except Exception as exc:  # noqa: BLE001 - each one has its HTTP answer
-            raise error_for(exc) from exc
+        """llama-server's /detokenize: {"tokens": [id, ...], "model"?} -> {"content": text}."""
+        raw = await _read_json(request, self.max_body, self.body_timeout_s)
+        async with self._using(raw) as model:
+            tokens = parse_detokenize(raw, model.limits)
+            try:
+                return JSONResponse({"content": model.engine.detokenize(tokens)})
+            except Exception as exc:  # noqa: BLE001 - each one has its HTTP answer
+                raise error_for(exc) from exc
+
+    def _first_engine(self) -> Engine | None:
+        """The first model's engine where it is loaded, else the most recently used one."""
+        entry = self.host.find(self.first)
+        loaded = self.host.loaded()
+        if entry is None and loaded:
+            entry = loaded[0]
+        return entry.engine if entry is not None else None  # type: ignore[return-value]
 
     async def health(self, request: Request) -> Response:
         """200 "ok" while it serves; 503 "draining" while it shuts down and 503 "failed" once
-        the engine has failed (a lost RPC worker): a load balancer's check (which routes on the
+        an engine has failed (a lost RPC worker): a load balancer's check (which routes on the
         status code) takes the daemon out of rotation for either."""
-        failure = self.engine.failure
-        if failure is not None:
-            return JSONResponse({"status": "failed", "model": self.model_id,
-                                 "error": failure}, status_code=503)
+        for entry in self.host.loaded():
+            failure = entry.engine.failure  # type: ignore[attr-defined]
+            if failure is not None:
+                return JSONResponse({"status": "failed", "model": entry.name,
+                                     "error": failure}, status_code=503)
         if self.stopping:
-            return JSONResponse({"status": "draining", "model": self.model_id},
+            return JSONResponse({"status": "draining", "model": self.first},
                                 status_code=503, headers={"retry-after": "1"})
-        return JSONResponse({"status": "ok", "model": self.model_id})
+        return JSONResponse({"status": "ok", "model": self.first,
+                             "loaded": [e.name for e in self.host.loaded()]})
 
     async def priority(self, request: Request) -> Response:
         """POST /priority {"id": ..., "priority": "interactive" | "background"}: promotes or
@@ -496,7 +654,9 @@ class _Api:
         if handle is None or handle.done:
             raise ApiError(404, f"no request {shown(rid)} is in flight", param="id",
                            code="not_found")
-        self.engine.set_priority(handle, priority)
+        engine = self.live.owner(handle)
+        if engine is not None:
+            engine.set_priority(handle, priority)
         return JSONResponse({"id": rid, "priority": priority.value})
 
     async def metrics(self, request: Request) -> Response:
@@ -508,8 +668,12 @@ class _Api:
                         media_type=prometheus.CONTENT_TYPE)
 
     async def scorecard(self, request: Request) -> Response:
-        """The scorecard since the engine started (docs/design/metrics.md, "Scorecard")."""
-        return JSONResponse(self.engine.scorecard())
+        """The scorecard since the first model's engine started (docs/design/metrics.md,
+        "Scorecard")."""
+        engine = self._first_engine()
+        if engine is None:
+            raise ApiError(503, "no model is loaded", type="server_error", code="no_model")
+        return JSONResponse(engine.scorecard())
 
 
 class _EventStream(StreamingResponse):
@@ -544,6 +708,7 @@ class _Live:
     def __init__(self) -> None:
         self._handles: dict[RequestHandle, str | None] = {}
         self._by_id: dict[str, RequestHandle] = {}
+        self._owners: dict[RequestHandle, Engine] = {}  # the engine each was submitted to
         self._none = asyncio.Event()  # set while there are none
         self._none.set()
 
@@ -554,7 +719,14 @@ class _Live:
             self._by_id[rid] = handle
         self._none.clear()
 
+    def own(self, handle: RequestHandle, engine: Engine) -> None:
+        self._owners[handle] = engine
+
+    def owner(self, handle: RequestHandle) -> Engine | None:
+        return self._owners.get(handle)
+
     def discard(self, handle: RequestHandle) -> None:
+        self._owners.pop(handle, None)
         rid = self._handles.pop(handle, None)
         if rid is not None:
             self._by_id.pop(rid, None)
@@ -688,6 +860,7 @@ class HttpGateway:
             raise TimeoutError(f"the HTTP gateway did not start in {timeout} s")
         if self._failure is not None:
             raise UmaError(f"the HTTP gateway failed to start: {self._failure!r}")
+        self.app.state.api.host.start_expiry()
 
     def _run(self, sock: socket.socket) -> None:
         try:
@@ -742,6 +915,8 @@ class HttpGateway:
         self._thread.join(max(0.0, deadline - time.monotonic()))
         if self._thread.is_alive():
             raise TimeoutError("the HTTP gateway did not stop in time")
+        api = self.app.state.api
+        api.host.close(keep=api.first_engine)  # the models it loaded; the caller's is its own
 
 
 class _Server(uvicorn.Server):
@@ -906,3 +1081,12 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
     error = ApiError(500, P.error_message(exc), type="server_error")
     return JSONResponse(ollama_api.error_body(error) if _ollama_path(request) else error.body(),
                         500)
+
+
+def _model_field(body: object) -> str:
+    """The `model` of a /load or /unload body: a name of the model directory."""
+    model = body.get("model") if isinstance(body, dict) else None
+    if not isinstance(model, str) or not model:
+        raise ApiError(400, f"the body must be a JSON object naming a model, as "
+                            f'{{"model": "NAME"}}, not {shown(body)}', param="model")
+    return model

@@ -1,10 +1,10 @@
-"""The models the HTTP listings offer beside the loaded one, and the answer to a request that
-names a model this daemon does not serve. Protocol only: the gateway reads the listing
+"""The models the HTTP listings offer beside the loaded ones, and the answer to a request that
+names a model this daemon cannot serve. Protocol only: the gateway reads the listing
 (uma.model_dir) off its event loop and hands it here.
 
 A request names a model by its listing name (Ollama's dialect adds the tag `:latest`). One
-that is available but not the loaded model is answered 409: this daemon serves the model it
-loaded at start, and no other. One that is nowhere is answered 404, naming what there is.
+that is available but not loaded is loaded for it (uma.host); one that is nowhere, or whose
+file cannot be served, is answered 404, naming what there is.
 """
 
 from __future__ import annotations
@@ -34,23 +34,22 @@ def find(listing: Sequence[ModelFile], model: str) -> ModelFile | None:
     return next((m for m in listing if m.name == name), None)
 
 
-def not_served(model: str, serving: str, listing: Sequence[ModelFile], tag: str = ""
-               ) -> ApiError:
-    """The answer to a request for `model`, which is not the one served (named `serving` in
-    the request's dialect; `tag` is what the dialect adds to a listing name)."""
+def not_served(model: str, loaded: Sequence[str], listing: Sequence[ModelFile],
+               tag: str = "") -> ApiError:
+    """The answer to a request for `model`, which is neither loaded nor a model of the
+    listing that can be: 404 naming the models there are (`loaded`: the loaded ones' names;
+    `tag` is what the request's dialect adds to a listing name)."""
     found = find(listing, model)
-    if found is not None and found.usable:
-        return ApiError(409, f"model {shown(model)} is available but not loaded: this server "
-                             f"serves {serving!r} and loads no other while it runs",
-                        param="model", code="model_not_loaded")
-    if found is not None:
+    if found is not None and found.error is not None:
         return ApiError(404, f"model {shown(model)} cannot be served: {found.error}",
                         param="model", code="model_not_found")
-    usable = [m for m in listing if m.usable]
-    names = [f"{serving!r} (loaded)", *(repr(m.name + tag) for m in usable[:NAMED])]
+    names = [f"{(name + tag)!r} (loaded)" for name in loaded]
+    usable = [m for m in listing if m.usable and m.name not in loaded]
+    names += [repr(m.name + tag) for m in usable[:NAMED]]
     more = f" and {len(usable) - NAMED} more" if len(usable) > NAMED else ""
     return ApiError(404, f"model {shown(model)} not found; this server has "
-                         f"{', '.join(names)}{more}", param="model", code="model_not_found")
+                         f"{', '.join(names) or 'no model'}{more}", param="model",
+                    code="model_not_found")
 
 
 def openai_model(model_id: str, created: float, loaded: bool, *, architecture: str | None,

@@ -4,21 +4,24 @@
 already checks (uma.server.openai_api), so both dialects accept and refuse the same things in
 the same words; answers are Ollama's objects, streamed as NDJSON (one JSON object a line).
 
-Where it differs from Ollama (docs/guide/http-api.md, "Ollama's API"): the daemon serves the
-one model it loaded, under its catalogue or file name, with or without a tag (`smollm2`,
-`smollm2:latest`), and lists the others of its model directory (uma.server.models_api);
-the model stays loaded for the daemon's life, so `keep_alive` is accepted and has nothing to
-do; the context is set when the model loads (`--ctx`), so a request's `num_ctx` never reloads
-it: a prompt longer than the loaded context is refused, as on the OpenAI endpoints. Images,
-`suffix`, `context` token arrays, `template` and `think` are refused by name.
+Where it differs from Ollama (docs/guide/http-api.md, "Ollama's API"): a model answers to its
+catalogue or file name, with or without a tag (`smollm2`, `smollm2:latest`), and the others
+of the model directory are listed and loaded on demand (uma.server.models_api, uma.host); a
+request's `keep_alive` sets its model's (uma.host); the context is set when the model loads
+(`--ctx`), so a request's `num_ctx` never reloads it: a prompt longer than the loaded context
+is refused, as on the OpenAI endpoints. Images, `suffix`, `context` token arrays, `template`
+and `think` are refused by name.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from types import EllipsisType
 from typing import Any
 
 from uma.errors import shown
@@ -133,13 +136,39 @@ def _stream(body: Mapping[str, Any]) -> bool:
     return stream
 
 
-def _keep_alive(body: Mapping[str, Any]) -> None:
-    """Accepted and left alone (the model stays loaded), but checked: a duration string, or
-    a number of seconds."""
-    value = body.get("keep_alive")
-    if value is not None and (type(value) not in (str, int, float) or type(value) is bool):
-        raise ApiError(400, f"keep_alive must be a duration (\"5m\") or seconds, not "
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def keep_alive_s(body: object) -> float | None | EllipsisType:
+    """A request's `keep_alive`: how long its model stays loaded once idle, in seconds (None:
+    until unloaded, as any negative duration means; 0: unloaded once the request ends; ...:
+    not given, the daemon's setting). A duration as Go writes them ("5m", "1h30m", "-1m") or a
+    number of seconds; anything else is a 400 naming it."""
+    value = body.get("keep_alive") if isinstance(body, dict) else None
+    if value is None:
+        return ...
+    seconds: float | None = None
+    if type(value) in (int, float) and math.isfinite(value):
+        seconds = float(value)
+    elif type(value) is str:
+        text = value.strip()
+        sign = -1.0 if text.startswith("-") else 1.0
+        text = text.lstrip("+-")
+        try:
+            seconds = sign * float(text)  # a number of seconds, as text
+        except ValueError:
+            parts = _DURATION.findall(text)
+            if parts and "".join(n + u for n, u in parts) == text:
+                seconds = sign * sum(float(n) * _UNIT_S[u] for n, u in parts)
+    if seconds is None:
+        raise ApiError(400, f"keep_alive must be a duration (\"5m\", \"-1m\") or seconds, not "
                             f"{shown(value)}", param="keep_alive")
+    return None if seconds < 0 else seconds
+
+
+def _keep_alive(body: Mapping[str, Any]) -> None:
+    keep_alive_s(body)  # checked: the gateway applies it to the model (uma.host)
 
 
 @dataclass(frozen=True)
@@ -150,6 +179,8 @@ class OllamaRequest:
     chat: bool  # messages (the chat template applies) rather than a raw prompt
     stream: bool  # NDJSON lines, else one object
     answer: str  # "generate" | "chat": which of Ollama's shapes to answer in
+    empty: bool = False  # no prompt (or no messages): Ollama's way to load (or, with
+    # keep_alive 0, unload) a model without generating
 
 
 def parse_generate(body: object, served: Served) -> OllamaRequest:
@@ -172,11 +203,14 @@ def parse_generate(body: object, served: Served) -> OllamaRequest:
         raise ApiError(400, "template is not supported: the model's own chat template applies",
                        param="template")
     common = {"model": served.model_id, "stream": True, **_options(body), **_format(body)}
+    empty = not prompt and not system
     if raw:
-        return OllamaRequest({**common, "prompt": prompt}, False, _stream(body), "generate")
+        return OllamaRequest({**common, "prompt": prompt}, False, _stream(body), "generate",
+                             empty)
     messages = ([{"role": "system", "content": system}] if system else []) \
         + [{"role": "user", "content": prompt}]
-    return OllamaRequest({**common, "messages": messages}, True, _stream(body), "generate")
+    return OllamaRequest({**common, "messages": messages}, True, _stream(body), "generate",
+                         empty)
 
 
 def parse_chat(body: object, served: Served) -> OllamaRequest:
@@ -193,7 +227,7 @@ def parse_chat(body: object, served: Served) -> OllamaRequest:
                            **_options(body), **_format(body)}
     if body.get("tools"):
         out["tools"] = body["tools"]
-    return OllamaRequest(out, True, _stream(body), "chat")
+    return OllamaRequest(out, True, _stream(body), "chat", not messages)
 
 
 def _message(message: object, i: int) -> dict[str, Any]:
@@ -257,6 +291,14 @@ class Answer:
             if self.chat else {"response": text}
         return {"model": self.model, "created_at": now(), **body, "done": False}
 
+    def loaded(self, reason: str) -> dict[str, Any]:
+        """The answer to a request with no prompt: its model was loaded ("load") or is to be
+        unloaded ("unload"), nothing generated."""
+        body: dict[str, Any] = {"message": {"role": "assistant", "content": ""}} \
+            if self.chat else {"response": ""}
+        return {"model": self.model, "created_at": now(), **body, "done_reason": reason,
+                "done": True}
+
     def calls(self, calls: Sequence[ToolCall]) -> dict[str, Any]:
         """A chunk with the model's tool calls (chat only), their arguments as objects."""
         return {"model": self.model, "created_at": now(),
@@ -317,10 +359,11 @@ class ModelFacts:
                 "modified_at": self.modified_at, "size": self.size_bytes,
                 "digest": "", "details": self.details()}
 
-    def running(self) -> dict[str, Any]:
-        """An entry of /api/ps: loaded until the daemon stops."""
-        return {**self.listed(), "expires_at": "0001-01-01T00:00:00Z",
-                "size_vram": 0, "context_length": self.context}
+    def running(self, expires_at: float | None = None) -> dict[str, Any]:
+        """An entry of /api/ps: loaded until expires_at (seconds since the epoch; None: until
+        unloaded, which Ollama writes as year 1)."""
+        return {**self.listed(), "expires_at": "0001-01-01T00:00:00Z" if expires_at is None
+                else rfc3339(expires_at), "size_vram": 0, "context_length": self.context}
 
     def shown(self) -> dict[str, Any]:
         """/api/show's answer."""
@@ -335,10 +378,12 @@ class ModelFacts:
                 + (["tools"] if self.chat_template and "tool" in self.chat_template else [])}
 
 
-def tags(facts: ModelFacts, others: Sequence[ModelFile]) -> dict[str, Any]:
-    """/api/tags: the loaded model, then the others available (usable files only), each
+def tags(facts: ModelFacts | Sequence[ModelFacts], others: Sequence[ModelFile]
+         ) -> dict[str, Any]:
+    """/api/tags: the loaded models, then the others available (usable files only), each
     marked `loaded`, a field of this server's."""
-    return {"models": [{**facts.listed(), "loaded": True},
+    loaded = [facts] if isinstance(facts, ModelFacts) else list(facts)
+    return {"models": [*({**f.listed(), "loaded": True} for f in loaded),
                        *(_listed_file(m) for m in others if m.usable)]}
 
 

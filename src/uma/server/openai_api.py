@@ -33,6 +33,10 @@ from uma.errors import (
     ContextOverflowError,
     EngineFailedError,
     InvalidRequestError,
+    ModelBusyError,
+    ModelLoadError,
+    ModelNotFoundError,
+    ModelsFullError,
     shown,
 )
 from uma.handle import Result, TokenEvent, TopLogprobs
@@ -80,6 +84,13 @@ def error_for(exc: BaseException) -> ApiError:
                         code="shutting_down")
     if isinstance(exc, EngineFailedError):
         return ApiError(503, str(exc), type="server_error", code="engine_failed")
+    if isinstance(exc, ModelBusyError):  # uma.host: no room, or unloading one in use
+        return ApiError(503 if isinstance(exc, ModelsFullError) else 409, str(exc),
+                        type="server_error", code="model_busy")
+    if isinstance(exc, ModelNotFoundError):
+        return ApiError(404, str(exc), param="model", code="model_not_found")
+    if isinstance(exc, ModelLoadError):
+        return ApiError(500, str(exc), type="server_error", code="model_load_failed")
     code = P.error_code_for(exc)
     if code == P.E_BUSY_001:
         return ApiError(429, str(exc), type="rate_limit_error", code="server_busy")

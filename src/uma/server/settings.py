@@ -100,10 +100,8 @@ SETTINGS: tuple[Setting, ...] = (
     _e("kv_unified", bool, "on", "all requests in one KV buffer"),
     _e("flash_attn", str, "auto", "flash attention: auto, on or off"),
     _e("device_sampling", str, "auto",
-       "sample on the device: auto (a CUDA GPU, parallel <= "
-       "16), on or off"),
-    _e("overlap", str, "auto", "hand a tick's tokens on while the device runs the next: "
-       "auto (GPUs), on or off"),
+       "sample on the GPU (auto: CUDA)"),
+    _e("overlap", str, "auto", "output while the GPU decodes"),
     _e("policy", str, "bound", "bound or baseline"),
     _e("tick_ms", float, "30", "baseline policy: tick time budget in ms", "tick_target_ms",
        flag=False),
@@ -142,6 +140,9 @@ SETTINGS: tuple[Setting, ...] = (
        "embedding_pooling"),
     *(_knob(k) for k in KNOBS),
     _s("models_dir", str, "the model cache", "folder of GGUF models"),
+    _s("max_loaded", int, "3", "models loaded at once"),
+    _s("keep_alive", float, "300", "idle seconds before a model unloads",
+       "keep_alive_s"),
     _s("socket", str, "$XDG_RUNTIME_DIR/uma.sock, else /tmp/uma-$UID.sock",
        "socket path"),
     _s("max_connections", int, "64", "socket connections at once"),

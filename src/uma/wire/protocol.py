@@ -29,6 +29,7 @@ from uma.errors import (
     EngineBusyError,
     EngineFailedError,
     InvalidRequestError,
+    ModelBusyError,
     ModelLoadError,
     NoChatTemplateError,
     UmaError,
@@ -83,6 +84,7 @@ _ERROR_CODES: tuple[tuple[type[BaseException], str], ...] = (
     (BatchFullError, E_BUSY_001),
     (EngineBusyError, E_BUSY_001),
     (ClosedError, E_BUSY_001),  # the engine is shutting down
+    (ModelBusyError, E_BUSY_001),  # a model with requests, or no room for another
     (EngineFailedError, E_MODEL_001),  # the model's devices are gone (an RPC worker lost)
     (NoChatTemplateError, E_MODEL_001),
     (InvalidRequestError, E_PROTO_003),  # a field's value was rejected
