@@ -25,8 +25,10 @@ class StandIn:
         self.closed = False
 
     def status(self) -> dict[str, object]:
-        return {"running": self.busy, "queued": 0,
-                "memory": {"model_bytes": self.memory, "kv_bytes": 0}}
+        return {"memory": {"model_bytes": self.memory, "kv_bytes": 0}}
+
+    def requests_in_flight(self) -> int:
+        return self.busy
 
     def close(self) -> None:
         self.closed = True

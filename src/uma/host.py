@@ -38,6 +38,8 @@ class Served(Protocol):
 
     def status(self) -> dict[str, object]: ...
 
+    def requests_in_flight(self) -> int: ...
+
     def close(self) -> None: ...
 
 
@@ -48,23 +50,19 @@ class Loaded:
     name: str
     engine: Served
     file: ModelFile
-    loaded_at: float  # the host's clock
     used_at: float  # the last request's arrival or end (the host's clock)
     keep_alive_s: float | None  # idle time before it is unloaded (None: until unloaded)
     holds: int = 0  # callers between asking for it and submitting (not yet counted as busy)
 
     def requests(self) -> int:
         """Requests queued or running in it, in either context, and callers about to submit."""
-        status = self.engine.status()
-        back = status.get("background")
-        parts = [status, back] if isinstance(back, dict) else [status]
-        return sum(_count(p.get("running")) + _count(p.get("queued")) for p in parts) \
-            + self.holds
+        return self.engine.requests_in_flight() + self.holds
 
     def memory_bytes(self) -> int:
         memory = self.engine.status().get("memory")
         if isinstance(memory, dict):
-            return _count(memory.get("model_bytes")) + _count(memory.get("kv_bytes"))
+            return sum(v for k, v in memory.items()
+                       if k in ("model_bytes", "kv_bytes") and isinstance(v, int))
         return self.file.size
 
 
@@ -100,8 +98,7 @@ class ModelHost:
             ) -> Loaded:
         """A model loaded by the caller (the one `uma run` names), kept until unloaded by
         default."""
-        now = self._clock()
-        entry = Loaded(file.name, engine, file, now, now, keep_alive_s)
+        entry = Loaded(file.name, engine, file, self._clock(), keep_alive_s)
         with self._lock:
             if file.name in self._loaded:
                 raise ValueError(f"model {file.name!r} is already loaded")
@@ -126,11 +123,17 @@ class ModelHost:
         with self._lock:
             entry = self._loaded.get(name.removesuffix(":latest"))
             if entry is not None:
-                entry.holds += 1
-                entry.used_at = self._clock()
-                if not isinstance(keep_alive_s, EllipsisType):
-                    entry.keep_alive_s = keep_alive_s
+                self._take(entry, keep_alive_s, hold=True)
             return entry
+
+    def _take(self, entry: Loaded, keep_alive_s: float | None | EllipsisType,
+              hold: bool) -> None:
+        """A loaded entry asked for (under the lock): used now, its keep-alive the request's
+        where it names one, held where asked."""
+        entry.used_at = self._clock()
+        if not isinstance(keep_alive_s, EllipsisType):
+            entry.keep_alive_s = keep_alive_s
+        entry.holds += hold
 
     def release(self, entry: Loaded) -> None:
         """Ends a hold that load(hold=True) took; its keep-alive counts from now."""
@@ -162,10 +165,7 @@ class ModelHost:
             with self._lock:
                 entry = self._loaded.get(name)
                 if entry is not None:
-                    entry.used_at = self._clock()
-                    if not isinstance(keep_alive_s, EllipsisType):
-                        entry.keep_alive_s = keep_alive_s
-                    entry.holds += hold
+                    self._take(entry, keep_alive_s, hold)
                     return entry
                 pending = self._loading.get(name)
                 if pending is None:
@@ -197,10 +197,9 @@ class ModelHost:
         with self._load_lock:
             self._make_room(file)
             engine = self._open(file)
-            now = self._clock()
             alive = self.keep_alive_s if isinstance(keep_alive_s, EllipsisType) \
                 else keep_alive_s
-            entry = Loaded(name, engine, file, now, now, alive)
+            entry = Loaded(name, engine, file, self._clock(), alive)
             with self._lock:
                 self._loaded[name] = entry
             return entry
@@ -304,7 +303,3 @@ def size(n_bytes: int) -> str:
         return f"{n_bytes / 2**20:.0f} MiB"
     return f"{n_bytes} bytes"
 
-
-def _count(value: object) -> int:
-    """A count from an engine's status (0 where it has none)."""
-    return value if isinstance(value, int) else 0

@@ -680,6 +680,13 @@ class Engine:
                          latency_cap=self.config.latency_cap, rss_bytes=rss_bytes(),
                          window="since_start" if since is None else "interval")
 
+    def requests_in_flight(self) -> int:
+        """Generation requests queued or running, in either context. Safe from any thread."""
+        n = len(self._scheduler.running) + self._contexts.n_waiting + len(self._inbox)
+        if self._lane is not None:
+            n += len(self._lane.scheduler.running)
+        return n
+
     def status(self) -> dict[str, object]:
         """What `uma status` shows: slots, queue, load and memory. Safe from any thread."""
         ex = self._scheduler

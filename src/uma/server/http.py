@@ -206,10 +206,7 @@ class _Api:
         name = body.get("model") if type(body) is dict else None
         if type(name) is not str or not name:  # no model, or one the parser refuses
             name = self.first
-        for model in list(self._models.values()):
-            if model.answers_to(name):
-                name = model.name
-                break
+        name = self._canonical(name)
         entry = self.host.hold(name, keep_alive_s=keep_alive)
         if entry is not None:
             return self._view(entry), entry
@@ -224,6 +221,14 @@ class _Api:
         except Exception as exc:  # noqa: BLE001 - each one has its HTTP answer
             raise error_for(exc) from exc
         return self._view(entry), entry
+
+    def _canonical(self, name: str) -> str:
+        """The listing name of the loaded model a request's `model` names by any of its names
+        (its file's, with or without a tag); the name as given otherwise."""
+        for model in list(self._models.values()):
+            if model.answers_to(name):
+                return model.name
+        return name
 
     @contextlib.asynccontextmanager
     async def _using(self, body: object, *, tag: str = "",
@@ -445,11 +450,7 @@ class _Api:
         """POST /unload {"model": NAME}: unloads a loaded model; 409 while it has requests
         (they are never cut off), 404 where it is not loaded."""
         body = await _read_json(request, self.max_body, self.body_timeout_s)
-        name = _model_field(body)
-        for model in list(self._models.values()):
-            if model.answers_to(name):
-                name = model.name
-                break
+        name = self._canonical(_model_field(body))
         try:
             await asyncio.to_thread(self.host.unload, name)
         except Exception as exc:  # noqa: BLE001 - each one has its HTTP answer
@@ -547,9 +548,9 @@ class _Api:
         off the event loop: a file's header is read the first time it is seen (and again
         once it changes)."""
         listing = await asyncio.to_thread(list_models, self.models_dir, (self.first_path,))
-        loaded = [self._view(e) for e in self.host.loaded()]
-        paths = {e.file.path for e in self.host.loaded()}
-        return loaded, tuple(m for m in listing if m.path not in paths)
+        entries = self.host.loaded()
+        paths = {e.file.path for e in entries}
+        return [self._view(e) for e in entries], tuple(m for m in listing if m.path not in paths)
 
     async def embeddings(self, request: Request) -> Response:
         """OpenAI's /v1/embeddings: each input pooled into one unit-length vector."""
