@@ -124,6 +124,11 @@ HOW: dict[tuple[str, str], How] = {
             why="they write 2.5 and 8.5 GB"),
     ("docs/guide/models.md", "uma models                        # the model directory and "
                              "the fetched catalogue models"): How(),
+    ("docs/guide/models.md", "uma run smollm2 --max-loaded 3 --keep-alive 600   # serves "
+                             "smollm2; others load on demand"):
+        How("not run", why="needs a second real model fetched (Gemma 3 270M, 253 MB); "
+                           "tests/server/test_daemon_models.py runs the same commands (uma "
+                           "generate -m, load, ps, unload) on a second model of a directory"),
     ("docs/guide/scaling-out.md", "uma rpc-worker --host 10.0.0.2 --port 50052     "
                                   "# a private address of that machine"):
         How("not run", why=NOT_HERE.format("a second machine")),

@@ -51,7 +51,7 @@ def host_of(*names: str, **kw) -> tuple[ModelHost, dict[str, StandIn], Clock]:
     opened: dict[str, StandIn] = {}
     clock = Clock()
 
-    def open_model(file: ModelFile) -> StandIn:
+    def open_model(file: ModelFile, progress=None) -> StandIn:
         opened[file.name] = StandIn(file.name)
         return opened[file.name]
 
@@ -73,7 +73,7 @@ def test_callers_of_a_model_loading_wait_for_the_one_load():
     entered, release = threading.Event(), threading.Event()
     calls = []
 
-    def open_model(file: ModelFile) -> StandIn:
+    def open_model(file: ModelFile, progress=None) -> StandIn:
         calls.append(file.name)
         entered.set()
         release.wait()
@@ -106,7 +106,7 @@ def test_an_unknown_model_names_the_available_ones_and_a_broken_one_says_why():
 def test_a_failed_load_reaches_every_caller_and_the_next_call_tries_again():
     attempts = []
 
-    def open_model(file: ModelFile) -> StandIn:
+    def open_model(file: ModelFile, progress=None) -> StandIn:
         attempts.append(file.name)
         if len(attempts) == 1:
             raise ModelLoadError("out of memory")
@@ -187,7 +187,7 @@ def test_the_memory_cap_pushes_models_out_and_refuses_one_too_large():
     host.load("c")  # 240 + 100 do not: b, the least recent, goes
     assert opened["b"].closed and not opened["a"].closed
     files = listing("big", size=300)
-    big = ModelHost(lambda f: StandIn(f.name), lambda: files, memory_cap=250)
+    big = ModelHost(lambda f, _: StandIn(f.name), lambda: files, memory_cap=250)
     with pytest.raises(ModelLoadError, match="'big' takes 300 bytes on disk, more than the "
                                              "250 bytes the loaded models may take"):
         big.load("big")
@@ -227,7 +227,7 @@ def two_models(tiny_path):
 
 
 def test_two_real_models_serve_at_once_and_unload_only_when_idle(two_models):
-    host = ModelHost(lambda f: Engine(f.path, n_ctx=256, n_seq_max=2), lambda: two_models)
+    host = ModelHost(lambda f, _: Engine(f.path, n_ctx=256, n_seq_max=2), lambda: two_models)
     try:
         with host.use("tiny") as dense, host.use("tiny-moe") as moe:
             first = dense.submit("Once upon a time", max_tokens=16)

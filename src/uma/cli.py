@@ -49,6 +49,8 @@ app.add_typer(service_app, name="service")
 DEMO_PRESET = "small"
 CONFIG_HELP = "settings file: TOML (.toml) or YAML (.yaml, .yml), flat or in sections"
 SOCKET_HELP = "daemon socket (env UMA_SOCKET; default $XDG_RUNTIME_DIR/uma.sock)"
+MODEL_HELP = ("a model `uma models` lists, loaded first where it is not (default: the one the "
+              "daemon started with)")
 
 
 def _version(value: bool) -> None:
@@ -336,6 +338,7 @@ def generate(
     stop: list[str] | None = typer.Option(None, help="stop string (repeatable)"),
     priority: str = typer.Option("interactive", help="interactive or background"),
     no_stream: bool = typer.Option(False, "--no-stream", help="print the text when done"),
+    model: str | None = typer.Option(None, "--model", "-m", help=MODEL_HELP),
     socket: str | None = typer.Option(None, help=SOCKET_HELP),
 ) -> None:
     """Generate text with the running daemon, streaming it to stdout."""
@@ -346,7 +349,7 @@ def generate(
     with _client_errors(), Client(socket) as client:
         stream = client.submit(prompt, max_tokens=max_tokens, temperature=temp, top_p=top_p,
                                top_k=top_k, seed=seed, stop=stop or (), priority=priority,
-                               stream=not no_stream)
+                               stream=not no_stream, model=model)
         try:
             for event in stream:
                 typer.echo(event.text, nl=False)
@@ -367,6 +370,7 @@ def chat(
     temp: float = typer.Option(0.7, "--temp", help="temperature (0: greedy)"),
     top_p: float = typer.Option(0.95, help="nucleus sampling mass"),
     seed: int = typer.Option(0, help="sampling seed"),
+    model: str | None = typer.Option(None, "--model", "-m", help=MODEL_HELP),
     socket: str | None = typer.Option(None, help=SOCKET_HELP),
 ) -> None:
     """Chat with the running daemon's model: a streaming conversation rendered with the
@@ -377,7 +381,7 @@ def chat(
 
     with _client_errors(), Client(socket) as client:
         session = ChatSession(client, system=system, max_tokens=max_tokens, temperature=temp,
-                              top_p=top_p, seed=seed)
+                              top_p=top_p, seed=seed, **({"model": model} if model else {}))
         raise typer.Exit(session.repl(sys.stdin, sys.stdout))
 
 
@@ -399,11 +403,16 @@ def status(
     if as_json:
         typer.echo(json.dumps(h, indent=2))
         return
+    if h.get("model") is None:  # every model unloaded
+        typer.echo(f"status    {h['status']} (pid {h['pid']}, uma-serve {h.get('version', '?')})"
+                   f"\nmodel     none loaded (`uma load MODEL`, or a request naming one)")
+        return
     mem, kv = h["memory"], h["kv_cells"]
     lines = [
         ("status", f"{h['status']} (pid {h['pid']}, uma-serve {h.get('version', '?')})"),
         ("model", h["model"] + (f" ({e['per_token']} of {e['per_layer']} experts a token)"
                                 if (e := h.get("experts")) else "")),
+        ("loaded", ", ".join(h.get("loaded") or [h["model"]])),
         ("socket", h.get("socket", socket or "")),
         ("uptime", f"{h['uptime_s']:.0f} s"),
         ("slots", f"{h['running']} of {h['slots']} busy, {h['queued']} queued"),
@@ -702,6 +711,85 @@ def _bytes(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.1f} {unit}" if n < 10 * scale else f"{n / scale:.0f} {unit}"
     return f"{n} B"
+
+
+@app.command("load")
+def load(
+    name: str = typer.Argument(..., metavar="MODEL", help="a model `uma models` lists"),
+    keep_alive: float | None = typer.Option(
+        None, "--keep-alive", help="seconds it stays loaded idle; negative: until unloaded  "
+                                   "[default: the daemon's keep_alive]"),
+    socket: str | None = typer.Option(None, help=SOCKET_HELP),
+) -> None:
+    """Load a model into the running daemon (at once where it is loaded), with progress;
+    requests naming it are then served without waiting."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from uma.client import Client
+
+    console = Console(stderr=True)
+    with _client_errors(), Client(socket) as client, Progress(
+            TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+            transient=True, console=console, disable=not console.is_terminal) as bar:
+        task = bar.add_task(f"loading {name}", total=1.0)
+        m = client.load(name, keep_alive=keep_alive,
+                        progress=lambda fraction: bar.update(task, completed=fraction))
+    took = f" in {m['load_ms'] / 1e3:.1f} s" if m["load_ms"] >= 50 else " (already loaded)"
+    typer.echo(f"uma: {m['name']} loaded{took}, {_bytes(int(m['memory_bytes']))} in memory, "
+               f"{_kept(m['keep_alive_s'])}", err=True)
+
+
+@app.command("unload")
+def unload(
+    name: str = typer.Argument(..., metavar="MODEL", help="a loaded model (`uma ps`)"),
+    socket: str | None = typer.Option(None, help=SOCKET_HELP),
+) -> None:
+    """Unload a model from the running daemon; refused while it has requests (they are never
+    cut off)."""
+    from uma.client import Client
+
+    with _client_errors(), Client(socket) as client:
+        gone = client.unload(name)
+    typer.echo(f"uma: {gone} unloaded", err=True)
+
+
+@app.command("ps")
+def ps(
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+    socket: str | None = typer.Option(None, help=SOCKET_HELP),
+) -> None:
+    """The models the running daemon has loaded, the most recently used first: memory,
+    requests, idle time and when each is unloaded."""
+    from uma.client import Client
+
+    with _client_errors(), Client(socket) as client:
+        loaded = client.ps()
+    if as_json:
+        typer.echo(json.dumps(loaded, indent=2))
+        return
+    rows = [("NAME", "MEMORY", "REQUESTS", "IDLE", "UNTIL")] + [
+        (m["name"] + (" (default)" if m.get("default") else ""),
+         _bytes(int(m["memory_bytes"])), str(m["requests"]),
+         "-" if m["requests"] else f"{m['idle_s']:.0f} s", _until(m)) for m in loaded]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    for *cells, last in rows:
+        typer.echo("  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True))
+                   + "  " + last)
+
+
+def _kept(keep_alive_s: float | None) -> str:
+    return "kept until unloaded" if keep_alive_s is None else \
+        f"kept {keep_alive_s:g} s after its last request"
+
+
+def _until(m: dict) -> str:
+    """When a loaded model is unloaded, as `uma ps` says it."""
+    if m["keep_alive_s"] is None:
+        return "until unloaded"
+    if m["requests"]:
+        return f"{m['keep_alive_s']:g} s after its last request"
+    return f"unloaded in {m['expires_in_s']:.0f} s"
 
 
 @model_app.command("list")

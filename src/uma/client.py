@@ -60,7 +60,7 @@ def generate_request(request_id: str, prompt, params: SamplingParams | None = No
                      priority: str | Priority | None = None, stream: bool = True,
                      tools: Sequence[dict] | None = None, tool_choice: object = None,
                      response_format: dict | None = None, grammar: str | None = None,
-                     **options) -> dict:
+                     model: str | None = None, **options) -> dict:
     """The generate request map, as uma.wire.protocol.parse_request reads it.
 
     prompt: text, token ids (a sequence or numpy array of ints) or chat messages. options
@@ -70,9 +70,12 @@ def generate_request(request_id: str, prompt, params: SamplingParams | None = No
     priority None leaves the class to the connection's default (interactive unless the client
     configured another), so it is sent whenever it is given. tools, tool_choice: OpenAI's,
     with chat messages; response_format (OpenAI's) or grammar (GBNF): what the output must
-    match (the daemon checks them).
+    match (the daemon checks them). model: a model of the daemon's directory (None: the one
+    it started with), loaded first where it is not.
     """
     msg: dict = {"type": "generate", "id": request_id, **_prompt_field(prompt)}
+    if model is not None:
+        msg["model"] = model
     try:
         params = dataclasses.replace(params or _DEFAULTS, **options)
     except TypeError as exc:  # an unknown option
@@ -96,7 +99,8 @@ def generate_request(request_id: str, prompt, params: SamplingParams | None = No
     return msg
 
 
-def embed_request(request_id: str, inputs: str | Sequence, normalize: bool = True) -> dict:
+def embed_request(request_id: str, inputs: str | Sequence, normalize: bool = True,
+                  model: str | None = None) -> dict:
     """The embed request map: inputs as OpenAI's input forms (numpy arrays become lists)."""
     if isinstance(inputs, np.ndarray):
         inputs = inputs.tolist()
@@ -105,6 +109,17 @@ def embed_request(request_id: str, inputs: str | Sequence, normalize: bool = Tru
     msg: dict = {"type": "embed", "id": request_id, "input": inputs}
     if not normalize:
         msg["normalize"] = False
+    if model is not None:
+        msg["model"] = model
+    return msg
+
+
+def load_request(request_id: str, model: str, keep_alive: float | None = None) -> dict:
+    """The load request map. keep_alive: seconds the model stays loaded idle (negative: until
+    unloaded; None: the daemon's setting)."""
+    msg: dict = {"type": "load", "id": request_id, "model": model}
+    if keep_alive is not None:
+        msg["keep_alive"] = keep_alive
     return msg
 
 
@@ -142,6 +157,7 @@ class _Stream:
         self._result: Result | None = None
         self._answer: dict | None = None
         self._error: UmaError | None = None
+        self._progress: Callable[[float], object] | None = None  # a load's, where asked
 
     @property
     def done(self) -> bool:
@@ -177,6 +193,9 @@ class _Stream:
                 self._result = self._build_result(msg)
             elif kind == "error":
                 self._error = ServerError(msg["code"], msg["message"], self.id)
+            elif kind == "progress":
+                if self._progress is not None:
+                    self._progress(float(msg["progress"]))
             else:
                 self._answer = msg
         except (KeyError, TypeError, ValueError) as exc:
@@ -419,24 +438,52 @@ class Client(_Demux):
         """The daemon's scorecard since it started (docs/design/metrics.md, "Scorecard")."""
         return self._ask("scorecard")
 
-    def tokenize(self, text: str, *, add_special: bool = True,
-                 parse_special: bool = False) -> list[int]:
-        """Text to token ids with the daemon's model."""
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False,
+                 model: str | None = None) -> list[int]:
+        """Text to token ids with the tokenizer of `model` (None: the daemon's first)."""
         return list(self._ask("tokenize", "tokens", text=text, add_special=add_special,
-                              parse_special=parse_special))
+                              parse_special=parse_special, **_named(model)))
 
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        """Token ids to text with the daemon's model."""
-        return str(self._ask("detokenize", "text", tokens=[int(t) for t in tokens]))
+    def detokenize(self, tokens: Sequence[int], *, model: str | None = None) -> str:
+        """Token ids to text with the tokenizer of `model` (None: the daemon's first)."""
+        return str(self._ask("detokenize", "text", tokens=[int(t) for t in tokens],
+                             **_named(model)))
 
-    def embed(self, inputs: str | Sequence, *, normalize: bool = True) -> Embeddings:
-        """Each input (a text or token ids; one or a list) pooled into one vector by the
-        daemon's model (uma.embeddings)."""
+    def embed(self, inputs: str | Sequence, *, normalize: bool = True,
+              model: str | None = None) -> Embeddings:
+        """Each input (a text or token ids; one or a list) pooled into one vector by
+        `model` (None: the daemon's first; uma.embeddings)."""
         with self._send_lock:
             rid = self._new_id(None)
-            waiter = self._start(ClientStream(self, rid), embed_request(rid, inputs, normalize))
+            waiter = self._start(ClientStream(self, rid),
+                                 embed_request(rid, inputs, normalize, model))
         self._wait(lambda: waiter.done)
         return waiter._embeddings()
+
+    def load(self, model: str, *, keep_alive: float | None = None,
+             progress: Callable[[float], object] | None = None) -> dict:
+        """Loads a model of the daemon's directory (at once where it is loaded) and returns it
+        as ps() lists it, with load_ms. keep_alive: seconds it stays loaded idle (negative:
+        until unloaded; None: the daemon's setting). progress(fraction): told as it loads.
+        Raises ServerError: E_MODEL_001 (not found, or it would not load: the reason),
+        E_BUSY_001 (no room: every loaded model has requests)."""
+        with self._send_lock:
+            rid = self._new_id(None)
+            waiter = ClientStream(self, rid)
+            waiter._progress = progress
+            self._start(waiter, load_request(rid, model, keep_alive))
+        self._wait(lambda: waiter.done)
+        return dict(waiter._reply("loaded"))
+
+    def unload(self, model: str) -> str:
+        """Unloads a loaded model and returns its name; ServerError E_BUSY_001 while it has
+        requests (they are never cut off), E_MODEL_001 where it is not loaded."""
+        return str(self._ask("unload", "unloaded", model=model))
+
+    def ps(self) -> list[dict]:
+        """The loaded models, the most recently used first: name, path, size, memory_bytes,
+        requests, idle_s, keep_alive_s, expires_in_s and whether it is the default."""
+        return list(self._ask("ps", "models"))
 
     def health(self) -> dict:
         """Whether the daemon is up and what it serves."""
@@ -558,6 +605,10 @@ class Client(_Demux):
             self._sock.shutdown(socket.SHUT_RDWR)
 
 
+def _named(model: str | None) -> dict:
+    return {} if model is None else {"model": model}
+
+
 def _messages(messages: Sequence[dict]) -> list[dict]:
     if isinstance(messages, str) or not isinstance(messages, Sequence):
         raise InvalidRequestError("chat() takes a list of {'role', 'content'} messages")
@@ -653,22 +704,42 @@ class AsyncClient(_Demux):
         return await self.generate(_messages(messages), params, **kw)
 
     async def tokenize(self, text: str, *, add_special: bool = True,
-                       parse_special: bool = False) -> list[int]:
-        """Text to token ids with the daemon's model."""
+                       parse_special: bool = False, model: str | None = None) -> list[int]:
+        """Client.tokenize, awaited."""
         return list(await self._ask("tokenize", "tokens", text=text, add_special=add_special,
-                                    parse_special=parse_special))
+                                    parse_special=parse_special, **_named(model)))
 
-    async def detokenize(self, tokens: Sequence[int]) -> str:
-        """Token ids to text with the daemon's model."""
-        return str(await self._ask("detokenize", "text", tokens=[int(t) for t in tokens]))
+    async def detokenize(self, tokens: Sequence[int], *, model: str | None = None) -> str:
+        """Client.detokenize, awaited."""
+        return str(await self._ask("detokenize", "text", tokens=[int(t) for t in tokens],
+                                   **_named(model)))
 
-    async def embed(self, inputs: str | Sequence, *, normalize: bool = True) -> Embeddings:
+    async def embed(self, inputs: str | Sequence, *, normalize: bool = True,
+                    model: str | None = None) -> Embeddings:
         """Client.embed, awaited."""
         rid = self._new_id(None)
         stream = await self._start(AsyncClientStream(self, rid),
-                                   embed_request(rid, inputs, normalize))
+                                   embed_request(rid, inputs, normalize, model))
         await stream._finished.wait()
         return stream._embeddings()
+
+    async def load(self, model: str, *, keep_alive: float | None = None,
+                   progress: Callable[[float], object] | None = None) -> dict:
+        """Client.load, awaited."""
+        rid = self._new_id(None)
+        waiter = AsyncClientStream(self, rid)
+        waiter._progress = progress
+        await self._start(waiter, load_request(rid, model, keep_alive))
+        await waiter._finished.wait()
+        return dict(waiter._reply("loaded"))
+
+    async def unload(self, model: str) -> str:
+        """Client.unload, awaited."""
+        return str(await self._ask("unload", "unloaded", model=model))
+
+    async def ps(self) -> list[dict]:
+        """Client.ps, awaited."""
+        return list(await self._ask("ps", "models"))
 
     async def metrics(self) -> dict:
         """The daemon's metrics snapshot."""

@@ -10,6 +10,9 @@ while the weights are read. Callers of the same model wait for the one load.
 
 What a model costs in memory is what its engine reports once loaded (weights and KV cache);
 before it loads, its file's size stands in for it.
+
+One host serves both doors of a daemon (the Unix socket and the HTTP gateway): `uma ps` and
+`/api/ps` show the same models, and a model loaded for one is there for the other.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 from types import EllipsisType
 from typing import Protocol
 
+from uma import catalog
 from uma.errors import ModelBusyError, ModelLoadError, ModelNotFoundError, ModelsFullError
 from uma.model_dir import ModelFile
 
@@ -31,6 +35,9 @@ log = logging.getLogger("uma.host")
 
 # A model loaded on demand stays this long after its last request (Ollama's default).
 KEEP_ALIVE_S = 300.0
+
+# A load's progress, 0..1; returning False cancels it (uma.Engine.from_config's `progress`).
+Progress = Callable[[float], bool]
 
 
 class Served(Protocol):
@@ -53,10 +60,31 @@ class Loaded:
     used_at: float  # the last request's arrival or end (the host's clock)
     keep_alive_s: float | None  # idle time before it is unloaded (None: until unloaded)
     holds: int = 0  # callers between asking for it and submitting (not yet counted as busy)
+    aliases: frozenset[str] = frozenset()  # other names a request may give it (answers_to)
+
+    def __post_init__(self) -> None:
+        path = self.file.path
+        self.aliases = frozenset({self.name, path.stem, path.name, *catalog.names_of(path)})
+
+    def answers_to(self, name: str) -> bool:
+        """Whether a request's model names this one: its listing name, its file's name (with
+        or without .gguf) or a catalogue name, each with or without Ollama's tag `:latest`."""
+        return name.removesuffix(":latest") in self.aliases
 
     def requests(self) -> int:
         """Requests queued or running in it, in either context, and callers about to submit."""
         return self.engine.requests_in_flight() + self.holds
+
+    def describe(self, now: float) -> dict[str, object]:
+        """What `uma ps` and the socket's models event show of it (now: the host's clock)."""
+        busy = self.requests()
+        idle = 0.0 if busy else max(0.0, now - self.used_at)
+        alive = self.keep_alive_s
+        return {"name": self.name, "path": str(self.file.path), "size": self.file.size,
+                "memory_bytes": self.memory_bytes(), "requests": busy,
+                "idle_s": round(idle, 1), "keep_alive_s": alive,
+                "expires_in_s": None if alive is None or busy
+                else round(max(0.0, alive - idle), 1)}
 
     def memory_bytes(self) -> int:
         memory = self.engine.status().get("memory")
@@ -67,16 +95,19 @@ class Loaded:
 
 
 class ModelHost:
-    """Loaded models by name. open_model(file) loads one (uma.Engine.from_config with the
-    daemon's settings); listing() is the model directory (uma.model_dir.list_models).
-    max_loaded: most models loaded at once (at least 1); memory_cap: most bytes their weights
-    and KV caches may take together (0: no cap); keep_alive_s: how long a model loaded on
-    demand stays idle before it is unloaded (None: until unloaded or pushed out)."""
+    """Loaded models by name. open_model(file, progress) loads one (uma.Engine.from_config
+    with the daemon's settings; progress None or a Progress); listing() is the model
+    directory (uma.model_dir.list_models). max_loaded: most models loaded at once (at least
+    1); memory_cap: most bytes their weights and KV caches may take together (0: no cap);
+    keep_alive_s: how long a model loaded on demand stays idle before it is unloaded (None:
+    until unloaded or pushed out). say(line): told of each load and unload (`uma run` prints
+    them)."""
 
-    def __init__(self, open_model: Callable[[ModelFile], Served],
+    def __init__(self, open_model: Callable[[ModelFile, Progress | None], Served],
                  listing: Callable[[], Sequence[ModelFile]], *, max_loaded: int = 3,
                  memory_cap: int = 0, keep_alive_s: float | None = KEEP_ALIVE_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 say: Callable[[str], None] | None = None) -> None:
         if max_loaded < 1:
             raise ValueError(f"max_loaded must be at least 1, not {max_loaded}")
         self._open = open_model
@@ -85,6 +116,7 @@ class ModelHost:
         self.memory_cap = memory_cap
         self.keep_alive_s = keep_alive_s
         self._clock = clock
+        self._say = say or (lambda line: None)
         self._lock = threading.Lock()  # guards _loaded and _loading
         self._load_lock = threading.Lock()  # one load at a time
         self._loaded: dict[str, Loaded] = {}
@@ -110,9 +142,28 @@ class ModelHost:
         with self._lock:
             return sorted(self._loaded.values(), key=lambda e: -e.used_at)
 
+    def describe(self) -> list[dict[str, object]]:
+        """The loaded models as `uma ps` shows them, the most recently used first."""
+        now = self._clock()
+        return [entry.describe(now) for entry in self.loaded()]
+
     def find(self, name: str) -> Loaded | None:
         with self._lock:
-            return self._loaded.get(name.removesuffix(":latest"))
+            return self._loaded.get(self._canonical(name))
+
+    def canonical(self, name: str) -> str:
+        """The listing name of the loaded model a request's `model` names by any of its
+        names (Loaded.answers_to); otherwise the name without Ollama's tag."""
+        with self._lock:
+            return self._canonical(name)
+
+    def _canonical(self, name: str) -> str:
+        if name.removesuffix(":latest") in self._loaded:
+            return name.removesuffix(":latest")
+        for entry in self._loaded.values():
+            if entry.answers_to(name):
+                return entry.name
+        return name.removesuffix(":latest")
 
     # --- using one ----------------------------------------------------------------------
 
@@ -121,7 +172,7 @@ class ModelHost:
         """Model `name` held, where it is loaded (None otherwise: nothing is loaded here);
         keep_alive_s as load's."""
         with self._lock:
-            entry = self._loaded.get(name.removesuffix(":latest"))
+            entry = self._loaded.get(self._canonical(name))
             if entry is not None:
                 self._take(entry, keep_alive_s, hold=True)
             return entry
@@ -155,12 +206,13 @@ class ModelHost:
             self.release(entry)
 
     def load(self, name: str, *, keep_alive_s: float | None | EllipsisType = ...,
-             hold: bool = False) -> Loaded:
+             hold: bool = False, progress: Progress | None = None) -> Loaded:
         """Model `name` loaded (at once where it is): found in the listing, room made, then
-        loaded; callers asking for it meanwhile wait for the same load. Raises
-        ModelNotFoundError (not in the listing), ModelLoadError (it would not load: its
-        reason), ModelBusyError (no room: every loaded model has requests)."""
-        name = name.removesuffix(":latest")
+        loaded; callers asking for it meanwhile wait for the same load. progress: told how
+        far the load is, where this call is the one loading. Raises ModelNotFoundError (not
+        in the listing), ModelLoadError (it would not load: its reason), ModelBusyError (no
+        room: every loaded model has requests)."""
+        name = self.canonical(name)
         while True:
             with self._lock:
                 entry = self._loaded.get(name)
@@ -177,7 +229,7 @@ class ModelHost:
                 pending.result()  # raises its load's error; loaded: taken above next time
                 continue
             try:
-                loaded = self._load(name, keep_alive_s)
+                loaded = self._load(name, keep_alive_s, progress)
             except BaseException as exc:
                 pending.set_exception(exc)
                 raise
@@ -186,7 +238,8 @@ class ModelHost:
                     del self._loading[name]
             pending.set_result(loaded)
 
-    def _load(self, name: str, keep_alive_s: float | None | EllipsisType) -> Loaded:
+    def _load(self, name: str, keep_alive_s: float | None | EllipsisType,
+              progress: Progress | None) -> Loaded:
         file = self._file(name)
         if file.error is not None:
             raise ModelLoadError(f"model {name!r} cannot be loaded: {file.error}")
@@ -196,12 +249,20 @@ class ModelHost:
                 f"{size(self.memory_cap)} the loaded models may take")
         with self._load_lock:
             self._make_room(file)
-            engine = self._open(file)
+            self._say(f"loading {name} ({size(file.size)})")
+            began = time.monotonic()
+            try:
+                engine = self._open(file, progress)
+            except BaseException as exc:
+                self._say(f"loading {name} failed: {exc}")
+                raise
             alive = self.keep_alive_s if isinstance(keep_alive_s, EllipsisType) \
                 else keep_alive_s
             entry = Loaded(name, engine, file, self._clock(), alive)
             with self._lock:
                 self._loaded[name] = entry
+            self._say(f"loaded {name} in {time.monotonic() - began:.1f} s "
+                      f"({size(entry.memory_bytes())})")
             return entry
 
     def _file(self, name: str) -> ModelFile:
@@ -223,7 +284,8 @@ class ModelHost:
             over_memory = self.memory_cap > 0 and loaded and used + file.size > self.memory_cap
             if not over_count and not over_memory:
                 return
-            if not any(self._close(e) for e in reversed(loaded)):  # the least recent idle
+            if not any(self._close(e, why=f"making room for {file.name}")
+                       for e in reversed(loaded)):  # the least recent idle
                 why = f"{self.max_loaded} models are loaded" if over_count else \
                     f"the loaded models take {size(used)} of the {size(self.memory_cap)} " \
                     "allowed"
@@ -237,12 +299,12 @@ class ModelHost:
     def unload(self, name: str) -> None:
         """Unloads model `name`; raises ModelNotFoundError where it is not loaded and
         ModelBusyError where it has requests (they are never cut off)."""
-        name = name.removesuffix(":latest")
         with self._lock:
-            entry = self._loaded.get(name)
+            entry = self._loaded.get(self._canonical(name))
+            loaded = ", ".join(sorted(self._loaded)) or "none"
         if entry is None:
-            raise ModelNotFoundError(f"model {name!r} is not loaded")
-        if not self._close(entry):
+            raise ModelNotFoundError(f"model {name!r} is not loaded; loaded: {loaded}")
+        if not self._close(entry, why="asked to"):
             raise ModelBusyError(f"model {name!r} has requests queued or running; it is "
                                  "unloaded once idle past its keep-alive, or try again "
                                  "when they end")
@@ -253,19 +315,21 @@ class ModelHost:
         gone = []
         for entry in self.loaded():
             if entry.keep_alive_s is not None and now - entry.used_at >= entry.keep_alive_s \
-                    and self._close(entry):
+                    and self._close(entry, why="idle past its keep-alive"):
                 gone.append(entry.name)
         return gone
 
-    def _close(self, entry: Loaded, *, idle: bool = True) -> bool:
+    def _close(self, entry: Loaded, *, idle: bool = True, why: str = "") -> bool:
         """Unloads `entry`, where (idle) it has no requests: checked under the lock `use`
         takes, so no caller gets it between the check and the unload. Returns whether it
-        did."""
+        did. why: said with the unload."""
         with self._lock:
             if self._loaded.get(entry.name) is not entry or idle and entry.requests():
                 return False
             del self._loaded[entry.name]
         entry.engine.close()
+        if why:
+            self._say(f"unloaded {entry.name} ({why})")
         return True
 
     def start_expiry(self, every_s: float = 5.0) -> None:

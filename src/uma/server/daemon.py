@@ -1,4 +1,4 @@
-"""The daemon: one Engine served over a Unix socket to every local app.
+"""The daemon: the models of one model host served over a Unix socket to every local app.
 
 One thread polls every socket (selectors: epoll on Linux, kqueue on macOS) and never blocks on
 a client: reads are parsed by the pure framer, writes go through a per-connection buffer sent as
@@ -6,6 +6,10 @@ the socket takes it. Engine events arrive on the engine's output thread, which o
 request's handle and wakes the poller through an eventfd (a pipe where there is none); the
 poller turns them into frames. Tokenising a prompt can take a while, so submissions run on a
 small thread pool (tokenisation releases the GIL) instead of the poller.
+
+A request names its model (none: the one `uma run` started with). A model not loaded is
+loaded on a loader thread (uma.host: one load at a time, callers of the same model share it)
+while the poller serves everyone else; the request then goes on as if it had been loaded.
 """
 
 from __future__ import annotations
@@ -31,9 +35,11 @@ from uma.config import ServerConfig
 from uma.engine import Engine
 from uma.errors import UmaError
 from uma.handle import RequestHandle, Result
+from uma.host import Loaded, ModelHost
 from uma.metrics import Registry
 from uma.priority import Priority
 from uma.server.connections import Caps, Held, admit
+from uma.server.hosting import host_for
 from uma.server.peers import peer_process, socket_app
 from uma.wire import protocol as P
 from uma.wire.framing import FrameDecoder, FrameError, encode
@@ -43,7 +49,9 @@ log = logging.getLogger("uma.daemon")
 _READ_CHUNK = 1 << 16
 # What a connection in the reserve beyond max_connections may ask (uma.server.connections):
 # `uma status`, `uma stop` and a monitor's metrics, none of which starts work.
-_SPARE_REQUESTS = (P.HealthRequest, P.MetricsRequest, P.StopRequest, P.ConfigureRequest)
+_SPARE_REQUESTS = (P.HealthRequest, P.MetricsRequest, P.StopRequest, P.ConfigureRequest,
+                   P.ModelsRequest)
+_PROGRESS_EVERY_S = 0.2  # a load's progress events at most this often
 
 
 class SocketInUseError(UmaError):
@@ -57,10 +65,11 @@ class SocketPathError(UmaError):
 class _Entry:
     """One request of a connection."""
 
-    __slots__ = ("handle", "stream", "cancelled", "priority")
+    __slots__ = ("handle", "stream", "cancelled", "priority", "engine")
 
     def __init__(self, stream: bool) -> None:
         self.handle: RequestHandle | None = None  # None until its submission completes
+        self.engine: Engine | None = None  # its model's, once known
         self.stream = stream
         self.cancelled = False  # a cancel arrived before the submission completed
         self.priority: Priority | None = None  # a priority change that arrived before it
@@ -69,7 +78,7 @@ class _Entry:
 class _Connection:
     __slots__ = ("sock", "decoder", "out", "requests", "last_active", "closing", "peer_gone",
                  "default_priority", "app", "reserved", "paused", "frame_started", "peer",
-                 "spare", "embeds", "asked")
+                 "spare", "pending", "asked")
 
     def __init__(self, sock: socket.socket, max_frame: int, app: str,
                  peer: int | None = None) -> None:
@@ -78,7 +87,9 @@ class _Connection:
         # In the reserve beyond max_connections (health, metrics and stop only): which cap
         # was full, "peer" or "total"; "" for a regular connection.
         self.spare = ""
-        self.embeds = 0  # embeddings jobs not yet answered (not in `requests`)
+        # requests other than generate not yet answered (embeddings jobs, those waiting for a
+        # model to load): not in `requests`, but the connection is not idle either
+        self.pending = 0
         self.asked = time.monotonic()  # when it last sent a request, or one of its ended
         self.decoder = FrameDecoder(max_frame)
         self.out = bytearray()
@@ -119,16 +130,25 @@ class _Stats:
 
 
 class Daemon:
-    """Serves `engine` on `config.socket` until stop() (or a signal that calls it)."""
+    """Serves `engine`, and the models of its directory, on `config.socket` until stop() (or
+    a signal that calls it)."""
 
     def __init__(self, engine: Engine, config: ServerConfig,
-                 listener: socket.socket | None = None) -> None:
+                 listener: socket.socket | None = None,
+                 host: tuple[ModelHost, str] | None = None) -> None:
         """listener: the socket from bind_socket(config.socket), bound before the model
-        loaded; None binds it in bind()."""
-        self.engine = engine
+        loaded; None binds it in bind(). host: the daemon's model host and the name of
+        `engine`'s model in it (uma.server.hosting.host_for), shared with the HTTP gateway;
+        None makes one of the daemon's own, closed with it."""
+        self.engine = engine  # the first model's: its registry holds the daemon's metrics
         self.config = config
+        self._own_host = host is None
+        self.host, self.first = host_for(engine, config) if host is None else host
         self.limits = P.RequestLimits(
-            max_prompt_bytes=config.max_prompt_bytes, max_prompt_tokens=engine.n_ctx_seq,
+            max_prompt_bytes=config.max_prompt_bytes,
+            # where other models may load, each engine checks a prompt against its context
+            max_prompt_tokens=engine.n_ctx_seq if config.max_loaded == 1
+            else P.RequestLimits.max_prompt_tokens,
             max_tokens=config.max_tokens,
             default_max_tokens=min(config.default_max_tokens, config.max_tokens))
         self._caps = Caps.of(config.max_connections)
@@ -137,6 +157,8 @@ class Daemon:
         self._ready: collections.deque = collections.deque()  # (conn, request id, handle)
         # (conn, request id, future) of embed requests once answered, for the poll loop
         self._answers: collections.deque = collections.deque()
+        # what the loader threads hand back to the poll loop: callables run there, in order
+        self._later: collections.deque[Callable[[], None]] = collections.deque()
         self._input_reserved = 0  # Σ of the connections' reservations (max_input_bytes)
         self._paused: collections.deque[_Connection] = collections.deque()  # waiting, in order
         self._wake_pending = False
@@ -148,6 +170,9 @@ class Daemon:
         self._listener = listener
         self._registered = False
         self._submitter = ThreadPoolExecutor(2, thread_name_prefix="uma-submit")
+        # Waiting for a model to load holds a thread for the load's length: its own pool, so
+        # submissions to loaded models never queue behind one.
+        self._loader = ThreadPoolExecutor(4, thread_name_prefix="uma-load")
         self._started = time.monotonic()
         self.stats = _Stats(engine.metrics, self)
 
@@ -175,6 +200,8 @@ class Daemon:
         # output thread and the HTTP gateway runnable, Python's default 5 ms switch interval
         # added up to that much to a decode tick of a few milliseconds.
         sys.setswitchinterval(0.001)
+        if self._own_host:
+            self.host.start_expiry()
         deadline = None
         try:
             while True:
@@ -189,6 +216,7 @@ class Daemon:
                         deadline = time.monotonic() + 2.0
                 for key, mask in self._sel.select(self._timeout(deadline)):
                     self._on_event(key, mask)
+                self._run_later()
                 self._publish_ready()
                 self._publish_answers()
                 self._expire_idle()
@@ -203,7 +231,8 @@ class Daemon:
         now = time.monotonic()
         times = [deadline] if deadline is not None else []
         idle = self.config.idle_timeout_s
-        times += [c.last_active + idle for c in self._conns.values() if not c.requests]
+        times += [c.last_active + idle for c in self._conns.values()
+                  if not c.requests and not c.pending]
         frame = self.config.frame_timeout_s
         times += [c.frame_started + frame for c in self._conns.values() if self._in_frame(c)]
         return max(0.0, min(times) - now) if times else None
@@ -271,7 +300,7 @@ class Daemon:
         """None with a request in flight; else since its last request, or since the frame it
         is sending began: a large prompt arriving is not closed before a client that has long
         been silent, and one that trickles a frame for ever is."""
-        if conn.requests or conn.embeds:
+        if conn.requests or conn.pending:
             return None
         return max(conn.asked, conn.frame_started) if conn.decoder.buffered else conn.asked
 
@@ -391,8 +420,8 @@ class Daemon:
             if entry is not None:
                 if entry.handle is None:  # still being tokenised: applied when it is queued
                     entry.priority = req.priority
-                else:
-                    self.engine.set_priority(entry.handle, req.priority)
+                elif entry.engine is not None:
+                    entry.engine.set_priority(entry.handle, req.priority)
         elif isinstance(req, P.ConfigureRequest):
             conn.default_priority = req.priority or conn.default_priority
             conn.app = req.app or conn.app
@@ -403,14 +432,24 @@ class Daemon:
         elif isinstance(req, P.HealthRequest):
             self._send(conn, P.health_event(req.id, self.health()))
         elif isinstance(req, P.TokenizeRequest):
-            self._answer(conn, req.id, lambda: P.tokens_event(req.id, self.engine.tokenize(
-                req.text, add_special=req.add_special, parse_special=req.parse_special)))
+            self._with_model(conn, req.id, req.model, lambda model: self._answer(
+                conn, req.id, lambda: P.tokens_event(req.id, model.tokenize(
+                    req.text, add_special=req.add_special, parse_special=req.parse_special))))
         elif isinstance(req, P.EmbedRequest):
-            conn.embeds += 1
-            self._submitter.submit(self._embed, conn, req)  # tokenising takes a while
+            # tokenising takes a while: on the submit pool
+            self._with_model(conn, req.id, req.model, lambda model: self._submitter.submit(
+                self._embed, conn, req, model), answers=True)
         elif isinstance(req, P.DetokenizeRequest):
-            self._answer(conn, req.id,
-                         lambda: P.text_event(req.id, self.engine.detokenize(req.tokens)))
+            self._with_model(conn, req.id, req.model, lambda model: self._answer(
+                conn, req.id, lambda: P.text_event(req.id, model.detokenize(req.tokens))))
+        elif isinstance(req, P.LoadRequest):
+            conn.pending += 1
+            self._loader.submit(self._load, conn, req)
+        elif isinstance(req, P.UnloadRequest):
+            conn.pending += 1
+            self._loader.submit(self._unload, conn, req)
+        elif isinstance(req, P.ModelsRequest):
+            self._send(conn, P.models_event(req.id, self._models()))
         elif isinstance(req, P.StopRequest):
             log.info("stop requested over the socket")
             self.stop()
@@ -426,11 +465,116 @@ class Daemon:
             event = P.error_event_for(request_id, exc)
         self._send(conn, event)
 
-    def _embed(self, conn: _Connection, req: P.EmbedRequest) -> None:
+    # --- models --------------------------------------------------------------------------------
+
+    def _with_model(self, conn: _Connection, request_id: str, name: str | None,
+                    serve: Callable[[Engine], object], *, answers: bool = False,
+                    failed: Callable[[BaseException], None] | None = None) -> None:
+        """Runs serve(engine) on the poll loop with the engine of model `name` (None: the
+        first), at once where it is loaded, else once a loader thread has loaded it. The model
+        is held until serve returns or, where it returns a future (work handed to the submit
+        pool), until that is done: by then what it submitted keeps the model busy. A model
+        that will not load: failed(exc), by default an error event. answers: serve's answer
+        comes back through _answers (conn.pending stays counted until then)."""
+        entry = self.host.hold(name or self.first)
+        if entry is not None:
+            self._serve_held(conn, entry, serve, answers)
+            return
+        conn.pending += 1
+        self._loader.submit(self._load_for, conn, request_id, name or self.first, serve,
+                            answers, failed)
+
+    def _serve_held(self, conn: _Connection, entry: Loaded,
+                    serve: Callable[[Engine], object], answers: bool) -> None:
+        handed = None
+        try:
+            if conn.sock.fileno() >= 0:  # its client may have left while it loaded
+                if answers:
+                    conn.pending += 1
+                handed = serve(entry.engine)  # type: ignore[arg-type]
+        finally:
+            if isinstance(handed, Future):
+                handed.add_done_callback(lambda _: self.host.release(entry))
+            else:
+                self.host.release(entry)
+
+    def _load_for(self, conn: _Connection, request_id: str, name: str,
+                  serve: Callable[[Engine], object], answers: bool,
+                  failed: Callable[[BaseException], None] | None) -> None:
+        """On a loader thread: the model loaded and held, then served on the poll loop."""
+        try:
+            entry = self.host.load(name, hold=True)
+        except Exception as exc:  # noqa: BLE001 - this request's answer
+            def tell(exc: BaseException = exc) -> None:
+                conn.pending -= 1
+                if failed is not None:
+                    failed(exc)
+                else:
+                    self._send(conn, P.error_event_for(request_id, exc))
+            self._soon(tell)
+            return
+
+        def go() -> None:
+            conn.pending -= 1
+            self._serve_held(conn, entry, serve, answers)
+        self._soon(go)
+
+    def _load(self, conn: _Connection, req: P.LoadRequest) -> None:
+        """On a loader thread: a load request, its progress sent as it goes."""
+        began = time.monotonic()
+        shown = [0.0]
+
+        def progress(fraction: float) -> bool:
+            now = time.monotonic()
+            if now - shown[0] >= _PROGRESS_EVERY_S:
+                shown[0] = now
+                self._soon(lambda: self._send(conn, P.progress_event(req.id,
+                                                                      round(fraction, 3))))
+            return not self._stopping  # a daemon stopping cancels the load
+        try:
+            entry = self.host.load(req.model, keep_alive_s=req.keep_alive_s, progress=progress)
+            event = P.loaded_event(req.id, {
+                **entry.describe(time.monotonic()),
+                "load_ms": round((time.monotonic() - began) * 1e3, 1)})
+        except Exception as exc:  # noqa: BLE001 - this request's answer
+            event = P.error_event_for(req.id, exc)
+        self._soon(lambda: self._reply(conn, event))
+
+    def _unload(self, conn: _Connection, req: P.UnloadRequest) -> None:
+        """On a loader thread (closing an engine joins its threads)."""
+        try:
+            self.host.unload(req.model)
+            event = P.unloaded_event(req.id, self.host.canonical(req.model))
+        except Exception as exc:  # noqa: BLE001 - this request's answer
+            event = P.error_event_for(req.id, exc)
+        self._soon(lambda: self._reply(conn, event))
+
+    def _reply(self, conn: _Connection, event: dict) -> None:
+        conn.pending -= 1
+        conn.asked = time.monotonic()
+        self._send(conn, event)
+
+    def _models(self) -> list[dict]:
+        return [{**m, "default": m["name"] == self.first} for m in self.host.describe()]
+
+    def _soon(self, call: Callable[[], None]) -> None:
+        """From another thread: call() on the poll loop."""
+        self._later.append(call)
+        self._wake()
+
+    def _run_later(self) -> None:
+        while self._later:
+            call = self._later.popleft()
+            try:
+                call()
+            except Exception:  # noqa: BLE001 - one request's fault, the loop goes on
+                log.exception("answering a request after its model loaded failed")
+
+    def _embed(self, conn: _Connection, req: P.EmbedRequest, engine: Engine) -> None:
         """On the submit pool: queue the inputs; the answer goes back through _answers."""
         future: Future = Future()
         try:
-            future = self.engine.submit_embeddings(list(req.inputs), normalize=req.normalize)
+            future = engine.submit_embeddings(list(req.inputs), normalize=req.normalize)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an error event
             future.set_exception(exc)
 
@@ -445,7 +589,7 @@ class Daemon:
             conn, request_id, future = self._answers.popleft()
             if conn.sock.fileno() < 0:
                 continue  # its client is gone
-            conn.embeds -= 1
+            conn.pending -= 1
             conn.asked = time.monotonic()
             if future.cancelled():
                 continue
@@ -473,21 +617,26 @@ class Daemon:
                 req.id, P.E_LIMIT_004,
                 f"at most {self.config.max_inflight} requests in flight per connection"))
             return
-        conn.requests[req.id] = _Entry(req.stream)
-        if req.quick_to_submit:
-            self._submit(conn, req)
-        else:
-            self._submitter.submit(self._submit, conn, req)
+        entry = conn.requests[req.id] = _Entry(req.stream)
 
-    def _submit(self, conn: _Connection, req: P.GenerateRequest) -> None:
+        def submit(engine: Engine) -> Future | None:
+            entry.engine = engine
+            if req.quick_to_submit:
+                self._submit(conn, req, engine)
+                return None
+            return self._submitter.submit(self._submit, conn, req, engine)
+
+        self._with_model(conn, req.id, req.model, submit,
+                         failed=lambda exc: self._ready.append((conn, req.id, exc)))
+
+    def _submit(self, conn: _Connection, req: P.GenerateRequest, engine: Engine) -> None:
         """On the submit pool (or here, for a short prompt): tokenise and queue; the result
         goes back through _ready."""
         try:
-            handle = self.engine.submit(req.engine_prompt, req.params, priority=req.priority,
-                                        app=req.app or conn.app, weight=req.weight,
-                                        tools=req.tools, tool_choice=req.tool_choice,
-                                        response_format=req.response_format,
-                                        grammar=req.grammar)
+            handle = engine.submit(req.engine_prompt, req.params, priority=req.priority,
+                                   app=req.app or conn.app, weight=req.weight,
+                                   tools=req.tools, tool_choice=req.tool_choice,
+                                   response_format=req.response_format, grammar=req.grammar)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an error event
             self._ready.append((conn, req.id, exc))
             self._wake()
@@ -533,8 +682,8 @@ class Daemon:
             entry.handle = item
             if entry.cancelled:
                 item.cancel()
-            elif entry.priority is not None:
-                self.engine.set_priority(item, entry.priority)
+            elif entry.priority is not None and entry.engine is not None:
+                entry.engine.set_priority(item, entry.priority)
         events, result = item.drain()
         if entry.stream:
             for ev in events:
@@ -648,7 +797,8 @@ class Daemon:
         now = time.monotonic()
         limit = now - self.config.idle_timeout_s
         for conn in [c for c in self._conns.values()
-                     if not c.requests and not c.closing and c.last_active < limit]:
+                     if not c.requests and not c.pending and not c.closing
+                     and c.last_active < limit]:
             self._fail(conn, P.E_IDLE_001,
                        f"closed after {self.config.idle_timeout_s:g} s without a request")
         frame = self.config.frame_timeout_s
@@ -664,14 +814,20 @@ class Daemon:
         return self.engine.snapshot()
 
     def health(self) -> dict:
-        """Whether it serves, and what `uma status` shows: the engine's slots, queue, load
-        and memory, with the daemon's own figures."""
-        failure = self.engine.failure
+        """Whether it serves, and what `uma status` shows: the first model's slots, queue,
+        load and memory (else the most recently used model's), the loaded models, and the
+        daemon's own figures."""
+        loaded = self.host.loaded()
+        shown = self.host.find(self.first) or (loaded[0] if loaded else None)
+        failures = [(e.name, e.engine.failure) for e in loaded
+                    if e.engine.failure is not None]  # type: ignore[attr-defined]
+        rpc = self.engine.config.rpc
         return {
-            **self.engine.status(),
-            "status": "failed" if failure else "draining" if self._stopping else "ok",
-            **({"error": failure} if failure else {}),
-            **({"rpc": list(self.engine.config.rpc)} if self.engine.config.rpc else {}),
+            **(shown.engine.status() if shown is not None else {"model": None}),
+            "status": "failed" if failures else "draining" if self._stopping else "ok",
+            **({"error": failures[0][1]} if failures else {}),
+            "loaded": [e.name for e in loaded],
+            **({"rpc": list(rpc)} if rpc else {}),
             "uptime_s": round(time.monotonic() - self._started, 3),
             "connections": len(self._conns), "requests_in_flight": self._in_flight(),
             "backends": list(_core.backends()), "pid": os.getpid(),
@@ -721,6 +877,9 @@ class Daemon:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.config.socket)
         self._submitter.shutdown(wait=True, cancel_futures=True)
+        self._loader.shutdown(wait=True, cancel_futures=True)  # a load in flight is cancelled
+        if self._own_host:
+            self.host.close(keep=self.engine)  # the models it loaded; the first is the caller's
         self._sel.close()
         for fd in {self._wake_r, self._wake_w}:
             os.close(fd)

@@ -59,6 +59,7 @@ from uma.host import Loaded, ModelHost
 from uma.model_dir import ModelFile, list_models
 from uma.priority import Priority
 from uma.server import models_api, ollama_api, prometheus
+from uma.server.hosting import host_for
 from uma.server.http_limits import LimitedH11Protocol
 from uma.server.infill_api import InfillFormat, parse_infill
 from uma.server.openai_api import (
@@ -91,10 +92,13 @@ _ALWAYS = ("/health", "/metrics")  # answered while the gateway drains
 
 
 def create_app(engine: Engine, config: ServerConfig,
-               metrics_source: Iterable[prometheus.Metric] | None = None) -> Starlette:
+               metrics_source: Iterable[prometheus.Metric] | None = None,
+               host: tuple[ModelHost, str] | None = None) -> Starlette:
     """The gateway's ASGI app over `engine`, with config's limits and API key. /metrics renders
-    metrics_source (default: the engine's Registry) on every scrape."""
-    api = _Api(engine, config, metrics_source)
+    metrics_source (default: the engine's Registry) on every scrape. host: the daemon's model
+    host and the name of `engine`'s model in it (uma.server.hosting.host_for), shared with
+    the socket; None makes one of the gateway's own."""
+    api = _Api(engine, config, metrics_source, host)
     routes = [
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
@@ -163,24 +167,18 @@ class _Api:
     """The routes' shared state: the models, the limits and the gateway's own counters."""
 
     def __init__(self, engine: Engine, config: ServerConfig,
-                 metrics_source: Iterable[prometheus.Metric] | None) -> None:
+                 metrics_source: Iterable[prometheus.Metric] | None,
+                 host: tuple[ModelHost, str] | None = None) -> None:
         self.config = config
         self.max_body = config.http_max_body_bytes
         self.body_timeout_s = config.http_body_timeout_s
         self.models_dir = config.models_dir  # None: the model cache (uma.model_dir)
         self.first_path = engine.config.model  # the model `uma run` names: the default
-        first = list_models(self.models_dir, (self.first_path,))[0]
-        self.first = first.name
-        self.host = ModelHost(
-            lambda file: Engine.from_config(
-                dataclasses.replace(engine.config, model=str(file.path)),
-                calibrate=not self.host.loaded()),
-            lambda: list_models(self.models_dir, (self.first_path,)),
-            max_loaded=config.max_loaded,
-            keep_alive_s=None if config.keep_alive_s < 0 else config.keep_alive_s)
-        self.host.add(engine, first)
+        # the daemon's host, shared with the socket; a gateway on its own makes its own
+        self.own_host = host is None
+        self.host, self.first = host_for(engine, config) if host is None else host
         self.first_engine = engine  # the caller's: it closes it
-        self._models: dict[str, _Model] = {first.name: _Model(engine, config, first.name)}
+        self._models: dict[str, _Model] = {self.first: _Model(engine, config, self.first)}
         self.metrics_source = engine.metrics if metrics_source is None else metrics_source
         self.stopping = False  # set when the gateway drains: new requests get 503 (Draining)
         self.live = _Live()  # requests being answered, for cancel_all and the drain
@@ -206,12 +204,11 @@ class _Api:
         name = body.get("model") if type(body) is dict else None
         if type(name) is not str or not name:  # no model, or one the parser refuses
             name = self.first
-        name = self._canonical(name)
         entry = self.host.hold(name, keep_alive_s=keep_alive)
         if entry is not None:
             return self._view(entry), entry
         listing = await asyncio.to_thread(list_models, self.models_dir, (self.first_path,))
-        found = models_api.find(listing, name)
+        found = models_api.find(listing, self.host.canonical(name))
         if found is None or not found.usable:
             raise models_api.not_served(name, [e.name for e in self.host.loaded()], listing,
                                         tag=tag)
@@ -221,14 +218,6 @@ class _Api:
         except Exception as exc:  # noqa: BLE001 - each one has its HTTP answer
             raise error_for(exc) from exc
         return self._view(entry), entry
-
-    def _canonical(self, name: str) -> str:
-        """The listing name of the loaded model a request's `model` names by any of its names
-        (its file's, with or without a tag); the name as given otherwise."""
-        for model in list(self._models.values()):
-            if model.answers_to(name):
-                return model.name
-        return name
 
     @contextlib.asynccontextmanager
     async def _using(self, body: object, *, tag: str = "",
@@ -450,7 +439,7 @@ class _Api:
         """POST /unload {"model": NAME}: unloads a loaded model; 409 while it has requests
         (they are never cut off), 404 where it is not loaded."""
         body = await _read_json(request, self.max_body, self.body_timeout_s)
-        name = self._canonical(_model_field(body))
+        name = self.host.canonical(_model_field(body))
         try:
             await asyncio.to_thread(self.host.unload, name)
         except Exception as exc:  # noqa: BLE001 - each one has its HTTP answer
@@ -808,16 +797,17 @@ class HttpGateway:
 
     def __init__(self, engine: Engine, config: ServerConfig,
                  metrics_source: Iterable[prometheus.Metric] | None = None,
-                 sock: socket.socket | None = None) -> None:
+                 sock: socket.socket | None = None,
+                 host: tuple[ModelHost, str] | None = None) -> None:
         """sock: the listening socket from bind_http(config.http), bound before the model
-        loaded; None binds it in start()."""
+        loaded; None binds it in start(). host: as create_app's."""
         if config.http is None:
             raise InvalidRequestError("the config has no http address")
         self.host, self.port = parse_http_address(config.http)
         self._sock = sock
         if sock is not None:
             self.port = sock.getsockname()[1]
-        self.app = create_app(engine, config, metrics_source)
+        self.app = create_app(engine, config, metrics_source, host)
         self._grace = config.grace_s
         self._max_connections = config.http_max_connections
         self._header_timeout_s = config.http_header_timeout_s
@@ -861,7 +851,9 @@ class HttpGateway:
             raise TimeoutError(f"the HTTP gateway did not start in {timeout} s")
         if self._failure is not None:
             raise UmaError(f"the HTTP gateway failed to start: {self._failure!r}")
-        self.app.state.api.host.start_expiry()
+        api = self.app.state.api
+        if api.own_host:  # a shared host is its owner's to run
+            api.host.start_expiry()
 
     def _run(self, sock: socket.socket) -> None:
         try:
@@ -917,7 +909,8 @@ class HttpGateway:
         if self._thread.is_alive():
             raise TimeoutError("the HTTP gateway did not stop in time")
         api = self.app.state.api
-        api.host.close(keep=api.first_engine)  # the models it loaded; the caller's is its own
+        if api.own_host:  # the models it loaded; the caller's engine is the caller's
+            api.host.close(keep=api.first_engine)
 
 
 class _Server(uvicorn.Server):

@@ -139,14 +139,23 @@ def serve(conf: Settings, say=None) -> int:
         engine.close()
         return abandon(0)
 
-    # 3. Serving.
-    daemon = Daemon(engine, conf.server, listener=listener)
+    # 3. Serving. One model host behind both doors: the first model, and those of the model
+    # directory loaded on demand (each load and unload told on stderr).
+    from uma.server.hosting import host_for
+
+    try:
+        host = host_for(engine, conf.server, say=lambda line: say(f"uma: {line}"))
+    except (UmaError, OSError) as exc:
+        engine.close()
+        say(f"uma: {_sentence(exc)}")
+        return abandon(1)
+    daemon = Daemon(engine, conf.server, listener=listener, host=host)
     gateway = None
     try:
         if http_sock is not None:
             from uma.server.http import HttpGateway
 
-            gateway = HttpGateway(engine, conf.server, sock=http_sock)
+            gateway = HttpGateway(engine, conf.server, sock=http_sock, host=host)
             gateway.start()
             daemon.on_stop = gateway.stop_soon  # `uma stop` drains HTTP too
         daemon.bind()
@@ -175,6 +184,7 @@ def serve(conf: Settings, say=None) -> int:
     notify_systemd("READY=1")
     if scorecards is not None:
         scorecards.start(engine)
+    host[0].start_expiry()
     try:
         daemon.serve_forever()
     finally:
@@ -186,6 +196,7 @@ def serve(conf: Settings, say=None) -> int:
                 gateway.stop()
             except TimeoutError as exc:
                 say(f"uma: {exc}; closing anyway")
+        host[0].close(keep=engine)  # the models loaded on demand
         engine.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -13,6 +13,7 @@ import difflib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import EllipsisType
 from typing import Any
 
 from uma import embeddings as uma_embeddings
@@ -158,6 +159,7 @@ class GenerateRequest:
     # what the output must match (uma.grammar): OpenAI's response_format, or GBNF
     response_format: dict[str, Any] | None = None
     grammar: str | None = None
+    model: str | None = None  # a model of the daemon's directory (None: the one it started with)
 
     @property
     def engine_prompt(self) -> str | tuple[dict[str, Any], ...] | tuple[int, ...]:
@@ -243,6 +245,7 @@ class TokenizeRequest:
     text: str
     add_special: bool = True  # the BOS token the model adds to a prompt
     parse_special: bool = False  # special-token text (<|im_start|>) as those tokens
+    model: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +254,7 @@ class DetokenizeRequest:
 
     id: str
     tokens: tuple[int, ...]
+    model: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +265,7 @@ class EmbedRequest:
     id: str
     inputs: tuple[str | list[int], ...]  # texts and token lists
     normalize: bool = True  # unit-length vectors
+    model: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,9 +276,38 @@ class StopRequest:
     id: str | None = None  # echoed in the answer when given
 
 
+@dataclass(frozen=True, slots=True)
+class LoadRequest:
+    """Load a model of the daemon's directory (at once where it is loaded); answered with
+    progress events while it loads, then a loaded event. keep_alive_s: how long it stays idle
+    before it is unloaded (None: until unloaded; ... the daemon's keep_alive setting)."""
+
+    id: str
+    model: str
+    keep_alive_s: float | None | EllipsisType = ...
+
+
+@dataclass(frozen=True, slots=True)
+class UnloadRequest:
+    """Unload a loaded model, refused (E_BUSY_001) while it has requests; answered with an
+    unloaded event."""
+
+    id: str
+    model: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelsRequest:
+    """Ask what is loaded (`uma ps`); answered with a models event."""
+
+    id: str | None = None
+
+
 Request = (GenerateRequest | CancelRequest | PriorityRequest | ConfigureRequest | MetricsRequest
            | ScorecardRequest | HealthRequest | StopRequest | TokenizeRequest | DetokenizeRequest
-           | EmbedRequest)
+           | EmbedRequest | LoadRequest | UnloadRequest | ModelsRequest)
+
+MAX_MODEL_CHARS = 256  # a model's name: a listing name, a file's name or a catalogue name
 
 _SAMPLER_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "frequency_penalty",
@@ -286,7 +320,7 @@ _FIELDS = {
         "priority", "logprobs", "top_logprobs", "ignore_eos", "cache_prompt", "parse_special",
         "app", "weight",
         "tools",
-        "tool_choice", "response_format", "grammar",
+        "tool_choice", "response_format", "grammar", "model",
     }),
     "cancel": frozenset({"type", "id"}),
     "priority": frozenset({"type", "id", "priority"}),
@@ -295,9 +329,12 @@ _FIELDS = {
     "scorecard": frozenset({"type", "id"}),
     "health": frozenset({"type", "id"}),
     "stop": frozenset({"type", "id"}),
-    "tokenize": frozenset({"type", "id", "text", "add_special", "parse_special"}),
-    "detokenize": frozenset({"type", "id", "tokens"}),
-    "embed": frozenset({"type", "id", "input", "normalize"}),
+    "tokenize": frozenset({"type", "id", "text", "add_special", "parse_special", "model"}),
+    "detokenize": frozenset({"type", "id", "tokens", "model"}),
+    "embed": frozenset({"type", "id", "input", "normalize", "model"}),
+    "load": frozenset({"type", "id", "model", "keep_alive"}),
+    "unload": frozenset({"type", "id", "model"}),
+    "ps": frozenset({"type", "id"}),
 }
 
 
@@ -341,7 +378,15 @@ def parse_request(msg: dict, limits: RequestLimits,
         if kind == "embed":
             return _parse_embed(msg, limits)
         if kind == "detokenize":
-            return DetokenizeRequest(_id(msg, required=True), _tokens(msg.get("tokens"), limits))
+            return DetokenizeRequest(_id(msg, required=True), _tokens(msg.get("tokens"), limits),
+                                     _model(msg))
+        if kind == "load":
+            return LoadRequest(_id(msg, required=True), _model(msg, required=True),
+                               _keep_alive(msg.get("keep_alive")))
+        if kind == "unload":
+            return UnloadRequest(_id(msg, required=True), _model(msg, required=True))
+        if kind == "ps":
+            return ModelsRequest(_id(msg, required=False))
         return HealthRequest(_id(msg, required=False))
     except ProtocolError as exc:
         exc.request_id = request_id
@@ -388,7 +433,8 @@ def _parse_generate(msg: dict, limits: RequestLimits,
         priority=default_priority if priority is None else _priority(priority),
         app=None if msg.get("app") is None else app_name(msg["app"]),
         weight=None if msg.get("weight") is None else app_weight(msg["weight"]),
-        tools=tools, tool_choice=choice, response_format=response_format, grammar=grammar)
+        tools=tools, tool_choice=choice, response_format=response_format, grammar=grammar,
+        model=_model(msg))
 
 
 def _parse_tokenize(msg: dict, limits: RequestLimits) -> TokenizeRequest:
@@ -402,7 +448,7 @@ def _parse_tokenize(msg: dict, limits: RequestLimits) -> TokenizeRequest:
             if type(msg[name]) is not bool:
                 raise ProtocolError(E_PROTO_003, f"{name} must be a boolean")
             flags[name] = msg[name]
-    return TokenizeRequest(_id(msg, required=True), text, **flags)
+    return TokenizeRequest(_id(msg, required=True), text, **flags, model=_model(msg))
 
 
 def _parse_embed(msg: dict, limits: RequestLimits) -> EmbedRequest:
@@ -420,7 +466,32 @@ def _parse_embed(msg: dict, limits: RequestLimits) -> EmbedRequest:
     normalize = msg.get("normalize")
     if normalize is not None and type(normalize) is not bool:
         raise ProtocolError(E_PROTO_003, "normalize must be a boolean")
-    return EmbedRequest(request_id, tuple(inputs), True if normalize is None else normalize)
+    return EmbedRequest(request_id, tuple(inputs), True if normalize is None else normalize,
+                        _model(msg))
+
+
+def _model(msg: dict, *, required: bool = False) -> str | None:
+    """The model a request names: a name of 1..256 characters (None: the daemon's first)."""
+    value = msg.get("model")
+    if value is None:
+        if required:
+            raise ProtocolError(E_PROTO_003, "missing field 'model'")
+        return None
+    if type(value) is not str or not value or len(value) > MAX_MODEL_CHARS:
+        raise ProtocolError(E_PROTO_003, f"model must be a model's name (a string of 1 to "
+                                         f"{MAX_MODEL_CHARS} characters), not {shown(value)}")
+    return value
+
+
+def _keep_alive(value: object) -> float | None | EllipsisType:
+    """A load's keep_alive: seconds idle before the model is unloaded, a negative number for
+    never (Ollama's), nil for the daemon's setting."""
+    if value is None:
+        return ...
+    if type(value) not in (int, float) or value != value or value in (float("inf"), float("-inf")):
+        raise ProtocolError(E_PROTO_003, f"keep_alive must be a number of seconds (negative: "
+                                         f"until unloaded), not {shown(value)}")
+    return None if value < 0 else float(value)
 
 
 def _parse_configure(msg: dict) -> ConfigureRequest:
@@ -581,7 +652,7 @@ def _utf8_len(text: str) -> int:
 # Plain dicts, built once per token: no validation here, the server passes its own values.
 
 EVENTS = frozenset({"token", "eos", "error", "metrics", "scorecard", "health", "tokens",
-                    "text", "embeddings"})
+                    "text", "embeddings", "progress", "loaded", "unloaded", "models"})
 _EVENT_FIELDS = {
     "token": ("id", "text", "token_ids"),
     "eos": ("id", "reason", "usage", "timings"),
@@ -592,6 +663,10 @@ _EVENT_FIELDS = {
     "tokens": ("id", "tokens"),
     "text": ("id", "text"),
     "embeddings": ("id", "embeddings", "usage", "pooling"),
+    "progress": ("id", "progress"),
+    "loaded": ("id", "loaded"),
+    "unloaded": ("id", "unloaded"),
+    "models": ("id", "models"),
 }
 
 
@@ -665,6 +740,27 @@ def embeddings_event(request_id: str, result: Embeddings) -> dict:
     """The answer to an embed request: one list of floats per input, in order."""
     return {"event": "embeddings", "id": request_id, "embeddings": result.vectors.tolist(),
             "usage": {"prompt_tokens": result.prompt_tokens}, "pooling": result.pooling}
+
+
+def progress_event(request_id: str, fraction: float) -> dict:
+    """How far a load request's model has loaded (0..1); its loaded event follows."""
+    return {"event": "progress", "id": request_id, "progress": fraction}
+
+
+def loaded_event(request_id: str, model: dict) -> dict:
+    """The answer to a load request: the model as a models event lists it, and load_ms (0
+    where it was loaded already)."""
+    return {"event": "loaded", "id": request_id, "loaded": model}
+
+
+def unloaded_event(request_id: str, name: str) -> dict:
+    """The answer to an unload request: the model's name."""
+    return {"event": "unloaded", "id": request_id, "unloaded": name}
+
+
+def models_event(request_id: str | None, models: Sequence[dict]) -> dict:
+    """The answer to a ps request: the loaded models, the most recently used first."""
+    return {"event": "models", "id": request_id, "models": list(models)}
 
 
 def health_event(request_id: str | None, info: dict) -> dict:

@@ -1,0 +1,38 @@
+"""The model host of a daemon: the model `uma run` names, plus the model directory's others
+loaded on demand with the daemon's engine settings. Both doors (the socket and the HTTP
+gateway) share the one host (uma.host), so a model loaded through either serves both."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from uma.config import ServerConfig
+from uma.engine import Engine
+from uma.host import ModelHost, Progress
+from uma.model_dir import ModelFile, list_models
+
+
+def host_for(engine: Engine, config: ServerConfig,
+             say: Callable[[str], None] | None = None) -> tuple[ModelHost, str]:
+    """A host holding `engine` (loaded by the caller, who closes it) under its listing name,
+    which it returns: requests that name no model go to it. say(line): told of each load and
+    unload."""
+    first_path = engine.config.model
+    host: ModelHost
+
+    def listing() -> tuple[ModelFile, ...]:
+        return list_models(config.models_dir, (first_path,))
+
+    def open_model(file: ModelFile, progress: Progress | None) -> Engine:
+        # A model loaded beside others serving starts its cost model from the prior: timing
+        # the device would take the cores from their streams for seconds.
+        return Engine.from_config(dataclasses.replace(engine.config, model=str(file.path)),
+                                  progress=progress, calibrate=not host.loaded())
+
+    host = ModelHost(open_model, listing, max_loaded=config.max_loaded,
+                     keep_alive_s=None if config.keep_alive_s < 0 else config.keep_alive_s,
+                     say=say)
+    first = listing()[0]
+    host.add(engine, first)
+    return host, first.name
