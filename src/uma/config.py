@@ -530,6 +530,7 @@ class ServerConfig:
     models_dir: str | None = None  # GGUF files the listings offer; None: the model cache
     max_loaded: int = 3  # models loaded at once (uma.host)
     keep_alive_s: float = 300.0  # a model loaded on demand stays this long idle (-1: for good)
+    max_loaded_mb: int = 0  # most MB the loaded models' weights and KV caches take (0: no cap)
 
     def __post_init__(self) -> None:
         if not isinstance(self.socket, str) or not self.socket:
@@ -565,6 +566,9 @@ class ServerConfig:
                                           "often a row is written)")
         if not 1 <= checks.integer("max_loaded", self.max_loaded) < 1 << 16:
             raise InvalidRequestError(f"max_loaded must be in [1, 65536), not {self.max_loaded}")
+        if not 0 <= checks.integer("max_loaded_mb", self.max_loaded_mb) < 1 << 32:
+            raise InvalidRequestError(
+                f"max_loaded_mb must be MB in [0, 2**32) (0: no cap), not {self.max_loaded_mb}")
         keep = checks.number("keep_alive", self.keep_alive_s)
         if keep < 0 and keep != -1:
             raise InvalidRequestError(

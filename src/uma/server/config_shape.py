@@ -40,6 +40,7 @@ NESTED: dict[str, str] = {
     "model.models_dir": "models_dir",
     "model.max_loaded": "max_loaded",
     "model.keep_alive": "keep_alive",
+    "model.max_loaded_mb": "max_loaded_mb",
     "model.threads": "threads",
     "model.threads_batch": "threads_batch",
     "model.gpu_layers": "gpu_layers",

@@ -31,6 +31,7 @@ def host_for(engine: Engine, config: ServerConfig,
                                   progress=progress, calibrate=not host.loaded())
 
     host = ModelHost(open_model, listing, max_loaded=config.max_loaded,
+                     memory_cap=config.max_loaded_mb << 20,
                      keep_alive_s=None if config.keep_alive_s < 0 else config.keep_alive_s,
                      say=say)
     first = listing()[0]

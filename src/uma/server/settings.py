@@ -143,6 +143,7 @@ SETTINGS: tuple[Setting, ...] = (
     _s("max_loaded", int, "3", "models loaded at once"),
     _s("keep_alive", float, "300", "idle seconds before a model unloads",
        "keep_alive_s"),
+    _s("max_loaded_mb", int, "0 (no cap)", "most MB the loaded models may take", flag=False),
     _s("socket", str, "$XDG_RUNTIME_DIR/uma.sock, else /tmp/uma-$UID.sock",
        "socket path"),
     _s("max_connections", int, "64", "socket connections at once"),
