@@ -35,7 +35,7 @@ def model_path(name: str) -> Path:
 def run_once(a: Path, b: Path, threads: int, tokens: int, delay_s: float) -> dict:
     files = [ModelFile("a", a, a.stat().st_size, 0.0), ModelFile("b", b, b.stat().st_size, 0.0)]
 
-    def open_model(f: ModelFile) -> Engine:  # as the gateway's host opens one
+    def open_model(f: ModelFile, progress=None) -> Engine:  # as the daemon's host opens one
         return Engine(f.path, n_ctx=1024, n_seq_max=2, n_threads=threads,
                       calibrate=not host.loaded())
 
