@@ -20,11 +20,12 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from uma.engine.background import BackgroundLane
+from uma.engine.device_share import Member
 from uma.engine.scheduler import Scheduler
 from uma.errors import UmaError
 from uma.priority import Priority
 from uma.request import Request
-from uma.sched.state import Plan
+from uma.sched.state import ApartView, Plan
 
 log = logging.getLogger("uma.engine")
 
@@ -41,8 +42,29 @@ class Contexts:
     def __init__(self, streams: Scheduler, lane: BackgroundLane | None) -> None:
         self.streams = streams
         self.lane = lane
-        if lane is not None:  # the streams' policy grants it time (uma.engine.background)
-            streams.apart = lane.view
+        # its part in the device other models' engines share (uma.engine.device_share)
+        self.member: Member | None = None
+        # the streams' policy grants time to the background context (uma.engine.background)
+        # and to a parked follower
+        streams.apart = self._apart
+
+    def _apart(self) -> ApartView | None:
+        """The work the streams' plan may grant time to: the background context's, else
+        another model's engine's that waits for a grant."""
+        view = self.lane.view() if self.lane is not None else None
+        if view is None and self.member is not None:
+            return self.member.neighbour()
+        return view
+
+    def _interactive(self) -> bool:
+        """Whether the streams' context has interactive work, running or queued."""
+        return bool(self.streams.waiting[Priority.INTERACTIVE]) or any(
+            r.priority is Priority.INTERACTIVE for r in self.streams.running.values())
+
+    def rest(self) -> None:
+        """The compute thread waits for work: it leads no one now."""
+        if self.member is not None:
+            self.member.lead(False)
 
     @property
     def schedulers(self) -> tuple[Scheduler, ...]:
@@ -99,14 +121,21 @@ class Contexts:
         """One turn of the compute thread: the streams' tick, and before it the background
         ticks its plan grants time to. arrived: whether a new request came in meanwhile (a
         grant given while no stream decodes ends at its next background tick)."""
-        streams, lane = self.streams, self.lane
-        if lane is None:
+        streams, lane, member = self.streams, self.lane, self.member
+        if member is not None:
+            member.lead(self._interactive())
+            if member.follows():  # another model's streams decode: wait for their grant
+                _guarded(streams, functools.partial(member.follow, arrived))
+                return
+        if lane is None and member is None:
             _guarded(streams, streams.step)
             return
         plan = _guarded(streams, streams.schedule) or Plan.empty()
         grant = plan.notes.apart_ms if plan.notes is not None else 0.0
         away = 0.0
-        if grant > 0:
+        if member is not None and member.offering:
+            away = member.lend(grant)
+        elif grant > 0 and lane is not None:
             done = arrived if not plan.items else _never
             away = _guarded(lane.scheduler, functools.partial(lane.run, grant, done)) or 0.0
         _guarded(streams, functools.partial(streams.tick, plan, away))
@@ -118,6 +147,8 @@ class Contexts:
             self.lane.ctx.abort()
 
     def close(self) -> None:
+        if self.member is not None:
+            self.member.leave()
         self.streams.close()
         if self.lane is not None:
             self.lane.close()

@@ -38,6 +38,7 @@ from uma.embeddings import EmbeddingJob, Embeddings, inputs_of
 from uma.engine import rpc_workers
 from uma.engine.background import BackgroundLane
 from uma.engine.contexts import Contexts
+from uma.engine.device_share import DeviceShare
 from uma.engine.output import OutputStage
 from uma.engine.prefix_cache import KvPrefixCache
 from uma.engine.prefix_disk import DiskTier, state_key
@@ -597,6 +598,8 @@ class Engine:
         while True:
             if busy_since:  # the turn that just ended had requests: active time
                 self._active.inc(time.perf_counter() - busy_since)
+            if contexts.idle:
+                contexts.rest()
             with self._cond:
                 while not (self._inbox or self._poked or self._closing or self._reprioritize
                            or self._jobs or contexts.busy):
@@ -679,6 +682,14 @@ class Engine:
                          model=os.path.basename(self.config.model),
                          latency_cap=self.config.latency_cap, rss_bytes=rss_bytes(),
                          window="since_start" if since is None else "interval")
+
+    def share_device(self, share: DeviceShare) -> None:
+        """Takes turns on the device with the other engines of `share` (the other models a
+        daemon serves): while one of them has interactive requests and this one has only
+        background work, this one runs only in time that one's plan grants it
+        (uma.engine.device_share). Call once, before requests arrive."""
+        if self._contexts.member is None:
+            self._contexts.member = share.join(self._scheduler)
 
     def requests_in_flight(self) -> int:
         """Generation requests queued or running, in either context. Safe from any thread."""

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from uma.config import ServerConfig
 from uma.engine import Engine
+from uma.engine.device_share import DeviceShare
 from uma.host import ModelHost, Progress
 from uma.model_dir import ModelFile, list_models
 
@@ -17,8 +18,11 @@ def host_for(engine: Engine, config: ServerConfig,
              say: Callable[[str], None] | None = None) -> tuple[ModelHost, str]:
     """A host holding `engine` (loaded by the caller, who closes it) under its listing name,
     which it returns: requests that name no model go to it. say(line): told of each load and
-    unload."""
+    unload. The host's engines take turns on the device (uma.engine.device_share): background
+    work on one model runs in the time the streams of another leave it."""
     first_path = engine.config.model
+    share = DeviceShare()
+    engine.share_device(share)
     host: ModelHost
 
     def listing() -> tuple[ModelFile, ...]:
@@ -27,8 +31,10 @@ def host_for(engine: Engine, config: ServerConfig,
     def open_model(file: ModelFile, progress: Progress | None) -> Engine:
         # A model loaded beside others serving starts its cost model from the prior: timing
         # the device would take the cores from their streams for seconds.
-        return Engine.from_config(dataclasses.replace(engine.config, model=str(file.path)),
-                                  progress=progress, calibrate=not host.loaded())
+        opened = Engine.from_config(dataclasses.replace(engine.config, model=str(file.path)),
+                                    progress=progress, calibrate=not host.loaded())
+        opened.share_device(share)
+        return opened
 
     host = ModelHost(open_model, listing, max_loaded=config.max_loaded,
                      memory_cap=config.max_loaded_mb << 20,
