@@ -47,7 +47,7 @@ def phase(sock: str, streams: int, tokens: int, seconds: float, warm_s: float,
         with Client(sock) as c:
             while not stop.is_set():
                 last = None
-                for _ in c.submit(PROMPT, max_tokens=tokens, ignore_eos=True, app=f"chat{i}"):
+                for _ in c.submit(PROMPT, max_tokens=tokens, ignore_eos=True):
                     now = time.perf_counter()
                     if last is not None and now - began > warm_s:
                         gaps[i].append((now - last) * 1e3)
@@ -57,7 +57,7 @@ def phase(sock: str, streams: int, tokens: int, seconds: float, warm_s: float,
         with Client(sock) as c:
             while not stop.is_set():
                 c.generate(prompt, model="b", max_tokens=64, ignore_eos=True,
-                           priority="background", app="batch")
+                           priority="background")
                 jobs[0] += 1
 
     threads = [threading.Thread(target=stream, args=(i,)) for i in range(streams)]

@@ -5,6 +5,8 @@ progress; with no stream anywhere both run freely."""
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
 
@@ -83,3 +85,24 @@ def test_a_closed_engine_leaves_the_share(tiny_path):
         e.share_device(share)
         assert share.members == 1
     assert share.members == 0
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a thread's own priority is Linux's")
+def test_a_model_beside_others_is_read_at_idle_priority_and_serves_at_normal(tiny_moe_path):
+    from uma.config import EngineConfig
+
+    seen: list[int] = []
+
+    def progress(fraction: float) -> bool:
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return True
+
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    with Engine.from_config(EngineConfig(model=str(tiny_moe_path), n_ctx=256, n_seq_max=1,
+                                         n_threads=1), progress=progress,
+                            beside_others=True) as e:
+        assert seen and set(seen) == {19}
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
+        compute = e._thread.native_id
+        assert os.getpriority(os.PRIO_PROCESS, compute) == mine
+        assert len(e.generate("Hello", max_tokens=4, ignore_eos=True).token_ids) == 4

@@ -18,13 +18,14 @@ import importlib
 import itertools
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from types import ModuleType
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -62,6 +63,7 @@ from uma.scorecard import Reading, rss_bytes, scorecard
 from uma.templates import ChatTemplate
 
 log = logging.getLogger("uma.engine")
+T = TypeVar("T")
 
 Progress = Callable[[float], object]  # a load's fraction done; returning False cancels it
 
@@ -96,19 +98,23 @@ class Engine:
 
     @classmethod
     def from_config(cls, config: EngineConfig, *, progress: Progress | None = None,
-                    core: ModuleType | None = None, calibrate: bool = True) -> Engine:
+                    core: ModuleType | None = None, calibrate: bool = True,
+                    beside_others: bool = False) -> Engine:
         """progress: optional callable(fraction) observed while the model loads. core: the
         module with Model, Context, Batch, Sampler and backends (uma._core; tests pass a
         stand-in, uma.testing.fake_core). calibrate: time the device before serving
         (uma.engine.calibration); False starts the cost model from its prior and lets it learn
-        from the first ticks, as a model loaded beside others serving does: its scratch
-        decodes would take the cores from their streams for seconds."""
+        from the first ticks. beside_others: other models serve meanwhile (uma.host), so the
+        device is not timed (its scratch decodes would take the cores from their streams for
+        seconds) and the model and its context are made at the lowest CPU priority
+        (_at_idle_priority)."""
         engine = cls.__new__(cls)
-        engine._start(config, progress, core, calibrate)
+        engine._start(config, progress, core, calibrate and not beside_others, beside_others)
         return engine
 
     def _start(self, config: EngineConfig, progress: Progress | None,
-               core_module: ModuleType | None, calibrate: bool = True) -> None:
+               core_module: ModuleType | None, calibrate: bool = True,
+               quietly: bool = False) -> None:
         # Imported here: the engine's module loads without the compiled core (uma.fake_core).
         core = core_module if core_module is not None else importlib.import_module("uma._core")
         self.config = config
@@ -138,9 +144,10 @@ class Engine:
         # ends with it, and nothing more is served
         self.failure: str | None = None
         self._add_rpc_workers(config, core)
-        self.model = core.Model(config.model, n_gpu_layers=config.n_gpu_layers,
-                                 progress=progress, tensor_split=config.tensor_split,
-                                 n_expert_used=config.n_expert_used)
+        made = _at_idle_priority if quietly else _now
+        self.model = made(lambda: core.Model(
+            config.model, n_gpu_layers=config.n_gpu_layers, progress=progress,
+            tensor_split=config.tensor_split, n_expert_used=config.n_expert_used))
         try:
             self.chat_template = self._chat_template(config.chat_template)
             # constrained decoding; masks on a thread pool where the host's cores are free
@@ -151,12 +158,12 @@ class Engine:
             source = self.chat_template.source
             self.tool_format = uma_tools.format_of(source) if uma_tools.takes_tools(source) \
                 else "generic"
-            self.ctx = core.Context(
+            n_seq = config.n_seq_max + self._cache_seqs(config, core)
+            self.ctx = made(lambda: core.Context(
                 self.model, n_ctx=config.n_ctx, n_batch=config.n_batch, n_ubatch=config.ubatch,
-                n_seq_max=config.n_seq_max + self._cache_seqs(config, core),
-                kv_unified=config.kv_unified, type_k=config.type_k,
+                n_seq_max=n_seq, kv_unified=config.kv_unified, type_k=config.type_k,
                 type_v=config.type_v, flash_attn=config.flash_attn, n_threads=config.n_threads,
-                n_threads_batch=config.n_threads_batch)
+                n_threads_batch=config.n_threads_batch))
         except BaseException:
             self.model.close()
             raise
@@ -783,3 +790,38 @@ class Engine:
         if getattr(self, "_thread", None) is not None and not self._closed:
             with contextlib.suppress(Exception):
                 self.close()
+
+
+def _now(make: Callable[[], T]) -> T:
+    return make()
+
+
+def _at_idle_priority(make: Callable[[], T]) -> T:
+    """make() on a thread of its own at the lowest CPU priority, for a model loading beside
+    others that serve. Reading a model (its vocabulary, repacking its weights for the CPU's
+    kernels) keeps a core busy for most of a second: at normal priority that thread took a
+    core from a serving model's decode threads, which wait for each other at every step of the
+    graph, and stalled its stream for up to 190 ms (16x its p95); at the lowest it runs in the
+    time they leave, and the worst gap stayed within 2x (docs/results/several-models.md). Its
+    own thread because on Linux a thread's priority is its own and cannot be raised back
+    (the compute thread, started later from the caller's thread, keeps normal priority).
+    Elsewhere it is made at once."""
+    if sys.platform != "linux":
+        return make()
+    out: list[Any] = []
+
+    def run() -> None:
+        with contextlib.suppress(OSError):  # not allowed here: made at normal priority
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        try:
+            out.append((True, make()))
+        except BaseException as exc:  # noqa: BLE001 - raised again on the caller's thread
+            out.append((False, exc))
+
+    thread = threading.Thread(target=run, name="uma-load", daemon=True)
+    thread.start()
+    thread.join()
+    ok, value = out[0]
+    if not ok:
+        raise value
+    return cast(T, value)

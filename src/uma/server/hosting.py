@@ -29,10 +29,10 @@ def host_for(engine: Engine, config: ServerConfig,
         return list_models(config.models_dir, (first_path,))
 
     def open_model(file: ModelFile, progress: Progress | None) -> Engine:
-        # A model loaded beside others serving starts its cost model from the prior: timing
-        # the device would take the cores from their streams for seconds.
+        # A model loaded beside others serving is read at idle priority and starts its cost
+        # model from the prior (timing the device would take the cores for seconds).
         opened = Engine.from_config(dataclasses.replace(engine.config, model=str(file.path)),
-                                    progress=progress, calibrate=not host.loaded())
+                                    progress=progress, beside_others=bool(host.loaded()))
         opened.share_device(share)
         return opened
 
