@@ -508,10 +508,42 @@ def vulkan() -> Path:
          "command": 'PARTS="decode cuda" bash benches/device/vulkan.sh'}])
 
 
+def several_models() -> Path:
+    """A stream's worst gap while another model loads (× its p95 alone), and three streams' p95
+    beside another model's background batch (× alone), before and after, each run a dot."""
+    real = "A SmolLM2-135M-Instruct Q4_1, B Gemma 3 270M Q4_K_M"
+    load = {side: [result(f"model_load_pause_cpu_smollm2_gemma_{side}_{i}.json")["runs"][0]
+                   ["ratio"] for i in (1, 2, 3)] for side in ("before", "after")}
+    batch = {side: [result(f"two_models_cpu_smollm2_gemma_{side}_{i}.json")["runs"][0]["ratio"]
+                    for i in (1, 2, 3)] for side in ("before", "after")}
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, got, target, title in (
+            (axes[0], load, 2.0, "A's worst gap while B loads, × A's p95 alone"),
+            (axes[1], batch, 1.2, "A's p95 beside B's background batch, × alone")):
+        heights = {"": [statistics.median(got[side]) for side in ("before", "after")]}
+        xs = grouped_bars(ax, ["before", "after"], heights, {"": [got["before"], got["after"]]},
+                          colours={"": UMA})
+        label_ratios(ax, xs[0], [max(v) for v in (got["before"], got["after"])],
+                     heights[""])
+        ax.axhline(target, color="tab:red", ls="--", lw=1, label=f"target {target:g}x")
+        ax.axhline(1.0, color="black", lw=0.6)
+        ax.set_ylim(0, max(got["before"]) * 1.15)
+        ax.set_title(f"{title}\nmedian of 3 runs; dots: each run", fontsize=9, loc="left")
+        ax.legend(fontsize=7, loc="upper right")
+    return save(fig, "several-models", [
+        {"data": "benches/results/model_load_pause_cpu_smollm2_gemma_*.json", "machine": CPU2,
+         "model": real, "date": "2026-11-28", "commit": "before 664ecd6, after 3db35b9",
+         "command": "python benches/model_load_pause.py --model-a smollm2 --model-b "
+                    "gemma3-270m --runs 1", "note": FROM_PAGE},
+        {"data": "benches/results/two_models_cpu_smollm2_gemma_*.json", "machine": CPU2,
+         "model": real, "date": "2026-11-28", "commit": "before 57c6680, after 664ecd6",
+         "command": "python benches/two_models.py --runs 1 --seconds 30"}])
+
+
 PAGES = {"constrained-decoding": constrained_decoding, "decode-throughput": decode_throughput,
          "fair-share": fair_share, "gpu-speed": gpu_speed, "micro-benchmarks": micro_benchmarks,
          "overhead": overhead, "prefix-reuse": prefix_reuse, "rpc-split": rpc_split,
-         "vulkan": vulkan}
+         "several-models": several_models, "vulkan": vulkan}
 
 if __name__ == "__main__":
     unknown = [p for p in sys.argv[1:] if p not in PAGES]

@@ -17,7 +17,6 @@ One host serves both doors of a daemon (the Unix socket and the HTTP gateway): `
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import threading
 import time
@@ -26,9 +25,9 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import EllipsisType
-from typing import Any, Protocol
+from typing import Protocol
 
-from uma import catalog
+from uma import catalog, heap
 from uma.errors import ModelBusyError, ModelLoadError, ModelNotFoundError, ModelsFullError
 from uma.model_dir import ModelFile
 
@@ -329,7 +328,7 @@ class ModelHost:
                 return False
             del self._loaded[entry.name]
         entry.engine.close()
-        _trim_heap()
+        heap.trim()
         if why:
             self._say(f"unloaded {entry.name} ({why})")
         return True
@@ -359,24 +358,6 @@ class ModelHost:
         for entry in self.loaded():
             if entry.engine is not keep:
                 self._close(entry, idle=False)
-
-
-def _trim_heap() -> None:
-    """Hands the memory an unloaded model freed back to the system. glibc keeps freed heap in
-    each thread's arena for reuse, and the threads that loaded and ran a model are gone: without
-    this the daemon's resident memory grew with every load and unload cycle, by a megabyte
-    or so each. Elsewhere (musl, macOS) there is nothing to do."""
-    global _malloc_trim
-    if _malloc_trim is None:
-        try:
-            _malloc_trim = ctypes.CDLL(None).malloc_trim
-        except (AttributeError, OSError):
-            _malloc_trim = False
-    if _malloc_trim:
-        _malloc_trim(0)
-
-
-_malloc_trim: Any = None  # glibc's malloc_trim, False where there is none; looked up once
 
 
 def size(n_bytes: int) -> str:

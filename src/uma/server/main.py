@@ -21,7 +21,7 @@ import sys
 import threading
 from pathlib import Path
 
-from uma import _core
+from uma import _core, heap
 from uma.errors import UmaError
 from uma.server.settings import Settings
 
@@ -42,6 +42,7 @@ def serve(conf: Settings, say=None) -> int:
     from uma.server.daemon import Daemon, bind_socket
 
     say = say or (lambda text: print(text, file=sys.stderr, flush=True))
+    heap.limit_arenas()  # models come and go for the daemon's life (uma.heap)
     logging.basicConfig(level=_LOG_LEVELS[conf.log_level],
                         format="uma: %(levelname)s %(name)s: %(message)s")
     _core.set_log_level(conf.log_level if conf.log_level != "warn" else "error")
