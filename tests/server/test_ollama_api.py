@@ -172,8 +172,3 @@ def test_tool_calls_come_back_with_their_arguments_as_objects():
     assert answer.calls(calls)["message"]["tool_calls"][0]["function"]["name"] == "f"
 
 
-@pytest.mark.parametrize("description, level", [
-    ("llama 135M Q4_1", "Q4_1"), ("gemma3 270M Q4_K - Medium", "Q4_K_M"),
-    ("llama ?B all F32", "F32"), ("llama 8B Q8_0", "Q8_0")])
-def test_the_quantisation_is_named_as_ollama_names_it(description, level):
-    assert O.quantization(description) == level

@@ -136,7 +136,8 @@ class _Model:
     """A loaded model as the routes use it: its engine, the names it answers to, what the
     listings say of it and the limits of its requests."""
 
-    def __init__(self, engine: Engine, config: ServerConfig, name: str) -> None:
+    def __init__(self, engine: Engine, config: ServerConfig, entry: Loaded) -> None:
+        name = entry.name
         self.engine = engine
         self.name = name  # its name in the model directory (uma.model_dir)
         self.limits = RequestLimits(
@@ -147,7 +148,9 @@ class _Model:
         self.model_id = name  # what the OpenAI answers and listings call it
         self.created = int(os.path.getmtime(engine.config.model))
         self.served = ollama_api.Served(stem, (*catalog.names_of(engine.config.model), name))
-        self.facts = _model_facts(engine, self.served, self.created)
+        # its quantisation as the directory's listing reads it from the file (uma.model_dir)
+        self.facts = _model_facts(engine, self.served, self.created,
+                                  entry.file.quantization or "")
         self.piece = engine.model.token_to_piece
 
     def named(self, body: object) -> object:
@@ -178,7 +181,9 @@ class _Api:
         self.own_host = host is None
         self.host, self.first = host_for(engine, config) if host is None else host
         self.first_engine = engine  # the caller's: it closes it
-        self._models: dict[str, _Model] = {self.first: _Model(engine, config, self.first)}
+        first_entry = self.host.find(self.first)
+        assert first_entry is not None  # host_for added it
+        self._models: dict[str, _Model] = {self.first: _Model(engine, config, first_entry)}
         self.metrics_source = engine.metrics if metrics_source is None else metrics_source
         self.stopping = False  # set when the gateway drains: new requests get 503 (Draining)
         self.live = _Live()  # requests being answered, for cancel_all and the drain
@@ -193,7 +198,7 @@ class _Api:
     def _view(self, entry: Loaded) -> _Model:
         model = self._models.get(entry.name)
         if model is None or model.engine is not entry.engine:
-            model = self._models[entry.name] = _Model(entry.engine, self.config, entry.name)
+            model = self._models[entry.name] = _Model(entry.engine, self.config, entry)
         return model
 
     async def _held(self, body: object, *, tag: str = "",
@@ -1017,7 +1022,7 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-def _model_facts(engine: Engine, served: ollama_api.Served, created: int
+def _model_facts(engine: Engine, served: ollama_api.Served, created: int, quantization: str
                  ) -> ollama_api.ModelFacts:
     """What Ollama's lists say of the loaded model (it does not change while served)."""
     model = engine.model
@@ -1025,7 +1030,7 @@ def _model_facts(engine: Engine, served: ollama_api.Served, created: int
         served=served, size_bytes=os.path.getsize(engine.config.model),
         modified_at=ollama_api.rfc3339(created),
         architecture=model.architecture, n_params=model.n_params,
-        quantization=ollama_api.quantization(model.description),
+        quantization=quantization,
         n_ctx_train=model.n_ctx_train, n_embd=model.n_embd,
         context=engine.n_ctx_seq, chat_template=model.chat_template)
 

@@ -408,17 +408,6 @@ def rfc3339(seconds: float) -> str:
     return when.isoformat().replace("+00:00", "Z")
 
 
-def quantization(description: str) -> str:
-    """The weights' type as Ollama names it, from llama.cpp's description of the model
-    ("llama 135M Q4_1", "gemma3 270M Q4_K - Medium", "llama ?B all F32")."""
-    words = description.split(" ", 2)
-    kind = words[2] if len(words) == 3 else description
-    kind = kind.removeprefix("all ")
-    for suffix, short in ((" - Small", "_S"), (" - Medium", "_M"), (" - Large", "_L")):
-        kind = kind.replace(suffix, short)
-    return kind
-
-
 def _params(n: int) -> str:
     for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if n >= size:
