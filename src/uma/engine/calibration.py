@@ -8,7 +8,13 @@ decode on a CPU about a quarter slower (docs/results/kv-sweep.md).
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+import os
 import time
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,6 +24,70 @@ from uma.sched.cost import RAGGED_EDGES, ROW_EDGES, WIDE_ROWS, attended
 
 # (prompt tokens, decode rows, cache positions read, KV positions the prompt attends, ms)
 Timed = tuple[int, int, int, int, float]
+
+log = logging.getLogger("uma.engine")
+
+
+def machine_id() -> dict[str, object]:
+    """The machine a timing was taken on: its name, CPU and cores."""
+    import platform
+
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f
+                        if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"node": platform.node(), "arch": platform.machine(), "cpu": cpu,
+            "cores": os.cpu_count()}
+
+
+def build_id(core: Any) -> list[object]:
+    """The compiled core a timing was taken with (its file, as built)."""
+    path = getattr(core, "__file__", None)
+    if not path:
+        return [repr(core)]
+    stat = os.stat(path)
+    return [path, stat.st_size, stat.st_mtime_ns]
+
+
+class KeptTiming:
+    """A device's timing kept across restarts, one file per everything it depends on (`key`:
+    the model file, the context's shape, threads, backends, the build and the machine). The
+    daemon keeps it: its timing took 8-9 s of `uma run`'s start on a 2-core CPU
+    (docs/results/several-models.md), and the cost model goes on learning from every tick, so
+    a kept timing need only be close. Delete the folder to time the device again."""
+
+    def __init__(self, folder: str | os.PathLike[str], key: Mapping[str, object]) -> None:
+        self.key = json.loads(json.dumps(key, sort_keys=True, default=str))
+        digest = hashlib.sha256(json.dumps(self.key, sort_keys=True).encode()).hexdigest()
+        self.path = Path(folder) / f"{digest[:24]}.json"
+
+    def load(self) -> list[Timed] | None:
+        """The kept timing; None where there is none (or it is unreadable, or for another
+        key)."""
+        try:
+            data = json.loads(self.path.read_text())
+            if data["key"] != self.key:
+                return None
+            ticks = [(int(a), int(b), int(c), int(d), float(ms))
+                     for a, b, c, d, ms in data["ticks"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return ticks or None
+
+    def save(self, ticks: list[Timed]) -> None:
+        """Keeps it (written whole, then renamed into place); a folder that cannot be written
+        only costs the next start its timing."""
+        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps({"key": self.key, "ticks": ticks}))
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            log.warning("the device's timing was not kept in %s: %s", self.path.parent, exc)
+            tmp.unlink(missing_ok=True)
 
 
 class DeviceTiming:

@@ -38,6 +38,7 @@ from uma.config import EngineConfig, SamplingParams, check_logit_bias
 from uma.embeddings import EmbeddingJob, Embeddings, inputs_of
 from uma.engine import rpc_workers
 from uma.engine.background import BackgroundLane
+from uma.engine.calibration import KeptTiming, build_id, machine_id
 from uma.engine.contexts import Contexts
 from uma.engine.device_share import DeviceShare
 from uma.engine.output import OutputStage
@@ -91,6 +92,9 @@ class Engine:
     ...     print(engine.generate("Once upon a time", max_tokens=32).text)
     """
 
+    # where the device's timing is kept across starts (from_config's timing_dir)
+    _timing_dir: str | os.PathLike[str] | None = None
+
     def __init__(self, model: str | os.PathLike[str], *, progress: Progress | None = None,
                  core: ModuleType | None = None, calibrate: bool = True,
                  **config: Any) -> None:
@@ -99,7 +103,8 @@ class Engine:
     @classmethod
     def from_config(cls, config: EngineConfig, *, progress: Progress | None = None,
                     core: ModuleType | None = None, calibrate: bool = True,
-                    beside_others: bool = False) -> Engine:
+                    beside_others: bool = False,
+                    timing_dir: str | os.PathLike[str] | None = None) -> Engine:
         """progress: optional callable(fraction) observed while the model loads. core: the
         module with Model, Context, Batch, Sampler and backends (uma._core; tests pass a
         stand-in, uma.testing.fake_core). calibrate: time the device before serving
@@ -107,8 +112,11 @@ class Engine:
         from the first ticks. beside_others: other models serve meanwhile (uma.host), so the
         device is not timed (its scratch decodes would take the cores from their streams for
         seconds) and the model and its context are made at the lowest CPU priority
-        (_at_idle_priority)."""
+        (_at_idle_priority). timing_dir: a folder where the device's timing is kept for the
+        next start with the same model, settings and machine (uma.engine.calibration.
+        KeptTiming; the daemon's), and read from where it was."""
         engine = cls.__new__(cls)
+        engine._timing_dir = timing_dir
         engine._start(config, progress, core, calibrate and not beside_others, beside_others)
         return engine
 
@@ -597,7 +605,7 @@ class Engine:
         # decodes, and calibrating from the constructor's thread left a second pool behind
         # that made every later decode on a CPU about a quarter slower (docs/results/kv-sweep.md).
         if self._calibrate:
-            self._scheduler.calibrate()
+            self._scheduler.calibrate(self._kept_timing())
         if self._lane is not None:  # the same device and weights: the same prices to start
             self._lane.scheduler.adopt_calibration(self._scheduler.calibration_ticks)
         self._ready.set()
@@ -689,6 +697,27 @@ class Engine:
                          model=os.path.basename(self.config.model),
                          latency_cap=self.config.latency_cap, rss_bytes=rss_bytes(),
                          window="since_start" if since is None else "interval")
+
+    def _kept_timing(self) -> KeptTiming | None:
+        """Where the device's timing is kept across starts (from_config's timing_dir), by
+        everything it depends on."""
+        folder = self._timing_dir
+        if folder is None:
+            return None
+        cfg, ctx = self.config, self.ctx
+        try:
+            stat = os.stat(cfg.model)
+        except OSError:
+            return None
+        return KeptTiming(folder, {
+            "model": os.path.realpath(cfg.model), "size": stat.st_size,
+            "mtime_ns": stat.st_mtime_ns, "n_ctx": ctx.n_ctx, "n_seq_max": ctx.n_seq_max,
+            "n_batch": cfg.n_batch, "ubatch": cfg.ubatch, "kv_unified": cfg.kv_unified,
+            "type_k": cfg.type_k, "type_v": cfg.type_v, "flash_attn": cfg.flash_attn,
+            "threads": [cfg.n_threads, cfg.n_threads_batch], "gpu_layers": cfg.n_gpu_layers,
+            "tensor_split": cfg.tensor_split, "rpc": cfg.rpc,
+            "backends": list(self._core.backends()), "core": build_id(self._core),
+            "machine": machine_id()})
 
     def share_device(self, share: DeviceShare) -> None:
         """Takes turns on the device with the other engines of `share` (the other models a

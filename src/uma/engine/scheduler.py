@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from uma.engine.calibration import DeviceTiming
+from uma.engine.calibration import DeviceTiming, KeptTiming
 from uma.engine.output import Ended, Event, Logits, OutputStage, Token
 from uma.engine.prefix_cache import KvPrefixCache
 from uma.engine.runner import Ran, Runner
@@ -194,12 +194,18 @@ class Scheduler:
     def load(self) -> LoadMeter:
         return self.stats.load
 
-    def calibrate(self) -> None:
+    def calibrate(self, kept: KeptTiming | None = None) -> None:
         """Times the device before serving (uma.engine.calibration) and anchors the cost model
-        there; `calibration` shows its progress."""
-        calibration = DeviceTiming(self.ctx, self.runner.batch)
-        self._timing = calibration
-        self.calibration_ticks = calibration.run()
+        there; `calibration` shows its progress. kept: a timing kept from an earlier start,
+        used where it has one (and the new timing kept there where not)."""
+        ticks = kept.load() if kept is not None else None
+        if ticks is None:
+            calibration = DeviceTiming(self.ctx, self.runner.batch)
+            self._timing = calibration
+            ticks = calibration.run()
+            if kept is not None and ticks:
+                kept.save(ticks)
+        self.calibration_ticks = ticks
         if self.calibration_ticks:
             self.cost.calibrate(self.calibration_ticks)
 

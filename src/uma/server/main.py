@@ -22,6 +22,7 @@ import threading
 from pathlib import Path
 
 from uma import _core, heap
+from uma.config import cache_root
 from uma.errors import UmaError
 from uma.server.settings import Settings
 
@@ -120,7 +121,8 @@ def serve(conf: Settings, say=None) -> int:
             if conf.log_level in ("warn", "error"):
                 _core.set_log_level("none")
             try:
-                engine = Engine.from_config(conf.engine, progress=loading)
+                engine = Engine.from_config(conf.engine, progress=loading,
+                                            timing_dir=cache_root() / "timing")
             finally:
                 _core.set_log_level(conf.log_level if conf.log_level != "warn" else "error")
             if stopping.is_set():
