@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from servers import llama_server  # noqa: E402
+from servers import llama_server, memory_kb  # noqa: E402
 from uma import catalog, synth, testing  # noqa: E402
 from uma.client import Client  # noqa: E402
 
@@ -42,6 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def model_path(name: str) -> Path:
+    """A GGUF path as given, a catalogue model by its name (fetched on first use), else a
+    synthetic preset (written on first use)."""
     if name.endswith(".gguf"):
         return Path(name)
     if name in catalog.CATALOG:
@@ -50,11 +52,7 @@ def model_path(name: str) -> Path:
 
 
 def rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
+    return memory_kb(pid)["rss"] * 1024
 
 
 def daemon(a: Path, b: Path, threads: int, folder: Path):

@@ -23,21 +23,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from uma import Engine, catalog, synth  # noqa: E402
+from model_cycles import model_path  # noqa: E402
+from uma import Engine  # noqa: E402
 from uma.config import ServerConfig  # noqa: E402
 from uma.host import ModelHost  # noqa: E402
 from uma.model_dir import list_models  # noqa: E402
 from uma.server.hosting import host_for  # noqa: E402
 
 PROMPT = "The history of the printing press begins"
-
-
-def model_path(name: str) -> Path:
-    if name.endswith(".gguf"):
-        return Path(name)
-    if name in catalog.CATALOG:
-        return Path(catalog.resolve(name))
-    return Path(synth.cached_model(name))
 
 
 def run_once(a: Path, b: Path, threads: int, tokens: int, delay_s: float) -> dict:

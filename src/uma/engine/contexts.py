@@ -52,7 +52,7 @@ class Contexts:
         """The work the streams' plan may grant time to: the background context's, else
         another model's engine's that waits for a grant."""
         view = self.lane.view() if self.lane is not None else None
-        if view is None and self.member is not None:
+        if view is None and self.member is not None and not self.member.alone:
             return self.member.neighbour()
         return view
 
@@ -122,6 +122,8 @@ class Contexts:
         ticks its plan grants time to. arrived: whether a new request came in meanwhile (a
         grant given while no stream decodes ends at its next background tick)."""
         streams, lane, member = self.streams, self.lane, self.member
+        if member is not None and member.alone:
+            member = None  # one model loaded: its turns are its own, at no cost
         if member is not None:
             member.lead(self._interactive())
             if member.follows():  # another model's streams decode: wait for their grant

@@ -95,6 +95,12 @@ class Member:
         """Whether its last plan saw a follower's work (its grant goes there)."""
         return self._offered is not None
 
+    @property
+    def alone(self) -> bool:
+        """Whether no other engine shares the device (one model loaded): its turns are its
+        own. Read without the lock: a member joining counts from the next turn."""
+        return len(self._share._members) < 2
+
     def lead(self, leading: bool) -> None:
         """Whether it has interactive work now (each turn, and False when it goes idle)."""
         if leading != self.leading:
