@@ -58,6 +58,14 @@ def peer_speeds(tool: Path, model: Path, pp: int, tg: int, pl: int, threads: int
     return float(rows[-1]["speed_pp"]), float(rows[-1]["speed_tg"])
 
 
+def model_path(spec: str) -> Path:
+    """A GGUF path, a catalogue model's name (fetched on first use) or a synthetic preset
+    (written on first use)."""
+    if Path(spec).exists() or catalog.lookup(spec):
+        return Path(catalog.resolve(spec, print))
+    return synth.cached_model(spec)
+
+
 def engine_run(engine: uma.Engine, vocab: int, pp: int, tg: int, pl: int, seed: int) -> dict:
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(100, vocab - 100, pp).astype(np.int32) for _ in range(pl)]
@@ -112,10 +120,7 @@ def main() -> int:
     ns = ap.parse_args()
 
     tools = ensure_tools(ns.backend)
-    if Path(ns.model).exists() or catalog.lookup(ns.model):
-        model = Path(catalog.resolve(ns.model, print))
-    else:
-        model = synth.cached_model(ns.model)
+    model = model_path(ns.model)
     rows = []
     for pl in (int(x) for x in ns.streams.split(",")):
         n_batch = max(2048, pl * ns.pp) if ns.prompts_together else 2048

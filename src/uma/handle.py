@@ -3,14 +3,20 @@
 The engine's threads push; the caller consumes from any thread or event loop. A handle is a sync
 iterator and an async iterator of `TokenEvent`s (one consumer), `result()` waits for the final
 `Result`, and `cancel()` stops the request at the next token boundary.
+
+Consumers waiting in an event loop are woken through one `_LoopWaker` per loop: the engine's
+output thread hands a loop every handle that became ready while the loop had not yet run, and
+the loop is called once for all of them. With many streams on one loop (the HTTP gateway) that
+is one cross-thread call a burst of tokens instead of one a token, and a loop that falls
+behind under load is called less often, not more.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -94,7 +100,7 @@ class RequestHandle:
         self._lock = threading.Condition(threading.Lock())
         self._events: collections.deque[TokenEvent] = collections.deque()
         self._result: Result | None = None
-        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
+        self._waiters: list[tuple[_LoopWaker, asyncio.Future]] = []
         self._listener: Callable[[RequestHandle], None] | None = None
         self._request: object = None  # the engine's Request, for priority changes
 
@@ -110,10 +116,8 @@ class RequestHandle:
                 self._result = result
             self._lock.notify_all()
             waiters, self._waiters = self._waiters, []
-        for loop, fut in waiters:
-            # A closed loop raises RuntimeError: its consumer is gone, nothing to wake.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_wake, fut)
+        for waker, fut in waiters:
+            waker.wake(fut)
         if self._listener is not None:
             self._listener(self)
 
@@ -161,10 +165,24 @@ class RequestHandle:
                 fut = self._register()
             await fut
 
+    async def take(self) -> list[TokenEvent]:
+        """Waits for an event, then takes every event queued: a consumer that fell behind
+        catches up in one step. [] once the request ended and every event was taken."""
+        while True:
+            with self._lock:
+                if self._events:
+                    events = list(self._events)
+                    self._events.clear()
+                    return events
+                if self._result is not None:
+                    return []
+                fut = self._register()
+            await fut
+
     def _register(self) -> asyncio.Future:
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        self._waiters.append((loop, fut))
+        self._waiters.append((_LoopWaker.of(loop), fut))
         return fut
 
     def __iter__(self):
@@ -191,6 +209,42 @@ class RequestHandle:
             await fut
 
 
-def _wake(fut: asyncio.Future) -> None:
-    if not fut.done():
-        fut.set_result(None)
+class _LoopWaker:
+    """Sets futures of one event loop from other threads, calling the loop once a burst: the
+    first future of a burst schedules the call, the rest join it until the loop runs it."""
+
+    _by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWaker] = \
+        weakref.WeakKeyDictionary()
+    _made = threading.Lock()
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._ready: list[asyncio.Future] = []
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> _LoopWaker:
+        """The loop's waker (called on the loop's own thread)."""
+        waker = cls._by_loop.get(loop)
+        if waker is None:
+            with cls._made:
+                waker = cls._by_loop.setdefault(loop, cls(loop))
+        return waker
+
+    def wake(self, fut: asyncio.Future) -> None:
+        with self._lock:
+            self._ready.append(fut)
+            if len(self._ready) > 1:
+                return  # the call already scheduled sets this one too
+        try:
+            self._loop.call_soon_threadsafe(self._run)
+        except RuntimeError:  # a closed loop: its consumers are gone, nothing to wake
+            with self._lock:
+                self._ready.clear()
+
+    def _run(self) -> None:
+        with self._lock:
+            ready, self._ready = self._ready, []
+        for fut in ready:
+            if not fut.done():
+                fut.set_result(None)

@@ -1,5 +1,6 @@
 """The HTTP gateway's limits: a connection cap, header and body timeouts, a body size limit,
-each configurable (uma.server.http_limits and uma.server.http)."""
+each configurable (uma.server.http_limits and uma.server.http); each test runs on both of
+uvicorn's parsers the gateway may be built on (httptools where installed, h11)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,26 @@ import pytest
 
 from uma import Engine
 from uma.config import ServerConfig
+from uma.server import http_limits
 from uma.server.http import HttpGateway
 
 CAP = 4
+
+
+@pytest.fixture(scope="module", autouse=True, params=["httptools", "h11"])
+def parser(request):
+    """The parser every gateway of this module is built on."""
+    chosen = http_limits.limited_protocol(request.param)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("uma.server.http.limited_protocol", lambda: chosen)
+        yield request.param
+
+
+def test_auto_prefers_httptools_and_names_are_checked():
+    assert http_limits.limited_protocol() is http_limits.LimitedHttpToolsProtocol
+    assert http_limits.limited_protocol("h11") is http_limits.LimitedH11Protocol
+    with pytest.raises(ValueError, match="parser must be"):
+        http_limits.limited_protocol("fast")
 
 
 @pytest.fixture(scope="module")

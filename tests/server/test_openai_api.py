@@ -91,3 +91,39 @@ def test_any_json_value_is_read_or_refused_with_a_400(value):
         assert "not valid Unicode" in exc.message or "nested more than" in exc.message
     else:
         assert json.dumps(body) == json.dumps(json.loads(raw))  # NaN is not equal to itself
+
+
+# --- streamed events ------------------------------------------------------------------------
+
+def _formats():
+    from uma.server.openai_api import ChatFormat, CompletionFormat
+
+    return [CompletionFormat("m", lambda t: b"x"), ChatFormat("m", lambda t: b"x")]
+
+
+@given(st.text())
+def test_a_streamed_token_from_the_template_is_the_same_bytes_as_from_its_object(text):
+    from uma.handle import TokenEvent
+    from uma.server.openai_api import sse
+
+    for fmt in _formats():
+        event = TokenEvent(text, (1,))
+        assert fmt.delta_sse(event) == sse(fmt.delta(event))
+        assert fmt.delta_sse(event) == fmt.delta_sse(event)  # the template kept
+
+
+@pytest.mark.parametrize("text", ["a\x85b", "a\u2028b", "a\u2029b", "\u2028", "é\u2029"])
+def test_an_event_stays_one_line_for_readers_that_split_at_any_line_break(text):
+    # str.splitlines (httpx's aiter_lines) also splits at NEL and the Unicode line and
+    # paragraph separators, which JSON leaves raw: a client cut such an event in two
+    from uma.handle import TokenEvent
+    from uma.server import ollama_api
+    from uma.server.openai_api import sse
+
+    for fmt in _formats():
+        for raw in (fmt.delta_sse(TokenEvent(text, (1,))), sse({"text": text})):
+            lines = raw.decode().splitlines()
+            assert lines == [lines[0], ""] or lines == [lines[0]]
+            assert text in json.dumps(json.loads(lines[0][6:]), ensure_ascii=False)
+    line = ollama_api.line({"response": text}).decode()
+    assert line.splitlines() == [line[:-1]] and json.loads(line) == {"response": text}

@@ -28,7 +28,6 @@ import contextlib
 import dataclasses
 import functools
 import hmac
-import json
 import logging
 import os
 import socket
@@ -60,7 +59,7 @@ from uma.model_dir import ModelFile, list_models
 from uma.priority import Priority
 from uma.server import models_api, ollama_api, prometheus
 from uma.server.hosting import host_for
-from uma.server.http_limits import LimitedH11Protocol
+from uma.server.http_limits import limited_protocol
 from uma.server.infill_api import InfillFormat, parse_infill
 from uma.server.openai_api import (
     ApiError,
@@ -75,6 +74,7 @@ from uma.server.openai_api import (
     parse_detokenize,
     parse_embeddings,
     parse_tokenize,
+    sse,
 )
 from uma.tools import ToolStream
 from uma.wire import protocol as P
@@ -365,10 +365,14 @@ class _Api:
         """NDJSON: a line per piece of text, tool calls in a line of their own, the figures
         last; an error ends the stream with Ollama's error line."""
         calls = self._tool_stream(api_req, model)
-        async for event in handle:
-            text = calls.feed(event.text) if calls is not None else event.text
-            if text:
-                yield ollama_api.line(answer.chunk(text))
+        while events := await handle.take():  # all queued in one write, as _events does
+            lines = []
+            for event in events:
+                text = calls.feed(event.text) if calls is not None else event.text
+                if text:
+                    lines.append(ollama_api.line(answer.chunk(text)))
+            if lines:
+                yield b"".join(lines)
         result = await handle.aresult()
         if result.finish_reason not in _ANSWERED:
             self.errors.inc()
@@ -462,35 +466,41 @@ class _Api:
                       fmt: CompletionFormat | ChatFormat | InfillFormat,
                       api_req: ApiRequest, model: _Model) -> AsyncIterator[bytes]:
         if isinstance(fmt, ChatFormat):
-            yield _sse(fmt.opening())
+            yield sse(fmt.opening())
         logprobs = api_req.generate.params.logprobs
         calls = self._tool_stream(api_req, model)
-        async for event in handle:
-            if calls is not None:
-                event = dataclasses.replace(event, text=calls.feed(event.text))
-            # An event with no text holds a token back (half a character, a possible stop
-            # string); it is shown only when its log-probability was asked for.
-            if event.text or (logprobs and event.token_ids):
-                yield _sse(fmt.delta(event))
+        # Every event queued since the last write goes out in one write: a stream the gateway
+        # fell behind on catches up in one step instead of one write per token.
+        while events := await handle.take():
+            chunk = []
+            for event in events:
+                if calls is not None:
+                    event = dataclasses.replace(event, text=calls.feed(event.text))
+                # An event with no text holds a token back (half a character, a possible stop
+                # string); it is shown only when its log-probability was asked for.
+                if event.text or (logprobs and event.token_ids):
+                    chunk.append(fmt.delta_sse(event))
+            if chunk:
+                yield b"".join(chunk)
         result = await handle.aresult()
         if result.finish_reason not in _ANSWERED:
             # The status line is sent; OpenAI clients raise on a chunk that carries an error.
             # [DONE] still ends it, so that a client reading to it sees the stream end whole,
             # the reason just before (a stream cut by shutdown once ended without it).
             self.errors.inc()
-            yield _sse(_ended_badly(result).body())
+            yield sse(_ended_badly(result).body())
             if fmt.done_marker:
                 yield _DONE
             return
         if calls is not None and isinstance(fmt, ChatFormat):
             rest = calls.finish(result.content if result.tool_calls else None)
             if rest:
-                yield _sse(fmt.delta(TokenEvent(rest, ())))
+                yield sse(fmt.delta(TokenEvent(rest, ())))
             if result.tool_calls:
-                yield _sse(fmt.tool_calls(result))
-        yield _sse(fmt.closing(result))
+                yield sse(fmt.tool_calls(result))
+        yield sse(fmt.closing(result))
         if api_req.include_usage and not isinstance(fmt, InfillFormat):
-            yield _sse(fmt.usage_chunk(result))
+            yield sse(fmt.usage_chunk(result))
         if fmt.done_marker:
             yield _DONE
 
@@ -842,7 +852,7 @@ class HttpGateway:
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(
             self.app, lifespan="off", log_config=None, log_level="warning", access_log=False,
-            http=functools.partial(LimitedH11Protocol, max_connections=self._max_connections,
+            http=functools.partial(limited_protocol(), max_connections=self._max_connections,
                                    header_timeout_s=self._header_timeout_s,
                                    made_room=self._made_room, refused=self._refused),
             # uvicorn's own shutdown begins once the drain is done (stop); what it still
@@ -1044,9 +1054,6 @@ def _ended_badly(result: Result) -> ApiError:
     return error_for(result.error or UmaError("the request failed"))
 
 
-def _sse(obj: dict) -> bytes:
-    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + \
-        b"\n\n"
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:

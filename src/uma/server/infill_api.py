@@ -22,6 +22,7 @@ from uma.server.openai_api import (
     _field,
     _object,
     parse_as_socket,
+    sse,
 )
 from uma.wire import protocol as P
 
@@ -82,6 +83,9 @@ class InfillFormat:
 
     def full(self, result: Result) -> dict:
         return self._final(result, result.text, list(result.token_ids))
+
+    def delta_sse(self, event: TokenEvent) -> bytes:
+        return sse(self.delta(event))
 
     def delta(self, event: TokenEvent) -> dict:
         return {"index": 0, "content": event.text, "tokens": list(event.token_ids),

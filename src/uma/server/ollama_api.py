@@ -27,7 +27,7 @@ from typing import Any
 from uma.errors import shown
 from uma.handle import Result
 from uma.model_dir import ModelFile
-from uma.server.openai_api import ApiError
+from uma.server.openai_api import ApiError, one_line
 from uma.tools import ToolCall
 
 VERSION = "0.12.0"  # the Ollama API version whose endpoints and fields this follows
@@ -275,7 +275,7 @@ def now() -> str:
 
 def line(obj: Mapping[str, Any]) -> bytes:
     """One NDJSON line."""
-    return json.dumps(obj, ensure_ascii=False).encode() + b"\n"
+    return one_line(json.dumps(obj, ensure_ascii=False)).encode() + b"\n"
 
 
 class Answer:

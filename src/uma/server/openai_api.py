@@ -449,6 +449,29 @@ def _json_type(value: object) -> str:
 # --- responses -----------------------------------------------------------------------------------
 
 
+# Characters JSON leaves raw that line readers split on: clients that read a stream with
+# str.splitlines (httpx's iter_lines among them) would cut an event in two at a token holding
+# one. Written escaped, every other character stays raw UTF-8.
+_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def one_line(dumped: str) -> str:
+    """JSON text with the line breaks only str.splitlines knows escaped."""
+    return dumped if dumped.isascii() else dumped.translate(_LINE_BREAKS)
+
+
+def sse(obj: dict) -> bytes:
+    """obj as one server-sent event."""
+    return b"data: " + one_line(json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+                                ).encode() + b"\n\n"
+
+
+# a text no token produces (NUL is never in generated text), whose JSON marks where a delta's
+# text goes in its template
+_MARK = "\x00uma:text\x00"
+_MARK_JSON = json.dumps(_MARK, ensure_ascii=False).encode()
+
+
 class _Format:
     """Builds one request's response objects. piece(token) gives a token's bytes (for
     logprobs); finish reasons other than 'stop' and 'length' never reach here."""
@@ -462,6 +485,22 @@ class _Format:
         self.created = int(time.time())
         self.model_id = model_id
         self._piece = piece
+        self._template: tuple[bytes, bytes] | None = None  # delta_sse's, made at its first
+
+    def delta(self, event: TokenEvent) -> dict:
+        raise NotImplementedError
+
+    def delta_sse(self, event: TokenEvent) -> bytes:
+        """sse(delta(event)). A streamed token is the gateway's most frequent write: without
+        log-probabilities its bytes come from a template made at the first, only the text
+        encoded (the same bytes; tests/server/test_openai_api.py compares them)."""
+        if event.logprobs is not None:
+            return sse(self.delta(event))
+        if self._template is None:
+            head, tail = sse(self.delta(TokenEvent(_MARK, ()))).split(_MARK_JSON)
+            self._template = (head, tail)
+        head, tail = self._template
+        return head + one_line(json.dumps(event.text, ensure_ascii=False)).encode() + tail
 
     def _envelope(self, name: str, choices: list) -> dict:
         return {"id": self.id, "object": name, "created": self.created, "model": self.model_id,
