@@ -27,6 +27,7 @@ UMA, PEER, OTHER = "tab:blue", "tab:orange", "tab:gray"
 FROM_PAGE = "(no info block in the file: these details from the page)"
 CPU2 = "2-core x86_64 CPU, 2 threads"
 H100 = "NVIDIA H100 80GB HBM3, 8 CPU threads"
+H200 = "NVIDIA H200, 16 CPU cores, 8 threads"
 SYNTH_134M = "134M f16, synthetic (uma-synth-134m)"
 SYNTH_1B = "1B f16, synthetic, Llama-3.2-1B shape (uma-synth-1b)"
 
@@ -540,10 +541,41 @@ def several_models() -> Path:
          "command": "python benches/two_models.py --runs 1 --seconds 30"}])
 
 
+def served_pace() -> Path:
+    """Served tokens/s over HTTP and the socket, × the engine in process, at 1, 8 and 32
+    streams: before, after, and after with the daemon's switch interval; each run a dot."""
+    files = {"before": ("before_1", "before_2"), "after": ("after_1",),
+             "after + switch interval": ("switch_1", "switch_2")}
+    streams = [1, 8, 32]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, path in zip(axes, ("uma-http", "uma-socket"), strict=True):
+        runs: dict[str, list[list[float]]] = {}
+        for side, names in files.items():
+            rows = [result(f"served_pace_h200_1b_{n}.json")["rows"] for n in names]
+            runs[side] = [[r for rs in rows for row in rs if row["streams"] == n
+                           for r in row[path]["over_engine"]] for n in streams]
+        heights = {side: [statistics.median(v) for v in got] for side, got in runs.items()}
+        grouped_bars(ax, [f"{n} stream{'s' if n > 1 else ''}" for n in streams], heights, runs,
+                     colours={"before": OTHER, "after": UMA,
+                              "after + switch interval": "tab:green"})
+        ax.axhline(0.9, color="tab:red", ls="--", lw=1, label="target 0.9x")
+        ax.axhline(1.0, color="black", lw=0.6)
+        ax.set_ylim(0.6, 1.2)
+        ax.set_title(f"{'HTTP (httpx, 4 processes)' if path == 'uma-http' else 'Unix socket'}"
+                     f": served tokens/s × uma.Engine's\nmedian; dots: each run", fontsize=9,
+                     loc="left")
+        ax.legend(fontsize=7, loc="lower left")
+    return save(fig, "served-pace", [
+        {"data": "benches/results/served_pace_h200_1b_*.json", "machine": H200,
+         "model": SYNTH_1B, "date": "2026-11-28", "commit": "before 32669ff, after f65f9f6",
+         "command": "python benches/served_pace.py --model 1b --backend cuda --gpu-layers 99 "
+                    "--threads 8 --streams 1,8,32 --repeat 3 --tg 512"}])
+
+
 PAGES = {"constrained-decoding": constrained_decoding, "decode-throughput": decode_throughput,
          "fair-share": fair_share, "gpu-speed": gpu_speed, "micro-benchmarks": micro_benchmarks,
          "overhead": overhead, "prefix-reuse": prefix_reuse, "rpc-split": rpc_split,
-         "several-models": several_models, "vulkan": vulkan}
+         "several-models": several_models, "served-pace": served_pace, "vulkan": vulkan}
 
 if __name__ == "__main__":
     unknown = [p for p in sys.argv[1:] if p not in PAGES]

@@ -32,6 +32,9 @@ _LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warn": logging.WAR
                "error": logging.ERROR, "none": logging.CRITICAL}
 
 
+DAEMON_SWITCH_INTERVAL_S = 0.0005
+
+
 def serve(conf: Settings, say=None) -> int:
     """Runs the daemon until a signal; returns the exit code (0 after a clean stop, also when
     stopped before it was ready; 1 when it could not start). say(text) writes a line to the
@@ -44,6 +47,11 @@ def serve(conf: Settings, say=None) -> int:
 
     say = say or (lambda text: print(text, file=sys.stderr, flush=True))
     heap.limit_arenas()  # models come and go for the daemon's life (uma.heap)
+    # The compute thread takes the interpreter back after every llama.cpp call; while the
+    # HTTP, socket and output threads write tokens, it waits up to the switch interval for it
+    # (5 ms by default, longer than a GPU's whole tick). A shorter interval bounds what the
+    # other threads' bursts add to a tick (docs/results/served-pace.md).
+    sys.setswitchinterval(DAEMON_SWITCH_INTERVAL_S)
     logging.basicConfig(level=_LOG_LEVELS[conf.log_level],
                         format="uma: %(levelname)s %(name)s: %(message)s")
     _core.set_log_level(conf.log_level if conf.log_level != "warn" else "error")
