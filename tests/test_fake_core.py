@@ -672,11 +672,13 @@ def test_overlapped_ticks_hand_a_token_on_with_the_next_decode_but_a_first_token
     assert pending == [[], [], *[[Logits, Token]] * 4]
 
 
-def test_overlapped_ticks_run_a_steady_plan_again_without_asking_the_policy():
+@pytest.mark.parametrize("overlap", ["on", "off"])
+def test_a_steady_plan_runs_again_without_asking_the_policy(overlap):
     """Interactive decoders alone, nothing queued: the policy is asked again only when the
-    running set changes. A background request makes it plan every tick."""
+    running set changes, on overlapped (GPU) and serial (CPU) ticks alike. A background
+    request makes it plan every tick."""
     for priority, steady in (("interactive", True), ("background", False)):
-        with make_engine(overlap="on") as e:
+        with make_engine(overlap=overlap) as e:
             assert e.wait_ready(TIMEOUT)
             ex = e._scheduler
             asked = []

@@ -401,3 +401,34 @@ def test_one_overrun_raises_an_attention_price_at_most_eightfold():
     price = model.estimate.prompt_kv_ms(7)
     model._correct((4, 3, 0, attended(500, 4)), 2000.0, overran=True)
     assert 0 < model.estimate.prompt_kv_ms(7) <= 8 * max(price, BELIEF.per_prefill_ms) + 1e-9
+
+
+def _active_set(model: CostModel, a: np.ndarray, b: np.ndarray, ridge: float) -> np.ndarray:
+    """The constrained fit by the active set alone, pinning negative coefficients at zero."""
+    n = len(b)
+    free, theta = np.ones(n, bool), np.zeros(n)
+    while free.any():
+        m = a[np.ix_(free, free)] + ridge * np.eye(int(free.sum()))
+        sol = np.linalg.solve(m, b[free] + ridge * model._prior[free]
+                              - a[np.ix_(free, ~free)] @ theta[~free])
+        if (sol >= 0).all():
+            theta[free] = sol
+            break
+        idx = np.flatnonzero(free)[sol < 0]
+        free[idx], theta[idx] = False, 0.0
+    return theta
+
+
+@given(st.integers(0, 2**32 - 1), st.booleans())
+def test_the_fit_is_the_constrained_least_squares_whether_or_not_a_coefficient_is_pinned(
+        seed, pinned):
+    model = CostModel()
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(0, 2, (40, model._N))
+    truth = rng.uniform(0.1, 1, model._N)
+    if pinned:  # a coefficient the data wants negative: the fit pins it at zero
+        truth[rng.integers(model._N)] = -3.0
+    a, b = x.T @ x, x.T @ (x @ truth)
+    got = model._solve(a, b, ridge=1e-3)
+    assert (got >= 0).all()
+    np.testing.assert_allclose(got, _active_set(model, a, b, 1e-3), rtol=1e-9, atol=1e-12)

@@ -542,7 +542,7 @@ class Scheduler:
             last_apart_ms=self._apart_ms,
         )
         plan = self.policy.schedule_tick(state)
-        self._steady = plan if self.overlap and self._repeatable(plan) else None
+        self._steady = plan if self._repeatable(plan) else None
         self._steady_at = self._changes
         return plan
 
@@ -550,7 +550,8 @@ class Scheduler:
         """Whether the next ticks may run this plan again without asking the policy: it
         decodes every running request, all interactive, and nothing waits. Until the running
         set changes the policy would plan the same (no prompt work to fit, no background to
-        owe time to), and on a GPU its 0.2-0.5 ms a tick is time the device sits idle."""
+        owe time to), and its 0.2-0.5 ms a tick is time the device sits idle (a GPU) or does
+        not decode (a CPU, whose ticks are serial)."""
         return len(plan.items) == len(self.running) and not any(self.waiting.values()) \
             and all(i.phase is Phase.DECODE for i in plan.items) \
             and all(r.priority is Priority.INTERACTIVE for r in self.running.values())

@@ -301,6 +301,7 @@ class CostModel:
     _STEPS = 6  # the first row step's place among the coefficients
     _RAGGED = _STEPS + len(ROW_EDGES)  # the first ragged price's
     _N = _RAGGED + len(RAGGED_EDGES)
+    _EYE = np.eye(_N)
     # Features are scaled to similar magnitudes before the ridge sees them: a tick has
     # ~1 fixed cost, tens of prompt tokens, a few decoders, a few thousand attended positions.
     _SCALE = np.array([1.0, 1 / 32, 1.0, 1.0, 1.0, 1.0] + [1.0] * (_N - _STEPS))
@@ -333,6 +334,11 @@ class CostModel:
         (a dozen unknowns) that pins negative coefficients at zero and solves the rest again."""
         a_data = self._a if a_data is None else a_data
         b_data = self._b if b_data is None else b_data
+        # Nearly always no coefficient is pinned: one plain solve, without the active set's
+        # index arrays (this runs after every tick).
+        sol = np.linalg.solve(a_data + ridge * self._EYE, b_data + ridge * self._prior)
+        if (sol >= 0).all():
+            return sol
         free = np.ones(self._N, bool)
         theta = np.zeros(self._N)
         for _ in range(self._N):
