@@ -259,6 +259,8 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=32768, help="KV cells on both sides")
     ap.add_argument("--sides", default="uma,llama-server")
     ap.add_argument("--repeat", type=int, default=1, help="runs a side, alternating order")
+    ap.add_argument("--disk-dir", default=None,
+                    help="UMA's prefix cache files here, kept (default: a temporary folder)")
     ap.add_argument("--out", type=Path, default=None)
     ns = ap.parse_args()
     sides = [s.strip() for s in ns.sides.split(",")]
@@ -277,7 +279,7 @@ def main() -> int:
     for r, name in alternating(sides, ns.repeat):
         with ExitStack() as stack:
             if name == "uma":
-                folder = stack.enter_context(tempfile.TemporaryDirectory())
+                folder = ns.disk_dir or stack.enter_context(tempfile.TemporaryDirectory())
                 server = stack.enter_context(uma_server(path, env={
                     "UMA_PREFIX_CACHE_DISK_MB": "4096", "UMA_PREFIX_CACHE_DIR": folder},
                     **common))

@@ -158,12 +158,12 @@ def test_an_entrys_record_goes_with_it_to_host_memory_and_back(model):
         ctx.seq_rm(0)
         assert cache.evict_one() and len(cache) == 0  # copied whole: nothing runs
         ram = cache.index.longest(tokens, "ram").entry
-        assert cache.index.entry(ram).reuses == Reuses(1, frozenset("ab"))
+        assert cache.index.entry(ram).reuses == Reuses(1, frozenset("ab"), matched=100)
         assert cache.reuse(0, prompt, app="c") == 100  # restored: a hit on the snapshot
-        assert cache.index.entry(ram).reuses == Reuses(2, frozenset("abc"))
+        assert cache.index.entry(ram).reuses == Reuses(2, frozenset("abc"), matched=100)
         cache.keep(0, tokens, app="c")
         kv = cache.index.longest(tokens, "kv").entry
-        assert cache.index.entry(kv).reuses == Reuses(2, frozenset("abc"))
+        assert cache.index.entry(kv).reuses == Reuses(2, frozenset("abc"), matched=100)
     finally:
         batch.close()
         ctx.close()
@@ -192,7 +192,7 @@ def test_an_entry_leaving_in_slices_keeps_its_record(model):
         cache.save(float("inf"))
         ram = cache.index.longest(longer[:100], "ram")
         assert ram.length == 100 and cache.ram_bytes > 0
-        assert cache.index.entry(ram.entry).reuses == Reuses(1, frozenset("ab"))
+        assert cache.index.entry(ram.entry).reuses == Reuses(1, frozenset("ab"), matched=100)
     finally:
         batch.close()
         ctx.close()
@@ -515,6 +515,55 @@ def test_the_disk_gets_what_leaves_host_memory_reused_and_the_rest_at_close(mode
         cache.persist()  # what host memory holds, written as it closes
         assert disk.path_of(longer).exists()
         assert not disk.path_of(once).exists() and not disk.path_of(later).exists()
+    finally:
+        disk.close()
+        batch.close()
+        ctx.close()
+
+
+def test_an_entry_reused_for_its_start_goes_to_disk_as_that_start_once(model, tmp_path):
+    """Agents' entries, each a shared system prompt and a question of its own, were reused by
+    other agents for the system prompt only: what leaves host memory for disk is that prompt,
+    one file for both, and reading it back restores it."""
+    ctx = _core.Context(model, n_ctx=1024, n_seq_max=2)
+    batch = _core.Batch(256)
+    disk = DiskTier(tmp_path, "key", 1 << 26)
+    try:
+        cache = KvPrefixCache(ctx, range(1, 2), budget=512, ram_budget=1 << 24, disk=disk)
+        system = np.arange(100, 180, dtype=np.int32)
+
+        def agent(question_start):
+            return np.concatenate([system, np.arange(question_start, question_start + 30,
+                                                     dtype=np.int32)])
+
+        def to_ram(tokens):
+            batch.clear()
+            batch.add_sequence(tokens, 0, 0)
+            ctx.decode(batch)
+            cache.keep(0, tokens, app="a")
+            ctx.seq_rm(0)
+            # another agent: the same system prompt, its own question
+            assert cache.reuse(0, agent(900), app="b") == len(system)
+            ctx.seq_rm(0)
+            assert cache.evict_one()  # copied whole into host memory: nothing runs
+            disk.flush()
+
+        first, second = agent(400), agent(600)
+        to_ram(first)
+        cache.ram_budget = cache.ram_bytes + cache.ram_bytes // 2  # room for one snapshot
+        to_ram(second)  # pushes the first out of host memory: to disk, as the shared prompt
+        disk.flush()
+        assert disk.path_of(system).exists() and not disk.path_of(first).exists()
+        cache.ram_budget = 1 << 24
+        cache.clear()
+        to_ram(agent(700))
+        cache.ram_budget = cache.ram_bytes + cache.ram_bytes // 2
+        to_ram(agent(800))  # the next agent's entry leaves as the same prompt: no new file
+        disk.flush()
+        assert [p.name for p in tmp_path.rglob("*.kv")] == [disk.path_of(system).name]
+        saved = list(disk.read(1 << 26))
+        assert [len(s.tokens) for s in saved] == [len(system)]
+        assert all(p.start < len(system) for p in saved[0].parts)
     finally:
         disk.close()
         batch.close()

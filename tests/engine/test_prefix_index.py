@@ -499,3 +499,11 @@ def test_nested_prefixes_cost_one_visit_per_prefix_on_the_path():
     before = index.node_visits
     assert index.longest(prompt).length == 32_000
     assert index.node_visits - before <= 201
+
+
+def test_a_hit_records_the_longest_prefix_any_reuse_took():
+    from uma.engine.prefix_index import Reuses
+
+    r = Reuses().used_by("a", hit=True, length=40).used_by("b", hit=True, length=25)
+    assert (r.hits, r.matched) == (2, 40)
+    assert r.used_by("c").matched == 40  # a refresh (no hit) leaves it

@@ -199,7 +199,7 @@ class KvPrefixCache:
             return choice.tokens
         if choice.tier == "kv" and kv is not None:
             self.ctx.seq_cp(self._seq_of[kv.entry], seq, 0, choice.tokens)
-            self.index.hit(kv.entry, app)
+            self.index.hit(kv.entry, app, choice.tokens)
             return choice.tokens
         return 0
 
@@ -213,7 +213,7 @@ class KvPrefixCache:
             return False
         self.restore_ms += 1e3 * (time.perf_counter() - start)
         self.ctx.seq_rm(seq, n, -1)
-        self.index.hit(entry, app)
+        self.index.hit(entry, app, n)
         self.restored_bytes += read
         return True
 
@@ -322,15 +322,26 @@ class KvPrefixCache:
         saved = self.index.insert(tokens, "ram", nbytes=nbytes, reuses=reuses)
         self._snapshot[saved] = (tokens, parts)
         for victim in self.index.evictions("ram", self.ram_budget).victims:
-            reused = self.index.entry(victim).reuses.hits > 0
+            reuses = self.index.entry(victim).reuses
             self.index.remove(victim)
             tokens, parts = self._snapshot.pop(victim)
-            # a chat's earlier turn, reused by the next, is held whole by a longer entry
-            if self.disk is not None and reused and self.index.covering(tokens, "ram") is None \
-                    and self.index.covering(tokens, "kv") is None:
-                self.disk.write(tokens, parts)
+            if reuses.hits:
+                self._write_reused(tokens, parts, reuses)
             self.on_evict("ram")
         return True
+
+    def _write_reused(self, tokens: np.ndarray, parts: tuple[Part, ...],
+                      reuses: Reuses) -> None:
+        """Writes the part of a reused entry that was reused: its first `matched` tokens, with
+        the slices holding them (agents' entries, each a shared system prompt and a question
+        of its own, become one file of the shared prompt: the disk writes a prompt it holds
+        only once), unless an entry held in memory holds the whole entry (a chat's earlier
+        turn, reused by the next)."""
+        if self.disk is None or self.index.covering(tokens, "ram") is not None \
+                or self.index.covering(tokens, "kv") is not None:
+            return
+        n = reuses.matched or len(tokens)
+        self.disk.write(tokens[:n], tuple(p for p in parts if p.start < n))
 
     def _release(self, spare: int) -> None:
         """Frees the cells of a spare sequence no running request shares, and the sequence."""

@@ -64,13 +64,15 @@ class Reuses:
 
     hits: int = 0  # prompts admitted with a prefix from it (not inserts or refreshes)
     apps: frozenset[str] = frozenset()  # who inserted or reused it, at most MAX_APPS of them
+    matched: int = 0  # the longest prefix of it a hit reused, in tokens (0: never reused)
 
-    def used_by(self, app: str, hit: bool = False) -> Reuses:
-        """This record once `app` ("": not told) refreshed it, or reused it where `hit`."""
+    def used_by(self, app: str, hit: bool = False, length: int = 0) -> Reuses:
+        """This record once `app` ("": not told) refreshed it, or reused its first `length`
+        tokens where `hit`."""
         apps = self.apps
         if app and app not in apps and len(apps) < MAX_APPS:
             apps = apps | {app}
-        return Reuses(self.hits + hit, apps)
+        return Reuses(self.hits + hit, apps, max(self.matched, length) if hit else self.matched)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -305,10 +307,10 @@ class PrefixIndex:
         `app` ("": not told): not a hit."""
         self._use(self._get(entry), app, hit=False)
 
-    def hit(self, entry: int, app: str = "") -> None:
-        """A prompt of `app` ("": not told) was admitted with a prefix from this entry: it is
-        used now, and its record counts the reuse."""
-        self._use(self._get(entry), app, hit=True)
+    def hit(self, entry: int, app: str = "", length: int = 0) -> None:
+        """A prompt of `app` ("": not told) was admitted with this entry's first `length`
+        tokens: it is used now, and its record counts the reuse and how much of it."""
+        self._use(self._get(entry), app, hit=True, length=length)
 
     def pin(self, entry: int) -> None:
         """A running request depends on this entry: never plan to evict it. Pins count."""
@@ -332,10 +334,10 @@ class PrefixIndex:
 
     # --- the trie -------------------------------------------------------------------------
 
-    def _use(self, e: _Entry, app: str, hit: bool) -> None:
+    def _use(self, e: _Entry, app: str, hit: bool, length: int = 0) -> None:
         self._clock += 1
         e.last_used = self._clock
-        e.reuses = e.reuses.used_by(app, hit)
+        e.reuses = e.reuses.used_by(app, hit, length)
         self._freshen(e)
 
     def _worth(self, tier: Tier) -> dict[int, float]:
