@@ -1,8 +1,9 @@
 """One app's streams, timed as they arrive: the client process of benches/served_pace.py.
 
 It imports nothing of UMA Serve for HTTP: httpx (or the official openai client) reads the
-server-sent events, as an app would. Over the Unix socket it uses uma.AsyncClient, the only
-client that speaks the socket's protocol.
+server-sent events, as an app would (so it repeats, on purpose, the few lines of event reading
+that benches/streams.py has for the project's own benchmarks). Over the Unix socket it uses
+uma.AsyncClient, the only client that speaks the socket's protocol.
 
     python benches/pace_client.py < job.json
 

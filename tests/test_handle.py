@@ -4,7 +4,9 @@ queued event in one step, and consumers of one loop are woken with one call a bu
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
+import weakref
 
 from uma.handle import RequestHandle, TokenEvent
 
@@ -124,3 +126,19 @@ def test_a_closed_loop_is_not_woken_and_a_new_loop_still_is():
         return await waiting
 
     assert [e.text for e in asyncio.run(consume())] == ["t2"]
+
+
+def test_a_loop_that_is_gone_leaves_no_waker_behind():
+    h = handle()
+    loops = []
+
+    async def wait_once():
+        loops.append(weakref.ref(asyncio.get_running_loop()))
+        waiting = asyncio.ensure_future(h.take())
+        await asyncio.sleep(0)
+        waiting.cancel()
+
+    asyncio.run(wait_once())
+    h._push(event(1))  # the waiter it left is for a loop that is gone: nothing to wake
+    gc.collect()
+    assert loops[0]() is None  # neither its waker nor the handle kept it alive

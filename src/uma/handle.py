@@ -101,6 +101,7 @@ class RequestHandle:
         self._events: collections.deque[TokenEvent] = collections.deque()
         self._result: Result | None = None
         self._waiters: list[tuple[_LoopWaker, asyncio.Future]] = []
+        self._waker: _LoopWaker | None = None  # its consumer's loop's, once it waited there
         self._listener: Callable[[RequestHandle], None] | None = None
         self._request: object = None  # the engine's Request, for priority changes
 
@@ -181,8 +182,11 @@ class RequestHandle:
 
     def _register(self) -> asyncio.Future:
         loop = asyncio.get_running_loop()
+        waker = self._waker
+        if waker is None or waker.loop() is not loop:  # looked up once, not at every token
+            waker = self._waker = _LoopWaker.of(loop)
         fut = loop.create_future()
-        self._waiters.append((_LoopWaker.of(loop), fut))
+        self._waiters.append((waker, fut))
         return fut
 
     def __iter__(self):
@@ -218,7 +222,9 @@ class _LoopWaker:
     _made = threading.Lock()
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        # held weakly: the waker is the value of a weak-keyed map under this very loop, and a
+        # strong reference would keep every loop that ever waited alive
+        self.loop = weakref.ref(loop)
         self._lock = threading.Lock()
         self._ready: list[asyncio.Future] = []
 
@@ -236,8 +242,11 @@ class _LoopWaker:
             self._ready.append(fut)
             if len(self._ready) > 1:
                 return  # the call already scheduled sets this one too
+        loop = self.loop()
         try:
-            self._loop.call_soon_threadsafe(self._run)
+            if loop is None:
+                raise RuntimeError("the loop is gone")
+            loop.call_soon_threadsafe(self._run)
         except RuntimeError:  # a closed loop: its consumers are gone, nothing to wake
             with self._lock:
                 self._ready.clear()

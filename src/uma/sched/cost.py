@@ -334,17 +334,16 @@ class CostModel:
         (a dozen unknowns) that pins negative coefficients at zero and solves the rest again."""
         a_data = self._a if a_data is None else a_data
         b_data = self._b if b_data is None else b_data
-        # Nearly always no coefficient is pinned: one plain solve, without the active set's
-        # index arrays (this runs after every tick).
-        sol = np.linalg.solve(a_data + ridge * self._EYE, b_data + ridge * self._prior)
-        if (sol >= 0).all():
-            return sol
         free = np.ones(self._N, bool)
         theta = np.zeros(self._N)
         for _ in range(self._N):
-            a = a_data[np.ix_(free, free)] + ridge * np.eye(int(free.sum()))
-            rhs = b_data[free] + ridge * self._prior[free] \
-                - a_data[np.ix_(free, ~free)] @ theta[~free]
+            if free.all():  # nearly always, after every tick: no index arrays to build
+                a = a_data + ridge * self._EYE
+                rhs = b_data + ridge * self._prior
+            else:
+                a = a_data[np.ix_(free, free)] + ridge * np.eye(int(free.sum()))
+                rhs = b_data[free] + ridge * self._prior[free] \
+                    - a_data[np.ix_(free, ~free)] @ theta[~free]
             sol = np.linalg.solve(a, rhs)
             if (sol >= 0).all():
                 theta[free] = sol

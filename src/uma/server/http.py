@@ -1054,8 +1054,6 @@ def _ended_badly(result: Result) -> ApiError:
     return error_for(result.error or UmaError("the request failed"))
 
 
-
-
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
     if exc.status == 500 and exc.__cause__ is not None:  # error_for told the client little

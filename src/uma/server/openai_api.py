@@ -466,8 +466,8 @@ def sse(obj: dict) -> bytes:
                                 ).encode() + b"\n\n"
 
 
-# a text no token produces (NUL is never in generated text), whose JSON marks where a delta's
-# text goes in its template
+# a text no other field of a delta holds (an id, a model name, a number), whose JSON marks where
+# the delta's text goes in its template
 _MARK = "\x00uma:text\x00"
 _MARK_JSON = json.dumps(_MARK, ensure_ascii=False).encode()
 
