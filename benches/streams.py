@@ -42,6 +42,8 @@ class Stream:
     cached_tokens: int = 0  # of prompt_tokens, those the server reused (its prompt cache)
     label: str = ""
     server_ttft_ms: float = float("nan")  # the daemon's own (arrival to first token), socket
+    text: list[str] = field(default_factory=list)  # each chunk's text (HTTP)
+    timings: dict = field(default_factory=dict)  # the server's own, where it sends them
 
     @property
     def ttft_s(self) -> float:
@@ -74,7 +76,9 @@ def sse_completion(port: int, body: dict, *, timeout: float = 300.0, label: str 
         chunk = json.loads(data)
         if chunk.get("choices") and chunk["choices"][0].get("finish_reason") is None:
             s.times.append(time.perf_counter())
+            s.text.append(chunk["choices"][0].get("text") or "")
         usage = chunk.get("usage") or usage
+        s.timings = chunk.get("timings") or s.timings
     conn.close()
     s.completion_tokens = usage.get("completion_tokens", len(s.times))
     s.prompt_tokens = usage.get("prompt_tokens", 0)

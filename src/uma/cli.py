@@ -69,8 +69,8 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version, is
 # in the order shown
 PANELS: dict[str, tuple[str, ...]] = {
     "Model and device": ("models_dir", "max_loaded", "keep_alive", "threads", "gpu_layers",
-                         "experts_used", "flash_attn", "device_sampling", "overlap", "batch",
-                         "ubatch", "chat_template", "embedding_ctx", "pooling", "rpc",
+                         "experts_used", "flash_attn", "device_sampling", "overlap", "speculation",
+                         "batch", "ubatch", "chat_template", "embedding_ctx", "pooling", "rpc",
                          "tensor_split"),
     "KV cache and prefix cache": ("ctx", "parallel", "kv_type", "kv_unified", "prefix_cache",
                                   "prefix_cache_tokens", "prefix_cache_ram_mb"),
@@ -167,6 +167,7 @@ def run(
     prefix_cache_ram_mb: int | None = _opt("prefix_cache_ram_mb"),
     background_ctx: int | None = _opt("background_ctx"),
     background_seqs: int | None = _opt("background_seqs"),
+    speculation: str | None = _opt("speculation"),
     chat_template: str | None = _opt("chat_template"),
     fair_share: bool | None = _opt("fair_share", "--fair-share/--no-fair-share"),
     app_weights: str | None = _opt("app_weights"),

@@ -158,6 +158,9 @@ class SamplingParams:
     parse_special: bool = True
     # added to these tokens' logits (OpenAI's): (token, bias) pairs, or a map when given
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # guess tokens ahead and verify them in one pass: "ngram" (prompt lookup), "off", or None
+    # for the engine's default (EngineConfig.speculation)
+    speculation: str | None = None
 
     def __post_init__(self) -> None:
         check_sampling(**{name: getattr(self, name) for name in _SAMPLER_OPTIONS})
@@ -173,6 +176,10 @@ class SamplingParams:
         for name in ("ignore_eos", "logprobs", "cache_prompt", "parse_special"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidRequestError(f"{name} must be a boolean")
+        if self.speculation is not None and self.speculation not in SPECULATION:
+            raise InvalidRequestError(
+                f"speculation must be one of {', '.join(SPECULATION)}, "
+                f"not {shown(self.speculation)}")
         if not 0 <= checks.integer("top_logprobs", self.top_logprobs) <= MAX_TOP_LOGPROBS:
             raise InvalidRequestError(
                 f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], not {shown(self.top_logprobs)}")
@@ -218,6 +225,9 @@ class DeviceOptions(TypedDict):
     min_p: float
     seed: int
 
+
+# how a request guesses tokens ahead (SamplingParams.speculation, EngineConfig.speculation)
+SPECULATION = ("off", "ngram")
 
 _SAMPLER_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty",
                     "frequency_penalty", "presence_penalty", "penalty_last_n", "seed")
@@ -315,6 +325,10 @@ class EngineConfig:
     # never slow the streams' attention, and a background tick pays a decode call of its own
     background_ctx: int = 0
     background_seqs: int = 2
+    # requests that do not choose: "ngram" guesses tokens ahead from each request's own text
+    # and verifies them in the tick's one decode call, where the guesses pay
+    # (uma.sched.speculation); "off" decodes a token per tick
+    speculation: str = "off"
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -400,6 +414,9 @@ class EngineConfig:
         if self.policy not in ("bound", "baseline"):
             raise InvalidRequestError(
                 f"policy must be 'bound' or 'baseline', not {self.policy!r}")
+        if self.speculation not in SPECULATION:
+            raise InvalidRequestError(f"speculation must be one of {', '.join(SPECULATION)}, "
+                                      f"not {self.speculation!r}")
         if self.chat_template is not None and (not isinstance(self.chat_template, str)
                                                or not self.chat_template):
             raise InvalidRequestError("chat_template must be a built-in name or a file path")

@@ -20,6 +20,7 @@ class Request:
         "n_prefilled", "n_past", "cached_tokens", "n_sampled", "last_token", "arrival_ns",
         "admitted_ns", "first_token_ns", "last_token_ns", "cancelled", "stop_hit", "failure",
         "done", "app", "weight", "latency_cap", "tool_format", "service_ms", "matcher",
+        "drafter",
     )
 
     def __init__(self, rid: int, tokens: np.ndarray, params: SamplingParams,
@@ -32,6 +33,8 @@ class Request:
         self.tool_format: str | None = None  # with tools: how the model writes calls (uma.tools)
         self.service_ms = 0.0  # tick time it has had (fair share's ledger, measured)
         self.matcher: Any = None  # constrained decoding: its grammar's state (uma.grammar)
+        # the drafter it speculates with while running (uma.engine.speculator; None: none)
+        self.drafter: str | None = None
         self.handle: RequestHandle | None = None  # set right after, by whoever created it
         self.params = params
         self.priority = priority

@@ -76,13 +76,21 @@ def test_generate_with_every_option():
         max_tokens=32, temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, repeat_penalty=1.1,
         frequency_penalty=0.5, presence_penalty=-0.5, penalty_last_n=128, seed=2**64 - 1,
         stop=["\n\n", "END"], stream=False, priority="background", logprobs=True,
-        ignore_eos=True))
+        ignore_eos=True, speculation="ngram"))
     assert req.params == SamplingParams(
         temperature=0.7, top_k=40, top_p=0.9, min_p=0.05, repeat_penalty=1.1,
         frequency_penalty=0.5, presence_penalty=-0.5, penalty_last_n=128, seed=2**64 - 1,
-        max_tokens=32, stop=("\n\n", "END"), ignore_eos=True, logprobs=True)
+        max_tokens=32, stop=("\n\n", "END"), ignore_eos=True, logprobs=True,
+        speculation="ngram")
     assert req.stream is False
     assert req.priority is Priority.BACKGROUND
+
+
+def test_an_unknown_speculation_is_refused_naming_the_field():
+    with pytest.raises(p.ProtocolError, match="speculation must be one of off, ngram, not"):
+        parse(gen(speculation="medusa"))
+    with pytest.raises(p.ProtocolError, match="speculation must be one of"):
+        parse(gen(speculation=1))
 
 
 def test_generate_with_messages():

@@ -196,7 +196,7 @@ class Engine:
                                   fair_share=config.fair_share,
                                   demote=config.preempt_at_token,
                                   fair_quantum_ms=config.fair_quantum_ms,
-                                  grammars=self.grammars)
+                                  grammars=self.grammars, speculation=config.speculation)
         self._submitted = self.metrics.counter("requests_submitted_total", "requests accepted")
         self.metrics.gauge("slots_total", "requests decoded at once (KV sequences)").set(
             config.n_seq_max)

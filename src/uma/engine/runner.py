@@ -73,6 +73,9 @@ class Ran:
     # none only where every row of the decode is sampled on the device (needs_raw_logits in
     # llama-context.cpp); the host sampler reads llama.cpp's buffer in place, after its copy
     n_copy_free: int = 0
+    # sequence -> guesses of its draft kept, for the plan's verify items (BatchItem.draft):
+    # its tokens in `tokens` are the kept guesses and one token after them
+    accepted: dict[int, int] | None = None
 
 
 class Runner:
@@ -126,7 +129,9 @@ class Runner:
             self._constrained.add(seq)
         if req.params.top_logprobs:
             self._top_wanted.add(seq)
-        if self.device_sampling and req.params.device_capable and req.matcher is None:
+        # a speculating request's verify rows are sampled on the host, which sees them all
+        if self.device_sampling and req.params.device_capable and req.matcher is None \
+                and req.drafter is None:
             self.on_device[seq] = self.ctx.set_sampler(seq, **req.params.device_options())
         else:
             self.ctx.clear_sampler(seq)
@@ -190,12 +195,51 @@ class Runner:
              seqs: np.ndarray | None = None, tokens: np.ndarray | None = None,
              logprobs: np.ndarray | None = None, top: dict[int, TopLogprobs] | None = None,
              no_room: bool = False, logits_ns: int = 0, n_copy_free: int = 0) -> Ran:
-        """The tick's Ran: the plan without the items of requests that failed in it."""
+        """The tick's Ran: the plan without the items of requests that failed in it, its
+        verify items' rejected guesses taken out."""
+        accepted = None
+        if seqs is not None and tokens is not None and plan.n_drafted:
+            seqs, tokens, logprobs, accepted = self._verify(plan, seqs, tokens, logprobs)
         if self._failed:
             plan = dataclasses.replace(plan, items=self._live(plan.items))
         return Ran(plan, decode_s, sample_s, _NONE if seqs is None else seqs,
                    _NONE if tokens is None else tokens, logprobs, top, tuple(self._failed),
-                   no_room, logits_ns, n_copy_free)
+                   no_room, logits_ns, n_copy_free, accepted)
+
+    def _verify(self, plan: Plan, seqs: np.ndarray, tokens: np.ndarray,
+                logprobs: np.ndarray | None
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, dict[int, int]]:
+        """Keeps of each verify item's rows the tokens up to and including the first that
+        differs from its guess (a kept guess is the token the model picked there, so every
+        kept token is one it would have picked one tick at a time: with a deterministic guess,
+        sampling the row and comparing is the rejection rule of speculative sampling). The
+        cache cells of the rejected guesses are removed. Returns the rows kept and, by
+        sequence, the guesses kept."""
+        drafts = {i.seq_id: i.draft for i in plan.items if i.draft}
+        keep = np.ones(len(seqs), bool)
+        accepted: dict[int, int] = {}
+        listed = seqs.tolist()
+        row = 0
+        while row < len(listed):
+            seq = listed[row]
+            end = row + 1
+            while end < len(listed) and listed[end] == seq:
+                end += 1
+            draft = drafts.get(seq)
+            if draft is not None:
+                got = tokens[row:end].tolist()
+                m = 0
+                while m < len(draft) and m + 1 < len(got) and got[m] == draft[m]:
+                    m += 1
+                keep[row + m + 1:end] = False
+                accepted[seq] = m
+                req = self._running.get(seq)
+                if req is not None and m < len(draft):
+                    self.ctx.seq_rm(seq, req.n_past + m + 1, -1)
+            row = end
+        if keep.all():
+            return seqs, tokens, logprobs, accepted
+        return seqs[keep], tokens[keep], None if logprobs is None else logprobs[keep], accepted
 
     def _fail(self, seq: int, exc: BaseException) -> None:
         if all(f.seq != seq for f in self._failed):
@@ -221,7 +265,12 @@ class Runner:
         for item in self._live(tuple(items)):
             req = self._running[item.seq_id]
             try:
-                if item.phase is Phase.DECODE:
+                if item.draft:  # the last token and the guesses after it, each sampled
+                    n = 1 + len(item.draft)
+                    batch.add_rows(np.array((req.last_token, *item.draft), np.int32),
+                                   np.arange(req.n_past, req.n_past + n, dtype=np.int32),
+                                   np.full(n, item.seq_id, np.int32))
+                elif item.phase is Phase.DECODE:
                     batch.add(req.last_token, req.n_past, item.seq_id, True)
                 else:
                     start = req.n_prefilled

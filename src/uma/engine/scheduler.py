@@ -34,6 +34,7 @@ from uma.engine.calibration import DeviceTiming, KeptTiming
 from uma.engine.output import Ended, Event, Logits, OutputStage, Token
 from uma.engine.prefix_cache import KvPrefixCache
 from uma.engine.runner import Ran, Runner
+from uma.engine.speculator import Speculator
 from uma.engine.tick_stats import TickReport, TickStats
 from uma.errors import UmaError
 from uma.handle import TokenLogprob
@@ -70,7 +71,7 @@ class Scheduler:
                  prefix: KvPrefixCache | None = None, fair_share: bool = False,
                  fair_quantum_ms: float | None = None,
                  grammars: Grammars | None = None, settle: bool = False,
-                 demote: bool = True) -> None:
+                 demote: bool = True, speculation: str = "off") -> None:
         """core: the module whose Batch and Sampler go with ctx (uma._core, or a stand-in).
         device_sampling: sample on the device the rows of requests whose options it can
         compute (Context.set_sampler); the host sampler takes the others.
@@ -86,7 +87,8 @@ class Scheduler:
         device before the tick ends (a tick that must end within its time slice, and be
         measured whole: uma.engine.background). demote: running background requests give
         their sequences to interactive ones waiting for one, at the next tick boundary
-        (uma.sched.demotion)."""
+        (uma.sched.demotion). speculation: the drafter of requests that do not choose one
+        ("off": none; uma.engine.speculator)."""
         self.ctx = ctx
         self.model = ctx.model
         self.policy = policy
@@ -114,6 +116,7 @@ class Scheduler:
         self._steady_at = -1
         self._changes = 0
         self.n_ctx_seq = ctx.n_ctx_seq
+        self.speculator = Speculator(speculation, metrics, self.n_ctx_seq)
         self.eog = frozenset(int(t) for t in self.model.eog_tokens())
         # Free sequence ids, lowest handed out first, so the sequences decoding together stay a
         # contiguous range. With per-sequence KV (kv_unified=False) llama.cpp puts only
@@ -208,12 +211,14 @@ class Scheduler:
         self.calibration_ticks = ticks
         if self.calibration_ticks:
             self.cost.calibrate(self.calibration_ticks)
+            self.speculator.calibrated(self.calibration_ticks)
 
     def adopt_calibration(self, ticks: list[tuple[int, int, int, int, float]]) -> None:
         """Anchors the cost model at another scheduler's timed scratch ticks (a second context
         on the same device and weights), instead of timing its own."""
         if ticks:
             self.cost.calibrate(ticks)
+            self.speculator.calibrated(ticks)
 
     @property
     def calibration(self) -> tuple[int, int]:
@@ -275,6 +280,7 @@ class Scheduler:
         if seq >= 0:
             self.runner.forget(seq)
             del self.running[seq]  # before _keep: a snapshot asks who else runs
+        self.speculator.forget(req)
         req.done = True
         if self.fair_share:
             self.ledger.ended(req.service_ms)
@@ -412,6 +418,7 @@ class Scheduler:
             self.running[req.seq_id] = req
             try:
                 self._reuse(req)
+                req.drafter = self.speculator.drafter_of(req)
                 self.runner.admit(req)
             except Exception as exc:  # noqa: BLE001 - this request's alone
                 self.fail(req, exc)
@@ -443,6 +450,8 @@ class Scheduler:
         """Leaves what the request's sequence `seq` holds to the prefix cache."""
         if self.prefix is None or req.n_past <= 0:
             return
+        if req.drafter is not None:  # guesses kept past a token that ended it
+            self.ctx.seq_rm(seq, req.n_past, -1)
         decoded = np.concatenate([req.prompt, np.asarray(req.generated, np.int32)])
         self.prefix.keep(seq, decoded[:req.n_past], app=req.app)
 
@@ -516,7 +525,7 @@ class Scheduler:
         self._apart_busy = apart is not None
         if self._steady is not None and self._steady_at == self._changes \
                 and not any(self.waiting.values()) and apart is None:
-            return self._steady
+            return self._drafted(self._steady)
         self._admit()
         if not self.running and apart is None:
             return Plan.empty()
@@ -544,7 +553,15 @@ class Scheduler:
         plan = self.policy.schedule_tick(state)
         self._steady = plan if self._repeatable(plan) else None
         self._steady_at = self._changes
-        return plan
+        return self._drafted(plan)
+
+    def _drafted(self, plan: Plan) -> Plan:
+        """The plan with the guesses that pay for its speculating decoders (uma.engine.
+        speculator); the same plan where none do."""
+        if self.speculator.default == "off" and not any(
+                r.drafter is not None for r in self.running.values()):
+            return plan
+        return self.speculator.draft(plan, self.running, self.cost.estimate)
 
     def _repeatable(self, plan: Plan) -> bool:
         """Whether the next ticks may run this plan again without asking the policy: it
@@ -575,8 +592,8 @@ class Scheduler:
         for item in items:
             req = self.running[item.seq_id]
             solo_kv += attended(req.n_past, 1)
-            if item.phase is Phase.DECODE:
-                self._cache_read += attended(req.n_past, 1)
+            if item.phase is Phase.DECODE:  # a verify item's rows priced as decode rows
+                self._cache_read += attended(req.n_past, 1) * item.n_tokens
             else:
                 self._cache_read += req.n_past
                 self._prompt_attended += attended(req.n_past, item.n_tokens)
@@ -593,6 +610,8 @@ class Scheduler:
         plan to run again."""
         self._end_failed(ran)
         plan = dataclasses.replace(ran.plan, items=self._live(ran.plan.items))
+        if plan.n_drafted:  # guesses make room for nobody: they go first
+            return self.speculator.undrafted(plan)
         if self.prefix is not None and self.prefix.evict_one():
             return plan
         self.m.kv_full.inc()
@@ -639,21 +658,28 @@ class Scheduler:
         ran.plan, the plan that actually ran, is the one applied."""
         self._end_failed(ran)
         apps = self._apps(ran.plan)
+        self.speculator.verified(ran.plan, ran, self.running)
         for item in ran.plan.items:
             req = self.running.get(item.seq_id)
             if req is not None:
-                req.n_past += item.n_tokens
                 if item.phase is Phase.PREFILL:
+                    req.n_past += item.n_tokens
                     req.n_prefilled += item.n_tokens
+                else:  # a verify item's kept guesses count as their tokens are accepted
+                    req.n_past += 1
         # Before any token is handed on: a client that has seen one sees its KV counted.
         self.m.kv_cells.set(sum(r.n_past for r in self.running.values()))
         now = time.monotonic_ns()
         if ran.logits_ns and len(ran.seqs):  # where this tick's tokens start their way out
             self._outbox.append(Logits(ran.logits_ns))
         alone = not self._background()
+        last = -1
         for k, seq in enumerate(ran.seqs.tolist()):
             req = self.running.get(seq)
             if req is not None:
+                if seq == last:  # a kept guess: the cell it was verified in is the request's
+                    req.n_past += 1
+                last = seq
                 lp: float | TokenLogprob | None = None
                 if ran.logprobs is not None:
                     value = float(ran.logprobs[k])
@@ -673,6 +699,7 @@ class Scheduler:
         # twice its floor's share on background prompts
         # (docs/lab/2026-11-26-row-steps-and-overlap-feedback.md).
         self._measured = (self._due.tick_s * 1e3, self._due.n_sampled)
+        self.speculator.measured(ran.plan, self._measured[0])
         self.n_ticks += 1
         self.last_plan = ran.plan
         # A first token goes out at once, not with the next decode: time to first token is
@@ -725,7 +752,7 @@ class Scheduler:
     def _report(self, ran: Ran, apps: dict[str, float]) -> TickReport:
         """What the tick did, measured, for the statistics (TickStats.record)."""
         plan = ran.plan
-        n_decode = sum(1 for i in plan.items if i.phase is Phase.DECODE)
+        n_decode = sum(i.n_tokens for i in plan.items if i.phase is Phase.DECODE)
         # Only while no background request exists at all: ticks of a storm that happen to
         # carry no background work are the ones new interactive prompts crowded it out of.
         alone = n_decode and not any(r.priority is Priority.BACKGROUND

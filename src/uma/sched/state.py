@@ -119,8 +119,11 @@ class BatchItem:
 
     seq_id: int  # which sequence
     phase: Phase  # PREFILL: the next n_tokens prompt tokens; DECODE: its last sampled token
-    n_tokens: int  # how many tokens (1 for DECODE)
+    n_tokens: int  # how many tokens (1 for DECODE, 1 + len(draft) for a verify item)
     logits: bool  # sample after this item (DECODE always; PREFILL when it ends the prompt)
+    # DECODE only: guesses of the tokens after the last one, each put in the batch after it
+    # and sampled (uma.sched.speculation); the runner keeps those the model agrees with
+    draft: tuple[int, ...] = ()
 
 
 class PlanNotes(NamedTuple):
@@ -161,3 +164,8 @@ class Plan:
     @property
     def n_tokens(self) -> int:
         return sum(item.n_tokens for item in self.items)
+
+    @property
+    def n_drafted(self) -> int:
+        """Guesses its verify items carry."""
+        return sum(len(item.draft) for item in self.items)

@@ -78,6 +78,7 @@ NESTED: dict[str, str] = {
     "scheduler.max_queue": "max_queue",
     "scheduler.background_ctx": "background_ctx",
     "scheduler.background_seqs": "background_seqs",
+    "scheduler.speculation": "speculation",
     # the bound policy's knobs: the [slo] table the flat files already had (uma.knobs)
     **{f"slo.{knob.name}": knob.name for knob in KNOBS},
     # Apps

@@ -49,7 +49,7 @@ from uma.wire.framing import MAX_DEPTH
 _PASSED = (
     "temperature", "top_p", "seed", "frequency_penalty", "presence_penalty",
     "top_k", "min_p", "repeat_penalty", "penalty_last_n", "ignore_eos", "cache_prompt",
-    "parse_special", "priority", "logit_bias",
+    "parse_special", "priority", "logit_bias", "speculation",
 )
 # Leading words of protocol/SamplingParams messages that name a body field.
 _PARAMS = frozenset({*_PASSED, "max_tokens", "stop", "prompt", "messages", "tokens", "tools",

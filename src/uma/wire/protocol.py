@@ -318,7 +318,7 @@ _FIELDS = {
     "generate": frozenset({
         "type", "id", *_PROMPT_FIELDS, *_SAMPLER_FIELDS, "max_tokens", "stop", "stream",
         "priority", "logprobs", "top_logprobs", "ignore_eos", "cache_prompt", "parse_special",
-        "app", "weight",
+        "speculation", "app", "weight",
         "tools",
         "tool_choice", "response_format", "grammar", "model",
     }),
@@ -401,7 +401,8 @@ def _parse_generate(msg: dict, limits: RequestLimits,
     request_id = _id(msg, required=True)
     prompt, messages, tokens = _prompt(msg, limits)
     options = {name: msg[name] for name in _SAMPLER_FIELDS if msg.get(name) is not None}
-    for name in ("logprobs", "top_logprobs", "ignore_eos", "cache_prompt", "parse_special"):
+    for name in ("logprobs", "top_logprobs", "ignore_eos", "cache_prompt", "parse_special",
+                 "speculation"):
         if msg.get(name) is not None:
             options[name] = msg[name]
     params = SamplingParams(max_tokens=_max_tokens(msg.get("max_tokens"), limits),

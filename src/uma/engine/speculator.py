@@ -1,0 +1,216 @@
+"""Speculative decoding inside the batched tick: the scheduler's side of it.
+
+    plan = speculator.draft(plan, running, cost)   # verify items where guesses pay
+    ...runner verifies them in the tick's one decode call...
+    speculator.verified(plan, ran, running)        # each stream's acceptance, the metrics
+
+A request speculates when its drafter is on (its own `speculation` option, else the engine's)
+and its tokens can be checked one row at a time against its guesses: no grammar (its mask
+follows each token), no repetition penalties (their history would count rejected guesses), no
+top log-probabilities (one list per step). Its rows are then sampled on the host, which sees
+every row of a verify item.
+
+Which guesses a tick verifies is uma.sched.speculation's (the goodput rule); where they come from
+is uma.engine.drafters'; keeping the agreed ones and removing the rejected ones' cache cells is
+the runner's (uma.engine.runner).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+
+from uma.engine.drafters import NgramDrafter
+from uma.engine.runner import Ran
+from uma.metrics import Counter, Registry
+from uma.request import Request
+from uma.sched import speculation
+from uma.sched.cost import CostEstimate, attended
+from uma.sched.speculation import Acceptance, Candidate, RowPrice
+from uma.sched.state import BatchItem, Phase, Plan
+
+
+class Speculator:
+    """Drafts for the running requests that speculate. Used by the compute thread."""
+
+    def __init__(self, default: str, metrics: Registry, n_ctx_seq: int) -> None:
+        """default: the engine's speculation ("off" or a drafter's name), for requests that
+        do not choose."""
+        self.default = default
+        self.n_ctx_seq = n_ctx_seq
+        self.drafters = {"ngram": NgramDrafter()}
+        self.acceptance = Acceptance()
+        self._since: dict[int, int] = {}  # rid -> ticks since the stream last verified a guess
+        self._band: dict[int, int] = {}  # rid -> its last lookup's agreement band
+        self.prices: RowPrice | None = None  # what guesses cost (calibrated, then measured)
+        self._ticks = 0  # draft() calls
+        self._quiet: dict[int, int] = {}  # rid -> the tick before which it is not looked at
+        self.drafted = metrics.family("spec_drafted_tokens_total",
+                                      "guesses verified in a target pass", "drafter",
+                                      Counter)
+        self.accepted = metrics.family("spec_accepted_tokens_total",
+                                       "verified guesses the model agreed with", "drafter",
+                                       Counter)
+        self.passes = metrics.family("spec_verify_passes_total",
+                                     "streams' ticks that verified guesses", "drafter",
+                                     Counter)
+        self.streams = metrics.gauge("spec_streams_drafting",
+                                     "streams that verified guesses in the last tick")
+        self.eligible = metrics.gauge("spec_streams_eligible",
+                                      "decoding streams whose requests speculate")
+
+    def drafter_of(self, req: Request) -> str | None:
+        """The drafter the request speculates with (None: it does not)."""
+        chosen = req.params.speculation or self.default
+        if chosen == "off" or chosen not in self.drafters:
+            return None
+        p = req.params
+        if req.matcher is not None or p.top_logprobs or p.repeat_penalty != 1 \
+                or p.frequency_penalty or p.presence_penalty:
+            return None
+        return chosen
+
+    def draft(self, plan: Plan, running: Mapping[int, Request], cost: CostEstimate) -> Plan:
+        """The plan with verify items for the decoders whose guesses pay, and a probe (a
+        short draft) for a stream that has verified none for its probe period (unchanged if
+        none). Where some decoder of the plan does not speculate, or a prompt shares the tick,
+        the tick stays within the policy's latency line: guesses must not lengthen others'
+        gaps past it. A stream that speculates alone trades only its own."""
+        wanted = [(k, running[i.seq_id]) for k, i in enumerate(plan.items)
+                  if i.phase is Phase.DECODE and i.seq_id in running
+                  and running[i.seq_id].drafter is not None]
+        self.eligible.set(len(wanted))
+        if not wanted:
+            self.streams.set(0)
+            return plan
+        self._ticks += 1
+        prices = self._prices(cost)
+        expected = sum(1 for i in plan.items if i.logits)
+        shared = len(wanted) < len(plan.items)
+        tick = (None if shared else prices.plain_ms(len(wanted))) \
+            or self._predicted(plan, running, cost)
+        notes = plan.notes
+        bound = notes.line_ms if shared and notes is not None and notes.line_ms > 0 else 0.0
+        period = speculation.probe_period(
+            len(wanted), speculation.PROBE_DRAFT * prices.per_guess(speculation.PROBE_DRAFT),
+            tick)
+        candidates, guesses, probing = [], {}, []
+        for _, req in wanted:
+            drafter = req.drafter
+            assert drafter is not None
+            self._since[req.rid] = since = self._since.get(req.rid, 0) + 1
+            if self._quiet.get(req.rid, 0) > self._ticks and since < period:
+                continue
+            room = min(speculation.MAX_DRAFT, req.params.max_tokens - req.n_sampled - 1,
+                       self.n_ctx_seq - 1 - req.n_past)
+            if room <= 0:
+                continue
+            # the best a full draft could make (its surest band): when even that does not
+            # pay there is nothing to look up, unless the stream is due a probe
+            best = max((self.acceptance.survival(req.rid, drafter, b)
+                        for b in range(len(speculation.AGREEMENT_BANDS))), key=lambda s: s[0])
+            worth = speculation.best_length(best, room, prices.per_guess, expected, tick,
+                                            bound or math.inf)[0] > 0
+            probe = not worth and not shared and since >= period
+            if not worth and not probe:
+                self._quiet[req.rid] = self._ticks + speculation.QUIET_TICKS
+                continue
+            found, agreement = self.drafters[drafter].propose(
+                req, room if worth else min(room, speculation.PROBE_DRAFT))
+            if not len(found):
+                continue
+            guesses[req.seq_id] = found
+            self._band[req.rid] = band = speculation.band(agreement)
+            if worth:
+                survival = self.acceptance.survival(req.rid, drafter, band)
+                candidates.append(Candidate(req.seq_id, len(found), survival))
+            else:
+                probing.append(req.seq_id)
+        lengths = speculation.draft_lengths(candidates, prices.per_guess, expected, tick, bound)
+        for seq in probing:  # a probe: a short draft where the chances gave none
+            lengths[seq] = len(guesses[seq])
+        self.streams.set(len(lengths))
+        if not lengths:
+            return plan
+        items = list(plan.items)
+        for k, req in wanted:
+            n = lengths.get(req.seq_id, 0)
+            if n:
+                self._since[req.rid] = 0
+                draft = tuple(int(t) for t in guesses[req.seq_id][:n])
+                items[k] = dataclasses.replace(items[k], n_tokens=1 + n, draft=draft)
+        return dataclasses.replace(plan, items=tuple(items))
+
+    def _prices(self, cost: CostEstimate) -> RowPrice:
+        if self.prices is None:  # no timing of the device: the cost model's row
+            self.prices = RowPrice(cost.per_decode_ms)
+        return self.prices
+
+    def calibrated(self, ticks: Sequence[tuple[int, int, int, int, float]]) -> None:
+        """Starts the guesses' price at one more decode row's, from the device's timed scratch
+        ticks (uma.engine.calibration: (prompt tokens, decode rows, ..., ms)): the most
+        decode rows against one."""
+        plain = {d: ms for p, d, _, _, ms in ticks if p == 0 and d > 0}
+        if 1 in plain and len(plain) > 1:
+            most = max(plain)
+            self.prices = RowPrice(max((plain[most] - plain[1]) / (most - 1), 0.01 * plain[1]))
+
+    def measured(self, plan: Plan, tick_ms: float) -> None:
+        """A tick's measured time, for the guesses' price: only ticks of decoders alone."""
+        if self.prices is None or not plan.items \
+                or any(i.phase is not Phase.DECODE for i in plan.items):
+            return
+        self.prices.observe(len(plan.items), plan.n_drafted, tick_ms)
+
+    @staticmethod
+    def _predicted(plan: Plan, running: Mapping[int, Request], cost: CostEstimate) -> float:
+        """The plan's time as the policy priced it, or as the cost model prices its rows."""
+        if plan.notes is not None and plan.notes.predicted_ms > 0:
+            return plan.notes.predicted_ms
+        prefill = decode = kv = 0
+        for item in plan.items:
+            req = running.get(item.seq_id)
+            if req is None:
+                continue
+            if item.phase is Phase.DECODE:
+                decode += 1
+                kv += attended(req.n_past, 1)
+            else:
+                prefill += item.n_tokens
+                kv += req.n_past
+        return cost.predict(prefill, decode, kv)
+
+    def verified(self, plan: Plan, ran: Ran, running: Mapping[int, Request]) -> None:
+        """Records what the tick's verify items kept (before the tokens are applied)."""
+        if not ran.accepted:
+            return
+        for item in plan.items:
+            if not item.draft:
+                continue
+            req = running.get(item.seq_id)
+            kept = ran.accepted.get(item.seq_id)
+            if req is None or req.drafter is None or kept is None:
+                continue
+            self.acceptance.record(req.rid, req.drafter, self._band.get(req.rid, 0),
+                                   len(item.draft), kept)
+            self.drafted.child(req.drafter).inc(len(item.draft))
+            self.accepted.child(req.drafter).inc(kept)
+            self.passes.child(req.drafter).inc()
+
+    def forget(self, req: Request) -> None:
+        if req.drafter is not None:
+            self.drafters[req.drafter].forget(req.rid)
+            self.acceptance.forget(req.rid)
+            self._since.pop(req.rid, None)
+            self._band.pop(req.rid, None)
+            self._quiet.pop(req.rid, None)
+
+    @staticmethod
+    def undrafted(plan: Plan) -> Plan:
+        """The plan without its guesses (a batch the KV cache has no room for is tried again
+        so before anything is shed for it)."""
+        if not plan.n_drafted:
+            return plan
+        return dataclasses.replace(plan, items=tuple(
+            BatchItem(i.seq_id, i.phase, 1, i.logits) if i.draft else i for i in plan.items))

@@ -1,0 +1,227 @@
+"""How many draft tokens each stream verifies in a tick: speculation only where it pays.
+
+A stream that speculates puts its drafter's guesses after its last token in the tick's batch
+(a verify item: one row each, all with logits) and keeps the guesses the model agrees with, one
+more token of its own after them. Its j-th guess counts only if every guess before it was kept:
+it adds S_j tokens on average, S_j the chance that the first j guesses are all kept, and costs
+what one more row costs the tick. Guessing k tokens pays when the tick then makes more tokens
+per ms than without them:
+
+    (E + S_1 + ... + S_k) / (T + rows' price)  >  E / T
+
+for a tick that makes E tokens in T ms. Each stream takes the k that makes the most tokens per
+ms (k = 0 where none pays), streams with the surest first guess first, and never past the
+tick's time bound (`draft_lengths`). No threshold is tuned: a stream alone on a device whose
+rows are nearly free drafts deeply; at 32 busy streams, where a row costs about 1/32 of the
+tick, only guesses that are nearly sure pass; a stream whose guesses fail stops drafting. This
+is the goodput rule of SmartSpec (the speculation length chosen each step from expected
+goodput, zero when it does not pay), with prices measured on the device (`RowPrice`).
+
+Guesses are not kept independently: a lookup that found the passage being quoted is right for
+a long run, one that found a common phrase is wrong at once, and how far back the lookup's
+match agreed with the stream tells them apart. So `Acceptance` keeps, for each band of that
+agreement and each position j of a draft, the chance that guess j is kept once the guesses
+before it were, for each stream (its recent verifies) against its drafter's (every stream's):
+S_j is their product. A position no draft has reached yet takes the chance of the one before
+it, so that a run of kept guesses invites a longer draft next time.
+A stream whose chances say no still verifies one guess now and then (`probe_period`), so that a
+stream whose text turns repetitive (an answer that starts quoting its input) is found; the
+probes' rows are held to PROBE_SHARE of the ticks' time.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+# the most guesses one stream verifies in a tick
+MAX_DRAFT = 64
+# bands of a lookup's agreement (tokens), each with chances of its own
+AGREEMENT_BANDS = (2, 4, 8, 16, 32)
+# bands of a draft's length, each with a measured price per guess (RowPrice)
+GUESS_BANDS = (1, 4, 16, 48)
+
+# an estimate's weight in verifies: how many of a stream's own it takes to outweigh its
+# drafter's chance at a position
+PRIOR_WEIGHT = 1.0
+# how much of its evidence a stream keeps per verify (recent guesses count more: a file being
+# edited repeats its input in stretches)
+KEEP_PER_VERIFY = 0.9
+# how fast a drafter's chances follow its verifies (every stream's)
+DRAFTER_RATE = 0.1
+# the share of the ticks' time that probes (a short draft of a stream whose chances say no) may
+# take, and a probe's guesses: enough to learn how a run of kept guesses goes on
+PROBE_SHARE = 0.02
+PROBE_DRAFT = 4
+# a drafter's chance at every position before any of its guesses were verified
+FIRST_PRIOR = 0.5
+# ticks a stream whose guesses do not pay is left alone before it is looked at again (the
+# check is the speculator's only cost on a tick where no one speculates)
+QUIET_TICKS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A stream that could speculate this tick."""
+
+    seq_id: int
+    proposed: int  # guesses its drafter has (the most it could verify)
+    survival: tuple[float, ...]  # S_j: the chance its first j + 1 guesses are all kept
+
+
+def best_length(survival: Sequence[float], proposed: int, price: Callable[[int], float],
+                tokens: float, ms: float, bound_ms: float) -> tuple[int, float, float]:
+    """The number of guesses that makes the most tokens per ms in a tick that makes `tokens`
+    in `ms` (0 where none beats it), and the tokens and ms it adds. price(k): what each guess
+    of a k-guess draft costs the tick (RowPrice.per_guess)."""
+    best = (0, 0.0, 0.0)
+    rate = tokens / ms
+    gained = 0.0
+    for k in range(1, min(proposed, MAX_DRAFT, len(survival)) + 1):
+        gained += survival[k - 1]
+        spent = k * price(k)
+        if ms + spent > bound_ms:
+            break
+        if (tokens + gained) / (ms + spent) > rate:
+            rate = (tokens + gained) / (ms + spent)
+            best = (k, gained, spent)
+    return best
+
+
+def draft_lengths(candidates: Sequence[Candidate], price: Callable[[int], float],
+                  expected_tokens: float, tick_ms: float, bound_ms: float) -> dict[int, int]:
+    """Guesses each candidate verifies in a tick that makes expected_tokens tokens in tick_ms,
+    within bound_ms (0: no bound beyond the tick's own time). Returns seq_id -> guesses (only
+    those > 0)."""
+    if not candidates or tick_ms <= 0:
+        return {}
+    bound = max(bound_ms, tick_ms) if bound_ms > 0 else math.inf
+    tokens, ms = expected_tokens, tick_ms
+    taken: dict[int, int] = {}
+    for c in sorted(candidates, key=lambda c: c.survival[0] if c.survival else 0.0,
+                    reverse=True):
+        k, gained, spent = best_length(c.survival, c.proposed, price, tokens, ms, bound)
+        if k:
+            taken[c.seq_id] = k
+            tokens += gained
+            ms += spent
+    return taken
+
+
+class RowPrice:
+    """What guesses cost a tick, measured: a verify tick's time against the same number of
+    decoders' plain ticks, per guess, for each band of draft length (GUESS_BANDS: on a CPU a
+    guess in a short draft costs about half a decode tick, in a long one the batch runs as a
+    matrix product and each costs less). Before any verify, every band has the price of one
+    more decode row as the device was timed (uma.engine.calibration). Measured, not modelled:
+    the cost model fits ticks of one shape (a few decoders) and cannot tell from them what one
+    more row costs."""
+
+    def __init__(self, initial_ms: float) -> None:
+        self.per_band = [initial_ms] * len(GUESS_BANDS)
+        self.plain: dict[int, float] = {}  # decoders -> their plain tick's time, ms
+
+    def per_guess(self, k: int) -> float:
+        return self.per_band[bisect.bisect_right(GUESS_BANDS, k) - 1]
+
+    def plain_ms(self, decoders: int) -> float | None:
+        return self.plain.get(decoders)
+
+    def observe(self, decoders: int, guesses: int, tick_ms: float) -> None:
+        """A tick of `decoders` decode rows (no prompt) that verified `guesses` guesses."""
+        if not guesses:
+            was = self.plain.get(decoders)
+            self.plain[decoders] = tick_ms if was is None else was + 0.2 * (tick_ms - was)
+            return
+        plain = self.plain.get(decoders)
+        if plain is None:
+            return
+        band = bisect.bisect_right(GUESS_BANDS, guesses) - 1
+        sample = max((tick_ms - plain) / guesses, 0.01 * plain)
+        self.per_band[band] += 0.3 * (sample - self.per_band[band])
+
+
+def probe_period(streams: int, probe_ms: float, tick_ms: float) -> int:
+    """Ticks between one stream's probes, so that `streams` streams each probing at a price of
+    probe_ms that often take PROBE_SHARE of the ticks' time: a lone stream on a CPU whose probe
+    costs twice its tick, every 100 ticks; 32 streams whose probes cost 1/8 of the tick each,
+    every 200."""
+    if tick_ms <= 0:
+        return 1 << 30
+    return max(1, math.ceil(streams * probe_ms / (PROBE_SHARE * tick_ms)))
+
+
+def band(agreement: int) -> int:
+    """The band of AGREEMENT_BANDS a lookup's agreement falls in."""
+    return max(0, bisect.bisect_right(AGREEMENT_BANDS, agreement) - 1)
+
+
+class Acceptance:
+    """The chance, at each position of a draft, that the guess there is kept once the guesses
+    before it were: a stream's own (by request id) against its drafter's, for each band of
+    the lookup's agreement."""
+
+    def __init__(self) -> None:
+        # (rid, band) -> (kept, tried) at each position, decayed
+        self._own: dict[tuple[int, int], tuple[list[float], list[float]]] = {}
+        # (drafter, band) -> chance at each position; None: no draft has reached it
+        self._drafter: dict[tuple[str, int], list[float | None]] = {}
+        # survival() is asked every tick and changes only with a verify: computed once per
+        # change of its drafter's band, (rid, band) -> (version, survival)
+        self._version: dict[tuple[str, int], int] = {}
+        self._survival: dict[tuple[int, int], tuple[int, tuple[float, ...]]] = {}
+
+    def _prior(self, drafter: str, band: int) -> list[float | None]:
+        got = self._drafter.get((drafter, band))
+        if got is None:
+            got = self._drafter[drafter, band] = [FIRST_PRIOR] + [None] * (MAX_DRAFT - 1)
+        return got
+
+    def survival(self, rid: int, drafter: str, band: int) -> tuple[float, ...]:
+        """S_j for j = 1..MAX_DRAFT: the chance that the stream's first j guesses are all kept,
+        for a lookup whose agreement falls in `band`."""
+        version = self._version.get((drafter, band), 0)
+        cached = self._survival.get((rid, band))
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        prior = self._prior(drafter, band)
+        own = self._own.get((rid, band))
+        out, s, chance = [], 1.0, FIRST_PRIOR
+        for j in range(MAX_DRAFT):
+            known = prior[j]
+            if known is not None:
+                chance = known
+            if own is not None:
+                kept, tried = own[0][j], own[1][j]
+                chance = (kept + PRIOR_WEIGHT * chance) / (tried + PRIOR_WEIGHT)
+            s *= chance
+            out.append(s)
+        survival = tuple(out)
+        self._survival[rid, band] = (version, survival)
+        return survival
+
+    def record(self, rid: int, drafter: str, band: int, drafted: int, accepted: int) -> None:
+        """A verify of `drafted` guesses kept the first `accepted`: positions before it were
+        tried and kept, the one after them tried and refused, the rest never tried."""
+        own = self._own.get((rid, band))
+        if own is None:
+            own = self._own[rid, band] = ([0.0] * MAX_DRAFT, [0.0] * MAX_DRAFT)
+        kept, tried = own
+        prior = self._prior(drafter, band)
+        self._version[drafter, band] = self._version.get((drafter, band), 0) + 1
+        last = FIRST_PRIOR
+        for j in range(min(drafted, accepted + 1, MAX_DRAFT)):
+            hit = 1.0 if j < accepted else 0.0
+            kept[j] = kept[j] * KEEP_PER_VERIFY + hit
+            tried[j] = tried[j] * KEEP_PER_VERIFY + 1.0
+            was = prior[j]
+            last = (last if was is None else was) + DRAFTER_RATE * (
+                hit - (last if was is None else was))
+            prior[j] = last
+
+    def forget(self, rid: int) -> None:
+        for b in range(len(AGREEMENT_BANDS)):
+            self._own.pop((rid, b), None)
+            self._survival.pop((rid, b), None)

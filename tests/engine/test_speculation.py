@@ -1,0 +1,160 @@
+"""Speculative decoding inside the batched tick, on the real core and a tiny synthetic model.
+
+A drafter that knows the model's greedy answer (with every third guess wrong) stands in for a
+lucky n-gram lookup, and the goodput rule is set aside so every guess is verified: what is
+checked is the verification itself (kept guesses, removed cells, stops and cancels inside a
+draft), not whether guesses pay (tests/sched/test_speculation.py).
+"""
+
+import numpy as np
+import pytest
+
+import uma
+from uma.errors import InvalidRequestError
+from uma.sched import speculation
+
+from ..helpers import assert_same_greedy
+
+PROMPTS = ["Once upon a time, in a land far away, there lived a",
+           "1 2 3 4 5 6 7 8 9 10 11 12 13 14 15",
+           "def main():\n    return 0"]
+N = 24
+
+
+@pytest.fixture(scope="module")
+def alone(tiny_path):
+    with uma.Engine(tiny_path, n_ctx=1024, n_seq_max=1) as e:
+        return {p: e.generate(p, max_tokens=N, ignore_eos=True, logprobs=True) for p in PROMPTS}
+
+
+class Oracle:
+    """Guesses the greedy answer it was given, every third guess made wrong."""
+
+    name = "ngram"
+
+    def __init__(self, answers):
+        self.answers = answers  # prompt length -> token ids (the prompts differ in length)
+        self.proposed = 0
+
+    def propose(self, req, k):
+        answer = self.answers[len(req.prompt)]
+        start = len(req.generated)
+        guess = np.array(answer[start:start + k], np.int32)
+        guess[2::3] = (guess[2::3] + 1) % 64
+        self.proposed += len(guess)
+        return guess, 8
+
+    def forget(self, rid):
+        pass
+
+
+@pytest.fixture
+def engine(tiny_path, alone, monkeypatch):
+    """An engine whose streams speculate with the oracle on every tick, checking after every
+    tick that each running sequence's cells end where its request says (n_past)."""
+    monkeypatch.setattr(speculation, "best_length",
+                        lambda survival, proposed, *a: (min(proposed, 5), 1.0, 1.0))
+    with uma.Engine(tiny_path, n_ctx=2048, n_seq_max=4, speculation="ngram") as e:
+        e.wait_ready()
+        sched = e._scheduler
+        lengths = {}
+        with e._using_model():
+            for p, r in alone.items():
+                lengths[len(e._tokens(p, True))] = list(r.token_ids)
+        oracle = Oracle(lengths)
+        sched.speculator.drafters["ngram"] = oracle
+        update, bad = sched.update, []
+
+        def checked(order, ran):
+            update(order, ran)
+            for seq, req in sched.running.items():
+                if req.n_prefilled >= len(req.tokens) and \
+                        sched.ctx.seq_pos_max(seq) != req.n_past - 1:
+                    bad.append((req.rid, sched.ctx.seq_pos_max(seq), req.n_past))
+
+        sched.update = checked
+        e.oracle, e.bad_positions = oracle, bad
+        yield e
+    assert not bad, f"cells past n_past after a verify: {bad}"
+
+
+def metric(e, name):
+    return sum(e.snapshot()[name].values())
+
+
+def test_kept_guesses_give_the_greedy_answer(engine, alone):
+    results = [engine.submit(p, max_tokens=N, ignore_eos=True, logprobs=True).result(60)
+               for p in PROMPTS]
+    for p, r in zip(PROMPTS, results, strict=True):
+        assert_same_greedy(alone[p].token_ids, r.token_ids, alone[p].logprobs, r.logprobs)
+        assert r.usage.completion_tokens == N and r.finish_reason == "length"
+    drafted, kept = metric(engine, "spec_drafted_tokens_total"), \
+        metric(engine, "spec_accepted_tokens_total")
+    # every third guess is wrong, so a verify keeps at most two
+    assert drafted > 0 and 0 < kept < drafted
+    passes = metric(engine, "spec_verify_passes_total")
+    assert kept <= 2 * passes
+
+
+def test_speculating_and_plain_streams_share_ticks(engine, alone):
+    handles = [engine.submit(p, max_tokens=N, ignore_eos=True, logprobs=True,
+                             speculation="ngram" if i % 2 else "off")
+               for i, p in enumerate(PROMPTS * 2)]
+    for h, p in zip(handles, PROMPTS * 2, strict=True):
+        r = h.result(60)
+        assert_same_greedy(alone[p].token_ids, r.token_ids, alone[p].logprobs, r.logprobs)
+    assert metric(engine, "spec_verify_passes_total") > 0
+
+
+def test_max_tokens_reached_inside_a_draft(engine, alone):
+    for n in (1, 2, 3, 4, 7):
+        r = engine.submit(PROMPTS[0], max_tokens=n, ignore_eos=True, logprobs=True).result(60)
+        assert r.usage.completion_tokens == n and r.finish_reason == "length"
+        assert_same_greedy(alone[PROMPTS[0]].token_ids[:n], r.token_ids,
+                           alone[PROMPTS[0]].logprobs[:n], r.logprobs)
+
+
+def test_a_stop_string_inside_an_accepted_draft(engine, alone, tiny_path):
+    text = alone[PROMPTS[1]].text
+    stop = text[len(text) // 2:len(text) // 2 + 3]
+    want = text[:text.index(stop)]
+    r = engine.submit(PROMPTS[1], max_tokens=N, ignore_eos=True, stop=[stop]).result(60)
+    assert r.finish_reason == "stop" and r.text == want
+
+
+def test_a_request_cancelled_between_verifies_leaves_the_others_exact(engine, alone):
+    victim = engine.submit(PROMPTS[0], max_tokens=500, ignore_eos=True)
+    others = [engine.submit(p, max_tokens=N, ignore_eos=True, logprobs=True)
+              for p in PROMPTS[1:]]
+    for event in victim:
+        if len(event.token_ids):
+            victim.cancel()
+            break
+    assert victim.result(60).finish_reason == "cancelled"
+    for h, p in zip(others, PROMPTS[1:], strict=True):
+        r = h.result(60)
+        assert_same_greedy(alone[p].token_ids, r.token_ids, alone[p].logprobs, r.logprobs)
+
+
+def test_sampling_with_temperature_verifies_too(engine):
+    r = engine.submit(PROMPTS[0], max_tokens=N, ignore_eos=True, temperature=0.8,
+                      seed=3).result(60)
+    assert r.usage.completion_tokens == N
+    assert metric(engine, "spec_verify_passes_total") > 0
+
+
+def test_requests_that_cannot_speculate_do_not(engine):
+    """Penalties count every sampled row, top log-probabilities are one list a step, a grammar
+    follows each token: such requests decode a token a tick."""
+    before = engine.oracle.proposed
+    engine.submit(PROMPTS[0], max_tokens=8, ignore_eos=True, repeat_penalty=1.3).result(60)
+    engine.submit(PROMPTS[0], max_tokens=8, ignore_eos=True, top_logprobs=2).result(60)
+    engine.submit(PROMPTS[0], max_tokens=8, ignore_eos=True, speculation="off").result(60)
+    assert engine.oracle.proposed == before
+
+
+def test_the_option_is_checked(tiny_path):
+    with pytest.raises(InvalidRequestError, match="speculation must be one of off, ngram"):
+        uma.SamplingParams(speculation="eagle")
+    with pytest.raises(InvalidRequestError, match="speculation must be one of"):
+        uma.EngineConfig(model=str(tiny_path), speculation="yes")

@@ -1,0 +1,146 @@
+"""The goodput rule (uma.sched.speculation): pure functions of measured prices."""
+
+import pytest
+
+from uma.sched import speculation
+from uma.sched.speculation import (
+    MAX_DRAFT,
+    Acceptance,
+    Candidate,
+    RowPrice,
+    band,
+    best_length,
+    draft_lengths,
+    probe_period,
+)
+
+
+def flat(chance, n=MAX_DRAFT):
+    """Survival of guesses each kept with this chance, whatever came before."""
+    return tuple(chance ** j for j in range(1, n + 1))
+
+
+def gpu(k):  # a guess costs a sliver of a 6 ms tick
+    return 0.02
+
+
+def cpu(k):  # a guess costs half a 12 ms tick in a short draft, less in a long one
+    return 6.0 if k < 16 else 4.5
+
+
+def lone(survival, price=gpu, tick=6.0, proposed=MAX_DRAFT):
+    return draft_lengths([Candidate(0, proposed, survival)], price, 1.0, tick, 0.0)
+
+
+def test_a_lone_stream_on_a_gpu_drafts_deep_when_guesses_hold():
+    deep = lone(flat(0.9))[0]
+
+    def per_ms(k):
+        return (1 + sum(0.9 ** j for j in range(1, k + 1))) / (6.0 + 0.02 * k)
+
+    assert deep >= 16 and per_ms(deep) == max(per_ms(k) for k in range(MAX_DRAFT + 1))
+    assert lone(flat(0.9), proposed=5) == {0: 5}
+
+
+def test_depth_follows_acceptance():
+    depths = [lone(flat(a)).get(0, 0) for a in (0.3, 0.6, 0.8, 0.95)]
+    assert depths == sorted(depths) and depths[0] < depths[-1]
+
+
+def test_nothing_is_drafted_where_guesses_fail():
+    assert lone(flat(0.0)) == {}
+    assert lone(flat(0.2), cpu, 12.0) == {}
+
+
+def test_a_cpu_drafts_short_only_at_high_acceptance_and_long_for_a_sure_run():
+    assert lone(flat(0.45), cpu, 12.0) == {}
+    # a quoted passage: once the lookup is right it stays right
+    sure = (0.9,) * MAX_DRAFT
+    assert lone(sure, cpu, 12.0)[0] >= 16
+
+
+def test_busy_streams_turn_it_off_unless_guesses_are_nearly_sure():
+    """32 streams: a guess costs what one more stream's row does, 1/32 of the tick."""
+    def row(k):
+        return 1.0
+
+    cands = [Candidate(s, 8, flat(0.5)) for s in range(32)]
+    assert draft_lengths(cands, row, 32.0, 33.0, 0.0) == {}
+    sure = [Candidate(s, 8, flat(0.999)) for s in range(32)]
+    assert draft_lengths(sure, row, 32.0, 33.0, 0.0)
+
+
+def test_the_tick_bound_holds():
+    got = draft_lengths([Candidate(0, MAX_DRAFT, flat(0.99))], gpu, 1.0, 6.0, 6.1)
+    assert 0 < got[0] < MAX_DRAFT and 6.0 + got[0] * 0.02 <= 6.1 + 1e-9
+
+
+def test_the_surest_streams_get_the_rows():
+    def row(k):
+        return 0.5
+
+    got = draft_lengths([Candidate(0, 8, flat(0.95)), Candidate(1, 8, flat(0.4))], row, 2.0,
+                        2.0, 0.0)
+    assert got.get(0, 0) > got.get(1, 0)
+
+
+def test_best_length_reports_what_it_adds():
+    k, gained, spent = best_length(flat(0.5), 3, gpu, 1.0, 6.0, float("inf"))
+    assert k == 3 and gained == pytest.approx(0.5 + 0.25 + 0.125) and spent == pytest.approx(0.06)
+
+
+@pytest.mark.parametrize("streams, probe, tick, period", [(1, 24.0, 12.0, 100),
+                                                          (32, 4.0, 32.0, 200),
+                                                          (1, 0.08, 6.0, 1)])
+def test_probes_take_a_fixed_share_of_the_time(streams, probe, tick, period):
+    assert probe_period(streams, probe, tick) == period
+    assert streams * probe / period <= speculation.PROBE_SHARE * tick + 1e-9
+
+
+def test_row_price_is_measured_against_plain_ticks_of_as_many_decoders():
+    price = RowPrice(initial_ms=9.0)
+    assert price.per_guess(1) == price.per_guess(40) == 9.0
+    price.observe(1, 4, 40.0)  # no plain tick to compare with yet: nothing learned
+    assert price.per_guess(4) == 9.0
+    for _ in range(30):
+        price.observe(1, 0, 12.0)
+        price.observe(1, 2, 24.0)   # 6 ms a guess in a short draft
+        price.observe(1, 20, 102.0)  # 4.5 in a long one
+    assert price.plain_ms(1) == pytest.approx(12.0)
+    assert price.per_guess(2) == pytest.approx(6.0, rel=0.01)
+    assert price.per_guess(20) == pytest.approx(4.5, rel=0.01)
+    assert price.plain_ms(3) is None
+
+
+def test_agreement_bands():
+    assert [band(n) for n in (0, 2, 3, 4, 7, 8, 16, 31, 32, 99)] == [0, 0, 0, 1, 1, 2, 3, 3, 4, 4]
+
+
+def test_acceptance_follows_runs_of_kept_guesses():
+    acc = Acceptance()
+    assert acc.survival(1, "ngram", 4)[0] == speculation.FIRST_PRIOR
+    for _ in range(10):
+        acc.record(1, "ngram", 4, 8, 8)
+    s = acc.survival(1, "ngram", 4)
+    assert s[7] > 0.8
+    # a position no draft reached takes the chance of the one before it
+    assert s[20] / s[19] == pytest.approx(s[8] / s[7])
+    # another band and another stream learn from the drafter's chances, not this stream's
+    assert acc.survival(1, "ngram", 0)[0] == speculation.FIRST_PRIOR
+    assert speculation.FIRST_PRIOR < acc.survival(2, "ngram", 4)[0] < s[0]
+
+
+def test_acceptance_falls_where_guesses_fail():
+    acc = Acceptance()
+    for _ in range(20):
+        acc.record(1, "ngram", 0, 4, 0)
+    assert acc.survival(1, "ngram", 0)[0] < 0.1
+
+
+def test_guesses_after_a_rejected_one_are_not_counted_as_tried():
+    acc = Acceptance()
+    acc.record(1, "ngram", 0, 8, 2)  # tried 3: two kept, the third refused, five never tried
+    kept, tried = acc._own[1, 0]
+    assert kept[:4] == [1, 1, 0, 0] and tried[:4] == [1, 1, 1, 0]
+    acc.forget(1)
+    assert not acc._own
