@@ -116,6 +116,7 @@ cdef class Context:
     cdef object _chain_keys  # the parameters each chain was built from
     cdef int _n_chains
     cdef object _output_index  # batch position of each logits row, while chains exist
+    cdef int _outputs_per_seq  # logits rows a device-sampled sequence may have
 
     cdef void _free(self) noexcept
     cdef void _free_if_idle(self) noexcept

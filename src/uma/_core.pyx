@@ -892,7 +892,7 @@ cdef class Context:
     def __cinit__(self, Model model not None, *, int n_ctx=4096, int n_batch=512,
                   n_ubatch=None, int n_seq_max=1, bint kv_unified=True, str type_k="f16",
                   str type_v="f16", str flash_attn="auto", n_threads=None,
-                  n_threads_batch=None):
+                  n_threads_batch=None, int n_outputs_per_seq=1):
         self._ctx = NULL
         self._chains = NULL
         model._check_open()
@@ -906,6 +906,9 @@ cdef class Context:
         if not 0 < ubatch <= n_batch:
             raise errors.InvalidRequestError(f"n_ubatch must be in [1, n_batch={n_batch}]")
         _check_n_seq_max(n_seq_max)
+        if not 0 < n_outputs_per_seq <= n_batch:
+            raise errors.InvalidRequestError(
+                f"n_outputs_per_seq must be in [1, n_batch={n_batch}], not {n_outputs_per_seq}")
         for name, value in (("type_k", type_k), ("type_v", type_v)):
             if value not in _KV_TYPES:
                 raise errors.InvalidRequestError(
@@ -919,6 +922,10 @@ cdef class Context:
         params.n_batch = n_batch
         params.n_ubatch = ubatch
         params.n_seq_max = n_seq_max
+        # logits rows one sequence may have in a decode that its device sampler samples
+        # (a speculating stream's verify rows); 1 keeps the sampling graphs smallest
+        params.n_outputs_max_per_seq = n_outputs_per_seq
+        self._outputs_per_seq = n_outputs_per_seq
         params.kv_unified = kv_unified
         params.type_k = _KV_TYPES[type_k]
         params.type_v = _KV_TYPES[type_v]
@@ -1013,6 +1020,11 @@ cdef class Context:
     def n_ubatch(self):
         self._check_open()
         return L.llama_n_ubatch(self._ctx)
+
+    @property
+    def n_outputs_per_seq(self):
+        """Logits rows one device-sampled sequence may have in a decode."""
+        return self._outputs_per_seq
 
     @property
     def n_seq_max(self):

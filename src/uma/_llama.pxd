@@ -119,6 +119,7 @@ cdef extern from "llama.h" nogil:
         uint32_t n_batch
         uint32_t n_ubatch
         uint32_t n_seq_max
+        uint32_t n_outputs_max_per_seq
         int32_t n_threads
         int32_t n_threads_batch
         llama_flash_attn_type flash_attn_type

@@ -572,7 +572,7 @@ class Context(_ModelContext):
     def __init__(self, model: Model, *, n_ctx: int = 4096, n_batch: int = 512, n_ubatch=None,
                  n_seq_max: int = 1, kv_unified: bool = True, type_k: str = "f16",
                  type_v: str = "f16", flash_attn: str = "auto", n_threads=None,
-                 n_threads_batch=None) -> None:
+                 n_threads_batch=None, n_outputs_per_seq: int = 1) -> None:
         if not isinstance(model, Model):
             raise TypeError(f"model must be a fake_core.Model, not {type(model).__name__}")
         model._check_open()
@@ -610,6 +610,11 @@ class Context(_ModelContext):
         self.kv_unified = bool(kv_unified)
         self._n_ctx, self._n_ctx_seq = n_ctx, n_ctx_seq
         self._n_batch, self._n_ubatch, self._n_seq_max = n_batch, ubatch, n_seq_max
+        n_outputs_per_seq = _int(n_outputs_per_seq)
+        if not 0 < n_outputs_per_seq <= n_batch:
+            raise errors.InvalidRequestError(
+                f"n_outputs_per_seq must be in [1, n_batch={n_batch}], not {n_outputs_per_seq}")
+        self._outputs_per_seq = n_outputs_per_seq
         self._threads = (threads, threads_batch)
         n_streams = 1 if kv_unified else n_seq_max
         self._stream_cells = n_ctx if kv_unified else n_ctx_seq
@@ -661,6 +666,7 @@ class Context(_ModelContext):
     n_batch = property(lambda self: self._open(self._n_batch))
     n_ubatch = property(lambda self: self._open(self._n_ubatch))
     n_seq_max = property(lambda self: self._open(self._n_seq_max))
+    n_outputs_per_seq = property(lambda self: self._open(self._outputs_per_seq))
     n_threads = property(lambda self: self._open(self._threads))
     graphs_reused = property(lambda self: self._open(self._reused),
                              doc="Micro-batches shaped as the one before (the real core: "

@@ -132,3 +132,36 @@ def test_bad_options_and_sequences_are_refused(model):
         assert not ctx.device_sampled(0)
     finally:
         ctx.close()
+
+
+def test_a_device_sampler_samples_every_row_of_a_verify_when_the_context_allows_it(model):
+    """A speculating stream's verify item has several logits rows of one sequence: sampled on
+    the device only in a context made for it (n_outputs_per_seq), each row as the host would."""
+    rows = 4
+    got = {}
+    for allowed, device in ((rows, True), (1, True), (1, False)):
+        ctx = _core.Context(model, n_ctx=256, n_batch=64, n_outputs_per_seq=allowed)
+        batch = _core.Batch(64)
+        sampler = _core.Sampler(1, model.n_vocab)
+        try:
+            assert ctx.n_outputs_per_seq == allowed
+            sampler.configure(0)
+            if device:
+                assert ctx.set_sampler(0)
+            batch.add_rows(PROMPT[:rows], np.arange(rows, dtype=np.int32),
+                           np.zeros(rows, np.int32))
+            if device and allowed < rows:
+                with pytest.raises(Exception, match="decode"):
+                    ctx.decode(batch)
+                continue
+            ctx.decode(batch)
+            got[device] = ctx.sampled_tokens().tolist() if device \
+                else sampler.sample(ctx, np.arange(rows, dtype=np.int32),
+                                    np.zeros(rows, np.int32)).tolist()
+        finally:
+            ctx.close()
+            batch.close()
+            sampler.close()
+    assert got[True] == got[False]
+    with pytest.raises(InvalidRequestError, match="n_outputs_per_seq must be in"):
+        _core.Context(model, n_ctx=256, n_batch=64, n_outputs_per_seq=65)

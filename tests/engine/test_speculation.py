@@ -48,13 +48,14 @@ class Oracle:
         pass
 
 
-@pytest.fixture
-def engine(tiny_path, alone, monkeypatch):
+@pytest.fixture(params=["off", "on"], ids=["host-sampled", "device-sampled"])
+def engine(tiny_path, alone, monkeypatch, request):
     """An engine whose streams speculate with the oracle on every tick, checking after every
     tick that each running sequence's cells end where its request says (n_past)."""
     monkeypatch.setattr(speculation, "best_length",
                         lambda survival, proposed, *a: (min(proposed, 5), 1.0, 1.0))
-    with uma.Engine(tiny_path, n_ctx=2048, n_seq_max=4, speculation="ngram") as e:
+    with uma.Engine(tiny_path, n_ctx=2048, n_seq_max=4, speculation="ngram",
+                    device_sampling=request.param) as e:
         e.wait_ready()
         sched = e._scheduler
         lengths = {}

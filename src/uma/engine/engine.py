@@ -58,6 +58,7 @@ from uma.handle import RequestHandle, Result
 from uma.metrics import Registry
 from uma.priority import Priority
 from uma.request import Request
+from uma.sched import speculation
 from uma.sched.bmt import BmtModel, machine_bandwidth_gbps
 from uma.sched.policies import create_policy
 from uma.scorecard import Reading, rss_bytes, scorecard
@@ -171,7 +172,8 @@ class Engine:
                 self.model, n_ctx=config.n_ctx, n_batch=config.n_batch, n_ubatch=config.ubatch,
                 n_seq_max=n_seq, kv_unified=config.kv_unified, type_k=config.type_k,
                 type_v=config.type_v, flash_attn=config.flash_attn, n_threads=config.n_threads,
-                n_threads_batch=config.n_threads_batch))
+                n_threads_batch=config.n_threads_batch,
+                n_outputs_per_seq=self._outputs_per_seq(config)))
         except BaseException:
             self.model.close()
             raise
@@ -235,6 +237,15 @@ class Engine:
         # it plans the same with the model as without)
         lane.scheduler.bmt = self._scheduler.bmt
         return lane
+
+    @staticmethod
+    def _outputs_per_seq(config: EngineConfig) -> int:
+        """Logits rows a device-sampled sequence may have in a decode: a verify item's where
+        requests speculate by default (larger sampling graphs otherwise buy nothing; a request
+        that asks for speculation itself is then sampled on the host)."""
+        if config.speculation == "off":
+            return 1
+        return min(1 + speculation.MAX_DRAFT, config.n_batch)
 
     @staticmethod
     def _add_rpc_workers(config: EngineConfig, core: ModuleType) -> None:

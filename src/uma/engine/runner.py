@@ -129,9 +129,10 @@ class Runner:
             self._constrained.add(seq)
         if req.params.top_logprobs:
             self._top_wanted.add(seq)
-        # a speculating request's verify rows are sampled on the host, which sees them all
+        # a speculating request's verify rows are all sampled where its rows are: on the
+        # device only where the context lets a device sampler have that many rows
         if self.device_sampling and req.params.device_capable and req.matcher is None \
-                and req.drafter is None:
+                and (req.drafter is None or self.ctx.n_outputs_per_seq > 1):
             self.on_device[seq] = self.ctx.set_sampler(seq, **req.params.device_options())
         else:
             self.ctx.clear_sampler(seq)

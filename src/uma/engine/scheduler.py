@@ -561,7 +561,11 @@ class Scheduler:
         if self.speculator.default == "off" and not any(
                 r.drafter is not None for r in self.running.values()):
             return plan
-        return self.speculator.draft(plan, self.running, self.cost.estimate)
+        return self.speculator.draft(plan, self.running, self.cost.estimate,
+                                     self.runner.batch.capacity, self._device_rows)
+
+    def _device_rows(self, seq: int) -> int:
+        return self.ctx.n_outputs_per_seq if self.runner.on_device[seq] else 0
 
     def _repeatable(self, plan: Plan) -> bool:
         """Whether the next ticks may run this plan again without asking the policy: it

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from uma.engine.drafters import NgramDrafter
 from uma.engine.runner import Ran
@@ -71,12 +71,15 @@ class Speculator:
             return None
         return chosen
 
-    def draft(self, plan: Plan, running: Mapping[int, Request], cost: CostEstimate) -> Plan:
+    def draft(self, plan: Plan, running: Mapping[int, Request], cost: CostEstimate,
+              capacity: int, device_rows: Callable[[int], int]) -> Plan:
         """The plan with verify items for the decoders whose guesses pay, and a probe (a
         short draft) for a stream that has verified none for its probe period (unchanged if
         none). Where some decoder of the plan does not speculate, or a prompt shares the tick,
         the tick stays within the policy's latency line: guesses must not lengthen others'
-        gaps past it. A stream that speculates alone trades only its own."""
+        gaps past it. A stream that speculates alone trades only its own. capacity: the
+        batch's tokens; device_rows(seq): the rows a sequence's device sampler may have (0: it
+        is sampled on the host)."""
         wanted = [(k, running[i.seq_id]) for k, i in enumerate(plan.items)
                   if i.phase is Phase.DECODE and i.seq_id in running
                   and running[i.seq_id].drafter is not None]
@@ -102,8 +105,10 @@ class Speculator:
             self._since[req.rid] = since = self._since.get(req.rid, 0) + 1
             if self._quiet.get(req.rid, 0) > self._ticks and since < period:
                 continue
+            on_device = device_rows(req.seq_id)
             room = min(speculation.MAX_DRAFT, req.params.max_tokens - req.n_sampled - 1,
-                       self.n_ctx_seq - 1 - req.n_past)
+                       self.n_ctx_seq - 1 - req.n_past,
+                       on_device - 1 if on_device else speculation.MAX_DRAFT)
             if room <= 0:
                 continue
             # the best a full draft could make (its surest band): when even that does not
@@ -134,8 +139,10 @@ class Speculator:
         if not lengths:
             return plan
         items = list(plan.items)
+        free = capacity - plan.n_tokens
         for k, req in wanted:
-            n = lengths.get(req.seq_id, 0)
+            n = min(lengths.get(req.seq_id, 0), free)
+            free -= n
             if n:
                 self._since[req.rid] = 0
                 draft = tuple(int(t) for t in guesses[req.seq_id][:n])
