@@ -572,10 +572,60 @@ def served_pace() -> Path:
                     "--threads 8 --streams 1,8,32 --repeat 3 --tg 512"}])
 
 
+def speculation() -> Path:
+    """One stream's decode tokens/s with guesses over without, by task, UMA Serve's n-gram
+    lookup against each of llama-server's model-free drafters (CPU, SmolLM2, real text); and
+    what speculation costs where it does not pay (N streams, ngram over off, H200 and CPU)."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2),
+                                      gridspec_kw={"width_ratios": [3, 2]})
+    cpu = result("speculation_cpu_smollm2.json")
+    tasks = list(cpu["summary"]["uma"])
+    sides = {"uma ngram": UMA, "llama-server ngram-simple": "tab:olive",
+             "llama-server ngram-map-k": PEER, "llama-server ngram-mod": "tab:red"}
+    heights = {side: [cpu["summary"][side][t]["x_plain"] for t in tasks] for side in sides}
+    runs = {}
+    for side in sides:
+        base = "uma" if side.startswith("uma") else "llama-server"
+        runs[side] = [[row["tok_s"] / statistics.median(r["tok_s"] for r in
+                                                         cpu["runs"][base][t])
+                       for row in cpu["runs"][side][t]] for t in tasks]
+    grouped_bars(left, tasks, heights, runs, colours=sides)
+    left.axhline(1.0, color="black", lw=0.6)
+    left.set_title("one stream, SmolLM2, 2-core CPU: decode tokens/s with guesses ÷ its "
+                   "server without\nmedian; dots: each run", fontsize=9, loc="left")
+    left.legend(fontsize=7, loc="upper left")
+    loads = {"H200, 1B": result("speculation_load_h200_1b.json"),
+             "CPU, SmolLM2": result("speculation_load_cpu_smollm2.json")}
+    labels, ratio_runs = [], []
+    for name, got in loads.items():
+        for n in sorted({r["streams"] for r in got["rows"]}):
+            off = statistics.median(r["tps"] for r in got["rows"]
+                                    if r["streams"] == n and r["side"] == "off")
+            labels.append(f"{name}\n{n} stream{'s' if n > 1 else ''}")
+            ratio_runs.append([r["tps"] / off for r in got["rows"]
+                               if r["streams"] == n and r["side"] == "ngram"])
+    grouped_bars(right, labels, {"ngram ÷ off": [statistics.median(r) for r in ratio_runs]},
+                 {"ngram ÷ off": ratio_runs}, colours={"ngram ÷ off": UMA})
+    right.axhline(0.97, color="tab:red", ls="--", lw=1, label="at most 3 % slower")
+    right.axhline(1.0, color="black", lw=0.6)
+    right.set_ylim(0.7, 1.4)
+    right.tick_params(axis="x", labelsize=7)
+    right.set_title("N streams of short prompts: tokens/s,\n--speculation ngram ÷ off",
+                    fontsize=9, loc="left")
+    right.legend(fontsize=7, loc="upper left")
+    return save(fig, "speculation", [
+        {"data": "benches/results/speculation_cpu_smollm2.json", **plots.provenance(cpu["info"])},
+        {"data": "benches/results/speculation_load_*.json",
+         "machine": f"{H200}; the 2-core CPU", "model": f"{SYNTH_1B}; SmolLM2",
+         "date": loads["H200, 1B"]["info"]["when"][:10],
+         "command": "python benches/speculation.py --load ..."}])
+
+
 PAGES = {"constrained-decoding": constrained_decoding, "decode-throughput": decode_throughput,
          "fair-share": fair_share, "gpu-speed": gpu_speed, "micro-benchmarks": micro_benchmarks,
          "overhead": overhead, "prefix-reuse": prefix_reuse, "rpc-split": rpc_split,
-         "several-models": several_models, "served-pace": served_pace, "vulkan": vulkan}
+         "several-models": several_models, "served-pace": served_pace,
+         "speculation": speculation, "vulkan": vulkan}
 
 if __name__ == "__main__":
     unknown = [p for p in sys.argv[1:] if p not in PAGES]

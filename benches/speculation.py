@@ -18,8 +18,8 @@ Acceptance: UMA's from its /metrics (spec_drafted/accepted), llama-server's from
     python benches/speculation.py --load 1,32 --model 1b --backend cuda --gpu-layers 99
 
 `--load` measures what speculation costs where it should not pay: N streams of short
-prompts decoding at once in one engine (exactly the daemon's settings for those flags), each
-run once with every request's speculation off and once with ngram, alternated; tokens/s over
+prompts decoding at once, in a fresh engine with --speculation off or ngram (exactly the
+daemon's settings for those flags), the sides alternated; tokens/s over
 the window in which every stream decodes, and the acceptance. On a synthetic model's random
 text guesses are rarely kept, and at many streams a guess costs about a stream's row: the
 goodput rule should switch it off (target: at most 3 % slower).
@@ -33,6 +33,7 @@ import json
 import re
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -130,37 +131,43 @@ def load(ns: argparse.Namespace) -> None:
 
     model = model_path(ns.model)
     rows = []
+    timing = tempfile.mkdtemp()  # each side's engine times the device once
     for n in (int(x) for x in ns.load.split(",")):
-        conf = settings.resolve([{"model": str(model), "threads": ns.threads,
-                                  "threads_batch": ns.threads, "parallel": n,
-                                  "ctx": max(4096, n * (64 + ns.max_tokens) + 256),
-                                  "gpu_layers": ns.gpu_layers}])
-        with uma.Engine.from_config(conf.engine) as engine:
-            engine.generate("warm up", max_tokens=4)
-            by: dict[str, list[dict]] = {"off": [], "ngram": []}
-            for r, side in alternating(list(by), ns.repeat):
+        by: dict[str, list[dict]] = {"off": [], "ngram": []}
+        for r, side in alternating(list(by), ns.repeat):
+            # a fresh engine each run, one at a time: an idle engine's threads beside a busy
+            # one's share the CPU's cores
+            conf = settings.resolve([{"model": str(model), "threads": ns.threads,
+                                      "threads_batch": ns.threads, "parallel": n,
+                                      "ctx": max(4096, n * (64 + ns.max_tokens) + 256),
+                                      "gpu_layers": ns.gpu_layers, "speculation": side}])
+            with uma.Engine.from_config(conf.engine, timing_dir=timing) as engine:
+                engine.generate("warm up", max_tokens=4)
                 before = engine.snapshot()
-                handles = [engine.submit(p, max_tokens=ns.max_tokens, ignore_eos=True,
-                                         speculation=side) for p in short_prompts(n)]
+                handles = [engine.submit(p, max_tokens=ns.max_tokens, ignore_eos=True)
+                           for p in short_prompts(n)]
                 results = [h.result(timeout=3600) for h in handles]
                 after = engine.snapshot()
-                streams = [{"times": [t / 1e3 for t in res.timings.token_ms],
-                            "tokens": res.usage.completion_tokens,
-                            "events": len(res.timings.token_ms)} for res in results]
-                row = window(streams)
-                drafted, accepted = (sum(after[k].values()) - sum(before[k].values())
-                                     for k in ("spec_drafted_tokens_total",
-                                               "spec_accepted_tokens_total"))
-                row.update(streams=n, side=side, run=r, drafted=drafted,
-                           acceptance=accepted / drafted if drafted else 0.0)
-                by[side].append(row)
-                rows.append(row)
-                print(f"{n:3d} streams run {r} {side:6s} {row['tps']:8.1f} tok/s  drafted "
-                      f"{drafted:6.0f}  acceptance {row['acceptance']:.2f}", flush=True)
-            off = statistics.median(x["tps"] for x in by["off"])
-            on = [x["tps"] / off for x in by["ngram"]]
-            print(f"{n:3d} streams: ngram/off {statistics.median(on):.3f} "
-                  f"({min(on):.3f}-{max(on):.3f})", flush=True)
+                prices = engine._scheduler.speculator.prices
+            streams = [{"times": [t / 1e3 for t in res.timings.token_ms],
+                        "tokens": res.usage.completion_tokens,
+                        "events": len(res.timings.token_ms)} for res in results]
+            row = window(streams)
+            drafted, accepted = (sum(after[k].values()) - sum(before[k].values())
+                                 for k in ("spec_drafted_tokens_total",
+                                           "spec_accepted_tokens_total"))
+            row.update(streams=n, side=side, run=r, drafted=drafted,
+                       acceptance=accepted / drafted if drafted else 0.0,
+                       guess_ms=list(prices.per_band) if prices else None,
+                       plain_ms=prices.plain_ms(n) if prices else None)
+            by[side].append(row)
+            rows.append(row)
+            print(f"{n:3d} streams run {r} {side:6s} {row['tps']:8.1f} tok/s  drafted "
+                  f"{drafted:6.0f}  acceptance {row['acceptance']:.2f}", flush=True)
+        off = statistics.median(x["tps"] for x in by["off"])
+        on = [x["tps"] / off for x in by["ngram"]]
+        print(f"{n:3d} streams: ngram/off {statistics.median(on):.3f} "
+              f"({min(on):.3f}-{max(on):.3f})", flush=True)
     if ns.out:
         ns.out.write_text(json.dumps({"info": report.run_info(
             model, backend=ns.backend, threads=ns.threads, gpu_layers=ns.gpu_layers),

@@ -17,8 +17,8 @@ CLASSES = ("_interactive", "_background")
 
 
 def documented() -> set[str]:
-    names = re.findall(r"^\| `uma_([a-z0-9_]+)(?:\{(?:class|app)\})?` \|", DOC.read_text(),
-                       re.M)
+    names = re.findall(r"^\| `uma_([a-z0-9_]+)(?:\{(?:class|app|drafter)\})?` \|",
+                       DOC.read_text(), re.M)
     assert len(names) == len(set(names)), "a name is listed twice"
     return set(names)
 
