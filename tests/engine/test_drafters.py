@@ -65,3 +65,21 @@ def test_the_drafter_follows_a_growing_answer():
     assert drafter.propose(req, 2)[0].tolist() == [14, 99]
     drafter.forget(1)
     assert drafter._histories == {}
+
+
+def test_the_drafters_index_finds_what_a_scan_finds():
+    """The drafter looks the last pair up in its index of every pair's places; a scan of the
+    whole history must find the same guesses, whatever the text (a small vocabulary, so that
+    pairs recur), as the history grows a token at a time."""
+    rng = np.random.default_rng(7)
+    for trial in range(30):
+        vocab = int(rng.integers(2, 12))
+        prompt = rng.integers(0, vocab, int(rng.integers(0, 80))).astype(np.int32)
+        req = Request(trial, prompt, SamplingParams(), Priority.INTERACTIVE, 0)
+        drafter = NgramDrafter()
+        for _ in range(60):
+            got = drafter.propose(req, 9)
+            history = np.concatenate([prompt, np.array(req.generated, np.int32)])
+            want = lookup(history, 9)
+            assert got[0].tolist() == want[0].tolist() and got[1] == want[1]
+            req.generated.append(int(rng.integers(0, vocab)))

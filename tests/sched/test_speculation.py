@@ -144,3 +144,15 @@ def test_guesses_after_a_rejected_one_are_not_counted_as_tried():
     assert kept[:4] == [1, 1, 0, 0] and tried[:4] == [1, 1, 1, 0]
     acc.forget(1)
     assert not acc._own
+
+
+def test_a_plain_tick_is_asked_for_when_none_was_seen_lately():
+    price = RowPrice(initial_ms=1.0)
+    assert price.stale(8)  # never seen: the first tick of 8 decoders runs plain
+    price.observe(8, 0, 10.0)
+    for _ in range(speculation.CONTROL_TICKS):
+        assert not price.stale(8)
+        price.observe(8, 16, 30.0)
+    assert price.stale(8)
+    price.observe(8, 0, 10.0)
+    assert not price.stale(8)

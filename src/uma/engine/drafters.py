@@ -27,15 +27,22 @@ CANDIDATES = 64
 
 
 class _History:
-    """A request's tokens (prompt, then output) in a growing buffer."""
+    """A request's tokens (prompt, then output) in a growing buffer, with where each pair of
+    consecutive tokens starts: a lookup then reads the earlier occurrences of the last pair
+    instead of scanning the whole history each tick (it runs every tick of every stream that
+    speculates, where a GPU's tick is a millisecond or two)."""
 
-    __slots__ = ("buf", "n", "seen")
+    __slots__ = ("buf", "n", "seen", "pairs")
 
     def __init__(self, prompt: np.ndarray) -> None:
         self.buf = np.empty(max(64, 2 * len(prompt)), np.int32)
         self.buf[:len(prompt)] = prompt
         self.n = len(prompt)
         self.seen = 0  # output tokens copied in
+        self.pairs: dict[tuple[int, int], list[int]] = {}
+        tokens = prompt.tolist()
+        for i in range(len(tokens) - 1):
+            self.pairs.setdefault((tokens[i], tokens[i + 1]), []).append(i)
 
     def sync(self, generated: list[int]) -> np.ndarray:
         new = generated[self.seen:]
@@ -45,24 +52,39 @@ class _History:
                 grown[:self.n] = self.buf[:self.n]
                 self.buf = grown
             self.buf[self.n:self.n + len(new)] = new
+            for i in range(max(self.n - 1, 0), self.n + len(new) - 1):
+                pair = (int(self.buf[i]), int(self.buf[i + 1]))
+                self.pairs.setdefault(pair, []).append(i)
             self.n += len(new)
             self.seen = len(generated)
         return self.buf[:self.n]
 
+    def earlier(self) -> list[int]:
+        """Where the last pair occurs before its own place at the end, latest last."""
+        if self.n < 2:
+            return []
+        starts = self.pairs.get((int(self.buf[self.n - 2]), int(self.buf[self.n - 1])), [])
+        return starts[-CANDIDATES - 1:-1]
 
-def lookup(history: np.ndarray, k: int) -> tuple[np.ndarray, int]:
+
+def lookup(history: np.ndarray, k: int, earlier: list[int] | None = None
+           ) -> tuple[np.ndarray, int]:
     """Up to k tokens that followed the earlier occurrence of history's last NGRAM_MIN tokens
     that agrees with history's end the furthest back (the latest of those), and how far it
-    agrees (at most MATCH_MAX). Empty, 0: none occurs earlier."""
+    agrees (at most MATCH_MAX). Empty, 0: none occurs earlier. earlier: where those tokens
+    occur before the end, latest last (None: found by scanning the history)."""
     size = len(history)
     n = NGRAM_MIN
     if size <= n or k <= 0:
         return history[:0], 0
-    tail = history[size - n:]
-    hit = history[:size - n] == tail[0]
-    for j in range(1, n):
-        hit &= history[j:size - n + j] == tail[j]
-    starts = np.flatnonzero(hit)[-CANDIDATES:]
+    if earlier is None:
+        tail = history[size - n:]
+        hit = history[:size - n] == tail[0]
+        for j in range(1, n):
+            hit &= history[j:size - n + j] == tail[j]
+        starts = np.flatnonzero(hit)[-CANDIDATES:]
+    else:
+        starts = np.array(earlier[-CANDIDATES:], np.int64)
     if not len(starts):
         return history[:0], 0
     # how many tokens before each occurrence agree with the ones before the tail
@@ -94,7 +116,11 @@ class NgramDrafter:
         history = self._histories.get(req.rid)
         if history is None:
             history = self._histories[req.rid] = _History(req.prompt)
-        return lookup(history.sync(req.generated), k)
+        tokens = history.sync(req.generated)
+        earlier = history.earlier()
+        if not earlier:
+            return tokens[:0], 0
+        return lookup(tokens, k, earlier)
 
     def forget(self, rid: int) -> None:
         self._histories.pop(rid, None)

@@ -45,7 +45,8 @@ class Speculator:
         self._band: dict[int, int] = {}  # rid -> its last lookup's agreement band
         self.prices: RowPrice | None = None  # what guesses cost (calibrated, then measured)
         self._ticks = 0  # draft() calls
-        self._quiet: dict[int, int] = {}  # rid -> the tick before which it is not looked at
+        # rid -> (the tick it was asked at, whether its guesses could pay): _worth_looking
+        self._worth: dict[int, tuple[int, bool]] = {}
         self.drafted = metrics.family("spec_drafted_tokens_total",
                                       "guesses verified in a target pass", "drafter",
                                       Counter)
@@ -91,6 +92,9 @@ class Speculator:
         prices = self._prices(cost)
         expected = sum(1 for i in plan.items if i.logits)
         shared = len(wanted) < len(plan.items)
+        if not shared and prices.stale(len(wanted)):  # a control tick: plain, to compare with
+            self.streams.set(0)
+            return plan
         tick = (None if shared else prices.plain_ms(len(wanted))) \
             or self._predicted(plan, running, cost)
         notes = plan.notes
@@ -103,23 +107,15 @@ class Speculator:
             drafter = req.drafter
             assert drafter is not None
             self._since[req.rid] = since = self._since.get(req.rid, 0) + 1
-            if self._quiet.get(req.rid, 0) > self._ticks and since < period:
-                continue
             on_device = device_rows(req.seq_id)
             room = min(speculation.MAX_DRAFT, req.params.max_tokens - req.n_sampled - 1,
                        self.n_ctx_seq - 1 - req.n_past,
                        on_device - 1 if on_device else speculation.MAX_DRAFT)
             if room <= 0:
                 continue
-            # the best a full draft could make (its surest band): when even that does not
-            # pay there is nothing to look up, unless the stream is due a probe
-            best = max((self.acceptance.survival(req.rid, drafter, b)
-                        for b in range(len(speculation.AGREEMENT_BANDS))), key=lambda s: s[0])
-            worth = speculation.best_length(best, room, prices.per_guess, expected, tick,
-                                            bound or math.inf)[0] > 0
+            worth = self._worth_looking(req, drafter, room, prices, expected, tick, bound)
             probe = not worth and not shared and since >= period
             if not worth and not probe:
-                self._quiet[req.rid] = self._ticks + speculation.QUIET_TICKS
                 continue
             found, agreement = self.drafters[drafter].propose(
                 req, room if worth else min(room, speculation.PROBE_DRAFT))
@@ -135,6 +131,9 @@ class Speculator:
         lengths = speculation.draft_lengths(candidates, prices.per_guess, expected, tick, bound)
         for seq in probing:  # a probe: a short draft where the chances gave none
             lengths[seq] = len(guesses[seq])
+        for c in candidates:  # its lookup's band does not pay: not looked up again for a while
+            if c.seq_id not in lengths:
+                self._worth[running[c.seq_id].rid] = (self._ticks, False)
         self.streams.set(len(lengths))
         if not lengths:
             return plan
@@ -148,6 +147,22 @@ class Speculator:
                 draft = tuple(int(t) for t in guesses[req.seq_id][:n])
                 items[k] = dataclasses.replace(items[k], n_tokens=1 + n, draft=draft)
         return dataclasses.replace(plan, items=tuple(items))
+
+    def _worth_looking(self, req: Request, drafter: str, room: int, prices: RowPrice,
+                       expected: float, tick: float, bound: float) -> bool:
+        """Whether the best a full draft of the stream's could make (in its surest band of
+        agreement) pays: when even that does not, there is nothing to look up. Asked again
+        every QUIET_TICKS ticks, and after each of its verifies: on a GPU's tick of a
+        millisecond or two, asking every stream every tick cost more than the guesses won."""
+        cached = self._worth.get(req.rid)
+        if cached is not None and self._ticks - cached[0] < speculation.QUIET_TICKS:
+            return cached[1]
+        best = max((self.acceptance.survival(req.rid, drafter, b)
+                    for b in range(len(speculation.AGREEMENT_BANDS))), key=lambda s: s[0])
+        worth = speculation.best_length(best, room, prices.per_guess, expected, tick,
+                                        bound or math.inf)[0] > 0
+        self._worth[req.rid] = (self._ticks, worth)
+        return worth
 
     def _prices(self, cost: CostEstimate) -> RowPrice:
         if self.prices is None:  # no timing of the device: the cost model's row
@@ -201,6 +216,7 @@ class Speculator:
                 continue
             self.acceptance.record(req.rid, req.drafter, self._band.get(req.rid, 0),
                                    len(item.draft), kept)
+            self._worth.pop(req.rid, None)  # its chances moved: asked again next tick
             self.drafted.child(req.drafter).inc(len(item.draft))
             self.accepted.child(req.drafter).inc(kept)
             self.passes.child(req.drafter).inc()
@@ -211,7 +227,7 @@ class Speculator:
             self.acceptance.forget(req.rid)
             self._since.pop(req.rid, None)
             self._band.pop(req.rid, None)
-            self._quiet.pop(req.rid, None)
+            self._worth.pop(req.rid, None)
 
     @staticmethod
     def undrafted(plan: Plan) -> Plan:

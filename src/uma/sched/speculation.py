@@ -57,8 +57,11 @@ PROBE_SHARE = 0.02
 PROBE_DRAFT = 4
 # a drafter's chance at every position before any of its guesses were verified
 FIRST_PRIOR = 0.5
-# ticks a stream whose guesses do not pay is left alone before it is looked at again (the
-# check is the speculator's only cost on a tick where no one speculates)
+# the most ticks of a number of decoders that verify guesses before one runs plain, so that
+# what a guess costs is measured against a recent plain tick (RowPrice.stale)
+CONTROL_TICKS = 16
+# ticks between two checks of whether a stream's guesses could pay, between its verifies (the
+# check is most of the speculator's cost on a tick where no one drafts)
 QUIET_TICKS = 8
 
 
@@ -122,6 +125,15 @@ class RowPrice:
     def __init__(self, initial_ms: float) -> None:
         self.per_band = [initial_ms] * len(GUESS_BANDS)
         self.plain: dict[int, float] = {}  # decoders -> their plain tick's time, ms
+        self.ticks = 0  # ticks observed
+        self.plain_at: dict[int, int] = {}  # decoders -> the tick their plain time was last seen
+
+    def stale(self, decoders: int) -> bool:
+        """Whether no plain tick of this many decoders was seen in the last CONTROL_TICKS: the
+        next of theirs should be one, for the price to be measured against (once every
+        stream speculates, no tick would be plain, and a host-bound engine's guesses, priced
+        at the device's row, cost twice what they won)."""
+        return self.ticks - self.plain_at.get(decoders, -CONTROL_TICKS) >= CONTROL_TICKS
 
     def per_guess(self, k: int) -> float:
         return self.per_band[bisect.bisect_right(GUESS_BANDS, k) - 1]
@@ -131,7 +143,9 @@ class RowPrice:
 
     def observe(self, decoders: int, guesses: int, tick_ms: float) -> None:
         """A tick of `decoders` decode rows (no prompt) that verified `guesses` guesses."""
+        self.ticks += 1
         if not guesses:
+            self.plain_at[decoders] = self.ticks
             was = self.plain.get(decoders)
             self.plain[decoders] = tick_ms if was is None else was + 0.2 * (tick_ms - was)
             return
