@@ -418,7 +418,7 @@ class Scheduler:
             self.running[req.seq_id] = req
             try:
                 self._reuse(req)
-                req.drafter = self.speculator.drafter_of(req)
+                self.speculator.admit(req)
                 self.runner.admit(req)
             except Exception as exc:  # noqa: BLE001 - this request's alone
                 self.fail(req, exc)
@@ -558,8 +558,7 @@ class Scheduler:
     def _drafted(self, plan: Plan) -> Plan:
         """The plan with the guesses that pay for its speculating decoders (uma.engine.
         speculator); the same plan where none do."""
-        if self.speculator.default == "off" and not any(
-                r.drafter is not None for r in self.running.values()):
+        if not self.speculator.speculating:
             return plan
         return self.speculator.draft(plan, self.running, self.cost.estimate,
                                      self.runner.batch.capacity, self._device_rows)
@@ -647,6 +646,7 @@ class Scheduler:
         self._changes += 1
         self._keep(req, req.seq_id)  # its next admission finds its own cells again
         self.runner.forget(req.seq_id)
+        self.speculator.forget(req)
         self.ctx.seq_rm(req.seq_id)
         heapq.heappush(self.free_seqs, req.seq_id)
         del self.running[req.seq_id]

@@ -47,6 +47,7 @@ class Speculator:
         self._ticks = 0  # draft() calls
         # rid -> (the tick it was asked at, whether its guesses could pay): _worth_looking
         self._worth: dict[int, tuple[int, bool]] = {}
+        self._running: set[int] = set()  # rids of running requests that speculate
         self.drafted = metrics.family("spec_drafted_tokens_total",
                                       "guesses verified in a target pass", "drafter",
                                       Counter)
@@ -60,6 +61,18 @@ class Speculator:
                                      "streams that verified guesses in the last tick")
         self.eligible = metrics.gauge("spec_streams_eligible",
                                       "decoding streams whose requests speculate")
+
+    @property
+    def speculating(self) -> bool:
+        """Whether any running request speculates (else the tick skips the speculator)."""
+        return bool(self._running)
+
+    def admit(self, req: Request) -> None:
+        """Sets the drafter of a request that is given a sequence (None: it does not
+        speculate)."""
+        req.drafter = self.drafter_of(req)
+        if req.drafter is not None:
+            self._running.add(req.rid)
 
     def drafter_of(self, req: Request) -> str | None:
         """The drafter the request speculates with (None: it does not)."""
@@ -180,7 +193,7 @@ class Speculator:
 
     def measured(self, plan: Plan, tick_ms: float) -> None:
         """A tick's measured time, for the guesses' price: only ticks of decoders alone."""
-        if self.prices is None or not plan.items \
+        if self.prices is None or not self._running or not plan.items \
                 or any(i.phase is not Phase.DECODE for i in plan.items):
             return
         self.prices.observe(len(plan.items), plan.n_drafted, tick_ms)
@@ -222,6 +235,8 @@ class Speculator:
             self.passes.child(req.drafter).inc()
 
     def forget(self, req: Request) -> None:
+        """The request left its sequence (ended or preempted)."""
+        self._running.discard(req.rid)
         if req.drafter is not None:
             self.drafters[req.drafter].forget(req.rid)
             self.acceptance.forget(req.rid)
