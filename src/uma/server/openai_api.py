@@ -252,7 +252,7 @@ def parse_embeddings(body: object, *, model_id: str, limits: P.RequestLimits,
     assert isinstance(req, P.EmbedRequest)
     encoding = _field(body, "encoding_format", str) or "float"
     if encoding not in ("float", "base64"):
-        raise ApiError(400, f"encoding_format must be 'float' or 'base64', not {encoding!r}",
+        raise ApiError(400, f"encoding_format must be 'float' or 'base64', not {shown(encoding)}",
                        param="encoding_format")
     wanted = _field(body, "dimensions", int)
     if wanted is not None and wanted != dimensions:
