@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-TOOLS = ("llama-server", "llama-bench", "llama-batched-bench", "llama-perplexity")
+TOOLS = ("llama-server", "llama-bench", "llama-batched-bench", "llama-perplexity",
+         "llama-quantize")
 
 
 def build_dir(backend: str = "cpu") -> Path:

@@ -17,6 +17,14 @@ Acceptance: UMA's from its /metrics (spec_drafted/accepted), llama-server's from
 
     python benches/speculation.py --load 1,32 --model 1b --backend cuda --gpu-layers 99
 
+    python benches/speculation.py --model smollm2 --draft-self F16 --sides uma "uma draft" \
+        llama-server "llama-server draft"
+
+`--draft-self TYPE` measures a draft model: the model given drafts for a higher-precision copy
+of itself (llama-quantize --allow-requantize, to TYPE: F16 or Q8_0), which both servers then
+serve; sides `uma draft` (--draft-model) and `llama-server draft` (--spec-type draft-simple
+--model-draft, its default draft settings) join the others, and every side serves the copy.
+
 `--load` measures what speculation costs where it should not pay: N streams of short
 prompts decoding at once, in a fresh engine with --speculation off or ngram (exactly the
 daemon's settings for those flags), the sides alternated; tokens/s over
@@ -32,6 +40,7 @@ import http.client
 import json
 import re
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -114,6 +123,18 @@ def uma_spec_counts(port: int) -> tuple[float, float]:
     return total("spec_drafted_tokens_total"), total("spec_accepted_tokens_total")
 
 
+def higher_precision(quantize: Path, model: Path, kind: str) -> Path:
+    """The model requantized to `kind` (its own weights at a higher precision: a target the
+    model drafts for), made once in the system's temporary folder."""
+    out = Path(tempfile.gettempdir()) / f"{model.stem}.{kind}.gguf"
+    if not out.exists():
+        part = out.with_suffix(".part")
+        subprocess.run([str(quantize), "--allow-requantize", str(model), str(part), kind],
+                       check=True, capture_output=True)
+        part.rename(out)
+    return out
+
+
 def prompts(model: Path) -> dict[str, str]:
     """Each task as the model's chat template renders it (special tokens as text)."""
     with _core.Model(model, vocab_only=True) as vocab:
@@ -184,6 +205,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=400)
     ap.add_argument("--sides", nargs="+", help="which sides (default: all)")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--draft-self", metavar="TYPE",
+                    help="serve the model requantized to TYPE (F16, Q8_0) with the model as "
+                    "its draft (see above)")
     ap.add_argument("--load", help="stream counts: measure speculation's cost where it should "
                     "not pay (see above)")
     ns = ap.parse_args()
@@ -191,15 +215,26 @@ def main() -> None:
         return load(ns)
     model = Path(ns.model) if Path(ns.model).exists() \
         else catalog.fetch(catalog.CATALOG[ns.model])
-    tool = ensure_tools(ns.backend)["llama-server"]
+    tools = ensure_tools(ns.backend)
+    tool = tools["llama-server"]
+    draft = None
+    if ns.draft_self:
+        draft, model = model, higher_precision(tools["llama-quantize"], model, ns.draft_self)
     texts = prompts(model)
     common = {"threads": ns.threads, "ctx": 4096, "parallel": 1, "gpu_layers": ns.gpu_layers}
+    drafting = {} if draft is None else {
+        "uma draft": lambda: uma_server(model, args=("--draft-model", str(draft)), **common),
+        "llama-server draft": lambda: llama_server(
+            tool, model, args=("--spec-type", "draft-simple", "--model-draft", str(draft),
+                               "--spec-draft-ngl", str(ns.gpu_layers)), **common),
+    }
     sides = {
         "uma": lambda: uma_server(model, args=("--speculation", "off"), **common),
         "uma ngram": lambda: uma_server(model, args=("--speculation", "ngram"), **common),
         "llama-server": lambda: llama_server(tool, model, **common),
         **{f"llama-server {t}": (lambda t=t: llama_server(tool, model, args=("--spec-type", t),
                                                           **common)) for t in LLAMA_SPEC},
+        **drafting,
     }
     if ns.sides:
         sides = {k: v for k, v in sides.items() if k in ns.sides}

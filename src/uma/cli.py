@@ -70,8 +70,8 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version, is
 PANELS: dict[str, tuple[str, ...]] = {
     "Model and device": ("models_dir", "max_loaded", "keep_alive", "threads", "gpu_layers",
                          "experts_used", "flash_attn", "device_sampling", "overlap", "speculation",
-                         "batch", "ubatch", "chat_template", "embedding_ctx", "pooling", "rpc",
-                         "tensor_split"),
+                         "draft_model", "batch", "ubatch", "chat_template", "embedding_ctx",
+                         "pooling", "rpc", "tensor_split"),
     "KV cache and prefix cache": ("ctx", "parallel", "kv_type", "kv_unified", "prefix_cache",
                                   "prefix_cache_tokens", "prefix_cache_ram_mb"),
     "Scheduling": ("policy", "latency_cap", "bmt_budget", "gap_ms", "background_share",
@@ -168,6 +168,7 @@ def run(
     background_ctx: int | None = _opt("background_ctx"),
     background_seqs: int | None = _opt("background_seqs"),
     speculation: str | None = _opt("speculation"),
+    draft_model: str | None = _opt("draft_model"),
     chat_template: str | None = _opt("chat_template"),
     fair_share: bool | None = _opt("fair_share", "--fair-share/--no-fair-share"),
     app_weights: str | None = _opt("app_weights"),
@@ -223,7 +224,9 @@ def run(
                     EXIT_USAGE)
     conf = _settings(config, {**locals(), **knobs})
     path = _model_path(conf.engine.model)
-    conf = dataclasses.replace(conf, engine=dataclasses.replace(conf.engine, model=path))
+    draft = conf.engine.draft_model and _model_path(conf.engine.draft_model)
+    conf = dataclasses.replace(conf, engine=dataclasses.replace(conf.engine, model=path,
+                                                                draft_model=draft))
     raise typer.Exit(serve(conf, say=lambda text: typer.echo(text, err=True)))
 
 

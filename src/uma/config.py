@@ -158,8 +158,8 @@ class SamplingParams:
     parse_special: bool = True
     # added to these tokens' logits (OpenAI's): (token, bias) pairs, or a map when given
     logit_bias: tuple[tuple[int, float], ...] = ()
-    # guess tokens ahead and verify them in one pass: "ngram" (prompt lookup), "off", or None
-    # for the engine's default (EngineConfig.speculation)
+    # guess tokens ahead and verify them in one pass: "ngram" (prompt lookup), "draft" (the
+    # engine's draft model), "off", or None for the engine's default (EngineConfig.speculation)
     speculation: str | None = None
 
     def __post_init__(self) -> None:
@@ -227,7 +227,7 @@ class DeviceOptions(TypedDict):
 
 
 # how a request guesses tokens ahead (SamplingParams.speculation, EngineConfig.speculation)
-SPECULATION = ("off", "ngram")
+SPECULATION = ("off", "ngram", "draft")
 
 _SAMPLER_OPTIONS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty",
                     "frequency_penalty", "presence_penalty", "penalty_last_n", "seed")
@@ -325,10 +325,14 @@ class EngineConfig:
     # never slow the streams' attention, and a background tick pays a decode call of its own
     background_ctx: int = 0
     background_seqs: int = 2
-    # requests that do not choose: "ngram" guesses tokens ahead from each request's own text
-    # and verifies them in the tick's one decode call, where the guesses pay
-    # (uma.sched.speculation); "off" decodes a token per tick
-    speculation: str = "off"
+    # requests that do not choose: "ngram" guesses tokens ahead from each request's own text,
+    # "draft" with draft_model, and verifies them in the tick's one decode call, where the
+    # guesses pay (uma.sched.speculation); "off" decodes a token per tick. Not given: "draft"
+    # where a draft model is, else "off"
+    speculation: str = ""
+    # a small GGUF with the model's vocabulary that guesses for "draft" (uma.engine.
+    # draft_model): loaded beside the model, on the same devices, with a context of its own
+    draft_model: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -414,9 +418,18 @@ class EngineConfig:
         if self.policy not in ("bound", "baseline"):
             raise InvalidRequestError(
                 f"policy must be 'bound' or 'baseline', not {self.policy!r}")
+        if self.speculation == "":
+            object.__setattr__(self, "speculation",
+                               "off" if self.draft_model is None else "draft")
         if self.speculation not in SPECULATION:
             raise InvalidRequestError(f"speculation must be one of {', '.join(SPECULATION)}, "
                                       f"not {self.speculation!r}")
+        if self.draft_model is not None and (not isinstance(self.draft_model, str)
+                                             or not self.draft_model):
+            raise InvalidRequestError("draft_model must be a path to a GGUF file")
+        if self.speculation == "draft" and self.draft_model is None:
+            raise InvalidRequestError("speculation 'draft' needs a draft model (draft_model, "
+                                      "--draft-model)")
         if self.chat_template is not None and (not isinstance(self.chat_template, str)
                                                or not self.chat_template):
             raise InvalidRequestError("chat_template must be a built-in name or a file path")

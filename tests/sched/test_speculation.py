@@ -156,3 +156,23 @@ def test_a_plain_tick_is_asked_for_when_none_was_seen_lately():
     assert price.stale(8)
     price.observe(8, 0, 10.0)
     assert not price.stale(8)
+
+
+def test_a_draft_models_steps_are_priced_with_its_guesses():
+    """A draft model's guess costs its step besides its row, and any draft its catching up on
+    the token kept after the last: on a CPU whose draft step costs half the target's (the
+    same model quantised), only nearly sure guesses pay, and then only a long draft."""
+    def model(chance, step, once=6.0, tick=19.0):
+        c = Candidate(0, MAX_DRAFT, flat(chance), drafting_ms=step, drafting_once_ms=once)
+        return draft_lengths([c], lambda k: 3.0, 1.0, tick, 0.0).get(0, 0)
+
+    assert model(0.98, 10.7) >= 6  # 1.2x at best
+    assert model(0.9, 10.7) == 0  # where a lookup's guesses (no step) would pay
+    assert lone(flat(0.9), lambda k: 3.0, 19.0)[0] > 0
+    assert model(0.98, 20.0) == 0  # a draft model as slow as the target: never
+    # the once-only cost moves the break-even: the same guesses pay without it and not with
+    # a large one
+    assert model(0.95, 8.0, once=0.0) > 0 and model(0.95, 8.0, once=400.0) == 0
+    k, gained, spent = best_length(flat(0.98), MAX_DRAFT, lambda k: 3.0, 1.0, 19.0,
+                                   float("inf"), 10.7, 6.0)
+    assert spent == pytest.approx(k * (3.0 + 10.7) + 6.0)

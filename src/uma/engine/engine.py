@@ -41,6 +41,7 @@ from uma.engine.background import BackgroundLane
 from uma.engine.calibration import KeptTiming, build_id, machine_id
 from uma.engine.contexts import Contexts
 from uma.engine.device_share import DeviceShare
+from uma.engine.draft_model import ModelDrafter
 from uma.engine.output import OutputStage
 from uma.engine.prefix_cache import KvPrefixCache
 from uma.engine.prefix_disk import DiskTier, state_key
@@ -178,6 +179,12 @@ class Engine:
             self.model.close()
             raise
         self.n_ctx_seq = self.ctx.n_ctx_seq
+        try:
+            draft = self._draft_model(config, core, made)
+        except BaseException:
+            self.ctx.close()
+            self.model.close()
+            raise
         self._output = OutputStage(self.model, on_stop=self._poke, metrics=self.metrics)
         policy = create_policy(config.policy, config)
         spare = range(config.n_seq_max, self.ctx.n_seq_max)
@@ -198,7 +205,8 @@ class Engine:
                                   fair_share=config.fair_share,
                                   demote=config.preempt_at_token,
                                   fair_quantum_ms=config.fair_quantum_ms,
-                                  grammars=self.grammars, speculation=config.speculation)
+                                  grammars=self.grammars, speculation=config.speculation,
+                                  draft=draft)
         self._submitted = self.metrics.counter("requests_submitted_total", "requests accepted")
         self.metrics.gauge("slots_total", "requests decoded at once (KV sequences)").set(
             config.n_seq_max)
@@ -217,6 +225,32 @@ class Engine:
         if config.rpc:
             threading.Thread(target=self._watch_aborts, name="uma-abort-watch",
                              daemon=True).start()
+
+    def _draft_model(self, config: EngineConfig, core: ModuleType,
+                     made: Callable[[Callable[[], Any]], Any]) -> ModelDrafter | None:
+        """The draft model's drafter, where config.draft_model names one: loaded on the
+        model's devices, refused (InvalidModelError) where its vocabulary is not the model's,
+        with a context of the streams' size and sequences (uma.engine.draft_model)."""
+        if config.draft_model is None:
+            return None
+        model = made(lambda: core.Model(config.draft_model, n_gpu_layers=config.n_gpu_layers,
+                                        tensor_split=config.tensor_split))
+        try:
+            ModelDrafter.check_vocabulary(model, self.model)
+            ctx = made(lambda: core.Context(
+                model, n_ctx=config.n_ctx, n_batch=min(config.n_batch, 512),
+                n_seq_max=config.n_seq_max, kv_unified=config.kv_unified,
+                type_k=config.type_k, type_v=config.type_v, flash_attn=config.flash_attn,
+                n_threads=config.n_threads, n_threads_batch=config.n_threads_batch))
+        except BaseException:
+            model.close()
+            raise
+        try:
+            return ModelDrafter(ctx, core, on_device=self._device_sampling(config, core))
+        except BaseException:
+            ctx.close()
+            model.close()
+            raise
 
     def _background_lane(self, config: EngineConfig, core: ModuleType
                          ) -> BackgroundLane | None:
@@ -382,6 +416,9 @@ class Engine:
             except TypeError as exc:
                 raise InvalidRequestError(str(exc)) from None
         prio = Priority.parse(priority)
+        if params.speculation == "draft" and self.config.draft_model is None:
+            raise InvalidRequestError("speculation 'draft' needs a draft model, and this "
+                                      "engine has none (draft_model, --draft-model)")
         if params.logit_bias:  # ids the vocabulary lacks: refused now, not at admission
             check_logit_bias(params.logit_bias, self.model.n_vocab)
         with self._using_model():

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from uma.engine.calibration import DeviceTiming, KeptTiming
+from uma.engine.draft_model import ModelDrafter
 from uma.engine.output import Ended, Event, Logits, OutputStage, Token
 from uma.engine.prefix_cache import KvPrefixCache
 from uma.engine.runner import Ran, Runner
@@ -71,7 +72,8 @@ class Scheduler:
                  prefix: KvPrefixCache | None = None, fair_share: bool = False,
                  fair_quantum_ms: float | None = None,
                  grammars: Grammars | None = None, settle: bool = False,
-                 demote: bool = True, speculation: str = "off") -> None:
+                 demote: bool = True, speculation: str = "off",
+                 draft: ModelDrafter | None = None) -> None:
         """core: the module whose Batch and Sampler go with ctx (uma._core, or a stand-in).
         device_sampling: sample on the device the rows of requests whose options it can
         compute (Context.set_sampler); the host sampler takes the others.
@@ -88,7 +90,8 @@ class Scheduler:
         measured whole: uma.engine.background). demote: running background requests give
         their sequences to interactive ones waiting for one, at the next tick boundary
         (uma.sched.demotion). speculation: the drafter of requests that do not choose one
-        ("off": none; uma.engine.speculator)."""
+        ("off": none; uma.engine.speculator); draft: the draft model's drafter, if one is
+        loaded (closed with the scheduler)."""
         self.ctx = ctx
         self.model = ctx.model
         self.policy = policy
@@ -116,7 +119,7 @@ class Scheduler:
         self._steady_at = -1
         self._changes = 0
         self.n_ctx_seq = ctx.n_ctx_seq
-        self.speculator = Speculator(speculation, metrics, self.n_ctx_seq)
+        self.speculator = Speculator(speculation, metrics, self.n_ctx_seq, draft)
         self.eog = frozenset(int(t) for t in self.model.eog_tokens())
         # Free sequence ids, lowest handed out first, so the sequences decoding together stay a
         # contiguous range. With per-sequence KV (kv_unified=False) llama.cpp puts only
@@ -814,3 +817,4 @@ class Scheduler:
 
     def close(self) -> None:
         self.runner.close()
+        self.speculator.close()

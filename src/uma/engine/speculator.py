@@ -19,8 +19,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 
+import numpy as np
+
+from uma.engine.draft_model import ModelDrafter
 from uma.engine.drafters import NgramDrafter
 from uma.engine.runner import Ran
 from uma.metrics import Counter, Registry
@@ -30,16 +34,26 @@ from uma.sched.cost import CostEstimate, attended
 from uma.sched.speculation import Acceptance, Candidate, RowPrice
 from uma.sched.state import BatchItem, Phase, Plan
 
+# a stream's ticks since its last verify once every guess of that verify held: its next probe is
+# due at once (a probe that keeps all its guesses makes more tokens than its tick would have,
+# and each such verify moves its chances a step towards drafting on their own)
+PROBE_AGAIN = 1 << 30
+
 
 class Speculator:
     """Drafts for the running requests that speculate. Used by the compute thread."""
 
-    def __init__(self, default: str, metrics: Registry, n_ctx_seq: int) -> None:
+    def __init__(self, default: str, metrics: Registry, n_ctx_seq: int,
+                 model: ModelDrafter | None = None) -> None:
         """default: the engine's speculation ("off" or a drafter's name), for requests that
-        do not choose."""
+        do not choose; model: the draft model's drafter, where one is loaded."""
         self.default = default
         self.n_ctx_seq = n_ctx_seq
-        self.drafters = {"ngram": NgramDrafter()}
+        self.drafters: dict[str, NgramDrafter | ModelDrafter] = {"ngram": NgramDrafter()}
+        if model is not None:
+            self.drafters[model.name] = model
+        self._model_streams = 1  # streams the draft model last guessed for at once
+        self._drafting_s = 0.0  # the draft model's time in this tick
         self.acceptance = Acceptance()
         self._since: dict[int, int] = {}  # rid -> ticks since the stream last verified a guess
         self._band: dict[int, int] = {}  # rid -> its last lookup's agreement band
@@ -57,6 +71,8 @@ class Speculator:
         self.passes = metrics.family("spec_verify_passes_total",
                                      "streams' ticks that verified guesses", "drafter",
                                      Counter)
+        self.model_seconds = metrics.counter("spec_draft_model_seconds_total",
+                                             "time the draft model spent guessing")
         self.streams = metrics.gauge("spec_streams_drafting",
                                      "streams that verified guesses in the last tick")
         self.eligible = metrics.gauge("spec_streams_eligible",
@@ -112,13 +128,13 @@ class Speculator:
             or self._predicted(plan, running, cost)
         notes = plan.notes
         bound = notes.line_ms if shared and notes is not None and notes.line_ms > 0 else 0.0
-        period = speculation.probe_period(
-            len(wanted), speculation.PROBE_DRAFT * prices.per_guess(speculation.PROBE_DRAFT),
-            tick)
-        candidates, guesses, probing = [], {}, []
+        candidates: list[Candidate] = []
+        guesses: dict[int, np.ndarray] = {}
+        probing: dict[int, int] = {}  # seq -> a probe's guesses
         for _, req in wanted:
-            drafter = req.drafter
-            assert drafter is not None
+            name = req.drafter
+            assert name is not None
+            drafter = self.drafters[name]
             self._since[req.rid] = since = self._since.get(req.rid, 0) + 1
             on_device = device_rows(req.seq_id)
             room = min(speculation.MAX_DRAFT, req.params.max_tokens - req.n_sampled - 1,
@@ -126,27 +142,39 @@ class Speculator:
                        on_device - 1 if on_device else speculation.MAX_DRAFT)
             if room <= 0:
                 continue
-            worth = self._worth_looking(req, drafter, room, prices, expected, tick, bound)
-            probe = not worth and not shared and since >= period
+            drafting, once = self._drafting_ms(drafter)
+            worth = self._worth_looking(req, name, room, prices, expected, tick, bound,
+                                        drafting, once)
+            probe = not worth and not shared and self._probe_due(
+                req, drafter, since, len(wanted), prices.per_guess(speculation.PROBE_DRAFT)
+                + drafting, tick)
             if not worth and not probe:
                 continue
-            found, agreement = self.drafters[drafter].propose(
+            if isinstance(drafter, ModelDrafter):  # lengths chosen first, then drafted
+                self._band[req.rid] = 0
+                if worth:
+                    candidates.append(Candidate(req.seq_id, room, self.acceptance.survival(
+                        req.rid, name, 0), drafting, once))
+                else:
+                    probing[req.seq_id] = min(room, speculation.PROBE_DRAFT)
+                continue
+            found, agreement = drafter.propose(
                 req, room if worth else min(room, speculation.PROBE_DRAFT))
             if not len(found):
                 continue
             guesses[req.seq_id] = found
             self._band[req.rid] = band = speculation.band(agreement)
             if worth:
-                survival = self.acceptance.survival(req.rid, drafter, band)
+                survival = self.acceptance.survival(req.rid, name, band)
                 candidates.append(Candidate(req.seq_id, len(found), survival))
             else:
-                probing.append(req.seq_id)
+                probing[req.seq_id] = len(found)
         lengths = speculation.draft_lengths(candidates, prices.per_guess, expected, tick, bound)
-        for seq in probing:  # a probe: a short draft where the chances gave none
-            lengths[seq] = len(guesses[seq])
         for c in candidates:  # its lookup's band does not pay: not looked up again for a while
             if c.seq_id not in lengths:
                 self._worth[running[c.seq_id].rid] = (self._ticks, False)
+        lengths.update(probing)  # a probe: a short draft where the chances gave none
+        self._drafted_by_model(lengths, guesses, running, tick)
         self.streams.set(len(lengths))
         if not lengths:
             return plan
@@ -161,8 +189,58 @@ class Speculator:
                 items[k] = dataclasses.replace(items[k], n_tokens=1 + n, draft=draft)
         return dataclasses.replace(plan, items=tuple(items))
 
+    def _drafting_ms(self, drafter: NgramDrafter | ModelDrafter) -> tuple[float, float]:
+        """What making each guess costs, and what making any does: a draft model's step (shared
+        by the streams that last drafted together) and its catching up on the token the
+        stream kept after its guesses; a lookup's, nothing."""
+        if isinstance(drafter, ModelDrafter):
+            return drafter.price_per_guess(self._model_streams), drafter.token_ms
+        return 0.0, 0.0
+
+    def _probe_due(self, req: Request, drafter: NgramDrafter | ModelDrafter, since: int,
+                   streams: int, per_guess_ms: float, tick: float) -> bool:
+        """Whether the stream's probe is due: `since` ticks past its last verify, against a
+        period that keeps probes to PROBE_SHARE of the ticks' time. A draft model's first
+        probe also pays once for reading the stream's prompt, which its catching up costs
+        (what the stream wrote meanwhile is not charged: starting at once would have read it
+        too): where reading is dear, as on a CPU, a long prompt's stream is probed late."""
+        cost = speculation.PROBE_DRAFT * per_guess_ms
+        if since < speculation.probe_period(streams, cost, tick):
+            return False
+        if isinstance(drafter, ModelDrafter) and drafter.behind(req) > 2:
+            cost += len(req.prompt) * drafter.token_ms
+            return since >= speculation.probe_period(streams, cost, tick)
+        return True
+
+    def _drafted_by_model(self, lengths: dict[int, int], guesses: dict[int, np.ndarray],
+                          running: Mapping[int, Request], tick: float) -> None:
+        """The guesses of the streams whose drafter is a model, as many as chosen: drafted now,
+        every stream's in the same decode calls. A stream whose draft is still catching up
+        has none this tick (and stays chosen, to catch up the next)."""
+        for name, drafter in self.drafters.items():
+            if not isinstance(drafter, ModelDrafter):
+                continue
+            asks = [(running[seq], k) for seq, k in lengths.items()
+                    if running[seq].drafter == name]
+            if not asks:
+                continue
+            t0 = time.perf_counter()
+            got = drafter.propose_many(asks, tick)
+            spent = time.perf_counter() - t0
+            self.model_seconds.inc(spent)
+            self._drafting_s += spent
+            self._model_streams = max(len(got), 1)
+            for req, _ in asks:
+                found = got.get(req.seq_id)
+                if found is None or not len(found):
+                    del lengths[req.seq_id]
+                else:
+                    guesses[req.seq_id] = found
+                    lengths[req.seq_id] = min(lengths[req.seq_id], len(found))
+
     def _worth_looking(self, req: Request, drafter: str, room: int, prices: RowPrice,
-                       expected: float, tick: float, bound: float) -> bool:
+                       expected: float, tick: float, bound: float, drafting: float,
+                       once: float) -> bool:
         """Whether the best a full draft of the stream's could make (in its surest band of
         agreement) pays: when even that does not, there is nothing to look up. Asked again
         every QUIET_TICKS ticks, and after each of its verifies: on a GPU's tick of a
@@ -173,7 +251,7 @@ class Speculator:
         best = max((self.acceptance.survival(req.rid, drafter, b)
                     for b in range(len(speculation.AGREEMENT_BANDS))), key=lambda s: s[0])
         worth = speculation.best_length(best, room, prices.per_guess, expected, tick,
-                                        bound or math.inf)[0] > 0
+                                        bound or math.inf, drafting, once)[0] > 0
         self._worth[req.rid] = (self._ticks, worth)
         return worth
 
@@ -192,11 +270,14 @@ class Speculator:
             self.prices = RowPrice(max((plain[most] - plain[1]) / (most - 1), 0.01 * plain[1]))
 
     def measured(self, plan: Plan, tick_ms: float) -> None:
-        """A tick's measured time, for the guesses' price: only ticks of decoders alone."""
+        """A tick's measured time, for the guesses' price: only ticks of decoders alone, less
+        the draft model's time in it (priced apart: its catching up would count as a plain
+        tick's, its guesses twice)."""
+        drafting_ms, self._drafting_s = self._drafting_s * 1e3, 0.0
         if self.prices is None or not self._running or not plan.items \
                 or any(i.phase is not Phase.DECODE for i in plan.items):
             return
-        self.prices.observe(len(plan.items), plan.n_drafted, tick_ms)
+        self.prices.observe(len(plan.items), plan.n_drafted, tick_ms - drafting_ms)
 
     @staticmethod
     def _predicted(plan: Plan, running: Mapping[int, Request], cost: CostEstimate) -> float:
@@ -230,6 +311,8 @@ class Speculator:
             self.acceptance.record(req.rid, req.drafter, self._band.get(req.rid, 0),
                                    len(item.draft), kept)
             self._worth.pop(req.rid, None)  # its chances moved: asked again next tick
+            if kept == len(item.draft):  # all held: probing on costs less than it finds
+                self._since[req.rid] = PROBE_AGAIN
             self.drafted.child(req.drafter).inc(len(item.draft))
             self.accepted.child(req.drafter).inc(kept)
             self.passes.child(req.drafter).inc()
@@ -243,6 +326,11 @@ class Speculator:
             self._since.pop(req.rid, None)
             self._band.pop(req.rid, None)
             self._worth.pop(req.rid, None)
+
+    def close(self) -> None:
+        for drafter in self.drafters.values():
+            if isinstance(drafter, ModelDrafter):
+                drafter.close()
 
     @staticmethod
     def undrafted(plan: Plan) -> Plan:

@@ -72,19 +72,25 @@ class Candidate:
     seq_id: int
     proposed: int  # guesses its drafter has (the most it could verify)
     survival: tuple[float, ...]  # S_j: the chance its first j + 1 guesses are all kept
+    # what making each guess costs beyond its row (a draft model's step; a lookup's: nothing),
+    # and what making any costs once (a draft model's catching up on the stream's last tokens)
+    drafting_ms: float = 0.0
+    drafting_once_ms: float = 0.0
 
 
 def best_length(survival: Sequence[float], proposed: int, price: Callable[[int], float],
-                tokens: float, ms: float, bound_ms: float) -> tuple[int, float, float]:
+                tokens: float, ms: float, bound_ms: float, drafting_ms: float = 0.0,
+                drafting_once_ms: float = 0.0) -> tuple[int, float, float]:
     """The number of guesses that makes the most tokens per ms in a tick that makes `tokens`
     in `ms` (0 where none beats it), and the tokens and ms it adds. price(k): what each guess
-    of a k-guess draft costs the tick (RowPrice.per_guess)."""
+    of a k-guess draft costs the tick (RowPrice.per_guess); drafting_ms: what making each
+    costs before it (a draft model's step), drafting_once_ms what making any does."""
     best = (0, 0.0, 0.0)
     rate = tokens / ms
     gained = 0.0
     for k in range(1, min(proposed, MAX_DRAFT, len(survival)) + 1):
         gained += survival[k - 1]
-        spent = k * price(k)
+        spent = k * (price(k) + drafting_ms) + drafting_once_ms
         if ms + spent > bound_ms:
             break
         if (tokens + gained) / (ms + spent) > rate:
@@ -105,7 +111,8 @@ def draft_lengths(candidates: Sequence[Candidate], price: Callable[[int], float]
     taken: dict[int, int] = {}
     for c in sorted(candidates, key=lambda c: c.survival[0] if c.survival else 0.0,
                     reverse=True):
-        k, gained, spent = best_length(c.survival, c.proposed, price, tokens, ms, bound)
+        k, gained, spent = best_length(c.survival, c.proposed, price, tokens, ms, bound,
+                                       c.drafting_ms, c.drafting_once_ms)
         if k:
             taken[c.seq_id] = k
             tokens += gained

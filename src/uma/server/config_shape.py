@@ -53,6 +53,7 @@ NESTED: dict[str, str] = {
     "model.chat_template": "chat_template",
     "model.embedding_ctx": "embedding_ctx",
     "model.pooling": "pooling",
+    "model.draft_model": "draft_model",
     "model.rpc": "rpc",
     "model.tensor_split": "tensor_split",
     # KV cache and prefix cache

@@ -31,8 +31,13 @@ def host_for(engine: Engine, config: ServerConfig,
     def open_model(file: ModelFile, progress: Progress | None) -> Engine:
         # A model loaded beside others serving is read at idle priority and starts its cost
         # model from the prior (timing the device would take the cores for seconds).
-        opened = Engine.from_config(dataclasses.replace(engine.config, model=str(file.path)),
-                                    progress=progress, beside_others=bool(host.loaded()))
+        # The draft model drafts for the model it was given with: another model's vocabulary
+        # is not its own, so one loaded later decodes without it.
+        own = engine.config
+        opened = Engine.from_config(dataclasses.replace(
+            own, model=str(file.path), draft_model=None,
+            speculation="off" if own.speculation == "draft" else own.speculation),
+            progress=progress, beside_others=bool(host.loaded()))
         opened.share_device(share)
         return opened
 

@@ -122,7 +122,8 @@ SETTINGS: tuple[Setting, ...] = (
     _e("background_ctx", int, "0 (off)",
        "KV positions of a second context for background requests (GPUs)"),
     _e("background_seqs", int, "2", "background decoders at once"),
-    _e("speculation", str, "off", "speculative decoding (off, ngram)"),
+    _e("speculation", str, "off", "guessing ahead: off, ngram, draft"),
+    _e("draft_model", str, "none", "same-vocabulary model that drafts"),
     _e("chat_template", str, "the model's, else chatml",
        "chatml, llama2, llama3 or a Jinja file"),
     _e("fair_share", bool, "on", "fair share between apps"),
@@ -137,7 +138,7 @@ SETTINGS: tuple[Setting, ...] = (
     _e("embedding_ctx", int, "2048", "most tokens of an embeddings input"),
     _e("rpc", str, "none", "RPC workers: HOST:PORT,HOST:PORT"),
     _e("tensor_split", str, "by free memory", "layer shares, e.g. 1,1,2"),
-    _e("pooling", str, "the model's, else mean", "embeddings pooling: auto, mean, cls or last",
+    _e("pooling", str, "auto", "embeddings: auto, mean, cls, last",
        "embedding_pooling"),
     *(_knob(k) for k in KNOBS),
     _s("models_dir", str, "the model cache", "folder of GGUF models"),
@@ -289,6 +290,8 @@ def resolve(sources: Iterable[Source | Mapping[str, object]],
             raise InvalidRequestError("no model given")
         merged["model"] = demo_model
     merged["model"] = os.path.expanduser(str(merged["model"]))
+    if "draft_model" in merged:
+        merged["draft_model"] = os.path.expanduser(str(merged["draft_model"]))
     merged.setdefault("socket", default_socket_path())
     # the daemon keeps its prefix cache across restarts (an embedded engine asks for it)
     merged.setdefault("prefix_cache_disk_mb", DAEMON_PREFIX_DISK_MB)
