@@ -154,14 +154,16 @@ def load(ns: argparse.Namespace) -> None:
     rows = []
     timing = tempfile.mkdtemp()  # each side's engine times the device once
     for n in (int(x) for x in ns.load.split(",")):
-        by: dict[str, list[dict]] = {"off": [], "ngram": []}
+        by: dict[str, list[dict]] = {side: [] for side in ns.load_sides}
         for r, side in alternating(list(by), ns.repeat):
             # a fresh engine each run, one at a time: an idle engine's threads beside a busy
             # one's share the CPU's cores
-            conf = settings.resolve([{"model": str(model), "threads": ns.threads,
-                                      "threads_batch": ns.threads, "parallel": n,
-                                      "ctx": max(4096, n * (64 + ns.max_tokens) + 256),
-                                      "gpu_layers": ns.gpu_layers, "speculation": side}])
+            given = {"model": str(model), "threads": ns.threads, "threads_batch": ns.threads,
+                     "parallel": n, "ctx": max(4096, n * (64 + ns.max_tokens) + 256),
+                     "gpu_layers": ns.gpu_layers, "speculation": side}
+            if side == "draft":
+                given["draft_model"] = str(model_path(ns.draft_model))
+            conf = settings.resolve([given])
             with uma.Engine.from_config(conf.engine, timing_dir=timing) as engine:
                 engine.generate("warm up", max_tokens=4)
                 before = engine.snapshot()
@@ -186,9 +188,11 @@ def load(ns: argparse.Namespace) -> None:
             print(f"{n:3d} streams run {r} {side:6s} {row['tps']:8.1f} tok/s  drafted "
                   f"{drafted:6.0f}  acceptance {row['acceptance']:.2f}", flush=True)
         off = statistics.median(x["tps"] for x in by["off"])
-        on = [x["tps"] / off for x in by["ngram"]]
-        print(f"{n:3d} streams: ngram/off {statistics.median(on):.3f} "
-              f"({min(on):.3f}-{max(on):.3f})", flush=True)
+        for side in by:
+            if side != "off":
+                on = [x["tps"] / off for x in by[side]]
+                print(f"{n:3d} streams: {side}/off {statistics.median(on):.3f} "
+                      f"({min(on):.3f}-{max(on):.3f})", flush=True)
     if ns.out:
         ns.out.write_text(json.dumps({"info": report.run_info(
             model, backend=ns.backend, threads=ns.threads, gpu_layers=ns.gpu_layers),
@@ -208,9 +212,15 @@ def main() -> None:
     ap.add_argument("--draft-self", metavar="TYPE",
                     help="serve the model requantized to TYPE (F16, Q8_0) with the model as "
                     "its draft (see above)")
+    ap.add_argument("--load-sides", nargs="+", default=["off", "ngram"],
+                    choices=["off", "ngram", "draft"], help="--load's sides (off first)")
+    ap.add_argument("--draft-model", help="--load's draft side: the draft model (a catalogue "
+                    "name, a synthetic preset or a GGUF path)")
     ap.add_argument("--load", help="stream counts: measure speculation's cost where it should "
                     "not pay (see above)")
     ns = ap.parse_args()
+    if "draft" in ns.load_sides and not ns.draft_model:
+        ap.error("--load-sides draft needs --draft-model")
     if ns.load:
         return load(ns)
     model = Path(ns.model) if Path(ns.model).exists() \

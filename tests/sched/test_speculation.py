@@ -176,3 +176,18 @@ def test_a_draft_models_steps_are_priced_with_its_guesses():
     k, gained, spent = best_length(flat(0.98), MAX_DRAFT, lambda k: 3.0, 1.0, 19.0,
                                    float("inf"), 10.7, 6.0)
     assert spent == pytest.approx(k * (3.0 + 10.7) + 6.0)
+
+
+def test_a_band_not_measured_takes_the_nearest_measured_price():
+    """The price before any verify is the device's bare row; once short drafts are measured
+    dearer (a host-bound engine's rows cost the host more than the device), a long draft
+    is not priced at the bare row."""
+    p = RowPrice(0.05)
+    assert p.per_guess(2) == p.per_guess(50) == 0.05
+    p.observe(8, 0, 1.0)
+    for _ in range(20):
+        p.observe(8, 2, 1.0 + 2 * 0.3)
+    assert p.per_guess(2) == pytest.approx(0.3, rel=0.01)
+    assert p.per_guess(50) == p.per_guess(20) == p.per_guess(2)
+    p.observe(8, 50, 1.0 + 50 * 0.1)  # a long draft measured: its band moves from there
+    assert p.per_guess(2) > p.per_guess(50) > 0.1

@@ -87,7 +87,7 @@ def test_generate_with_every_option():
 
 
 def test_an_unknown_speculation_is_refused_naming_the_field():
-    with pytest.raises(p.ProtocolError, match="speculation must be one of off, ngram, not"):
+    with pytest.raises(p.ProtocolError, match="speculation must be one of off, ngram, draft, not"):
         parse(gen(speculation="medusa"))
     with pytest.raises(p.ProtocolError, match="speculation must be one of"):
         parse(gen(speculation=1))

@@ -34,9 +34,10 @@ from uma.sched.cost import CostEstimate, attended
 from uma.sched.speculation import Acceptance, Candidate, RowPrice
 from uma.sched.state import BatchItem, Phase, Plan
 
-# a stream's ticks since its last verify once every guess of that verify held: its next probe is
-# due at once (a probe that keeps all its guesses makes more tokens than its tick would have,
-# and each such verify moves its chances a step towards drafting on their own)
+# a stream's ticks since its last verify once every guess of a probe held, where held guesses
+# cost less than the plain tick's tokens: its next probe is due at once (such a probe makes
+# more tokens than its tick would have, and each moves its chances a step towards drafting on
+# their own)
 PROBE_AGAIN = 1 << 30
 
 
@@ -54,8 +55,15 @@ class Speculator:
             self.drafters[model.name] = model
         self._model_streams = 1  # streams the draft model last guessed for at once
         self._drafting_s = 0.0  # the draft model's time in this tick
+        # rids probing this tick whose guesses, if every one held, would make tokens for less
+        # than a token of the plain tick costs: their next probe is due at once if they do
+        self._sure_pays: set[int] = set()
         self.acceptance = Acceptance()
-        self._since: dict[int, int] = {}  # rid -> ticks since the stream last verified a guess
+        # rid -> the tick (draft() calls) the stream last verified a guess at, or was admitted
+        self._verified_at: dict[int, int] = {}
+        # rid -> the tick before which the stream has nothing to check (its chances say no and
+        # its probe is not due): a tick where no one drafts then costs a dictionary read a stream
+        self._quiet_until: dict[int, int] = {}
         self._band: dict[int, int] = {}  # rid -> its last lookup's agreement band
         self.prices: RowPrice | None = None  # what guesses cost (calibrated, then measured)
         self._ticks = 0  # draft() calls
@@ -135,7 +143,9 @@ class Speculator:
             name = req.drafter
             assert name is not None
             drafter = self.drafters[name]
-            self._since[req.rid] = since = self._since.get(req.rid, 0) + 1
+            if self._quiet_until.get(req.rid, 0) > self._ticks:
+                continue
+            since = self._ticks - self._verified_at.setdefault(req.rid, self._ticks - 1)
             on_device = device_rows(req.seq_id)
             room = min(speculation.MAX_DRAFT, req.params.max_tokens - req.n_sampled - 1,
                        self.n_ctx_seq - 1 - req.n_past,
@@ -145,11 +155,18 @@ class Speculator:
             drafting, once = self._drafting_ms(drafter)
             worth = self._worth_looking(req, name, room, prices, expected, tick, bound,
                                         drafting, once)
-            probe = not worth and not shared and self._probe_due(
-                req, drafter, since, len(wanted), prices.per_guess(speculation.PROBE_DRAFT)
-                + drafting, tick)
+            per_guess = prices.per_guess(speculation.PROBE_DRAFT) + drafting
+            wait = 0 if worth or shared else self._probe_wait(
+                req, drafter, since, len(wanted), per_guess, tick)
+            probe = not worth and not shared and wait == 0
             if not worth and not probe:
+                if not shared:  # nothing to check before its probe or its chances' next look
+                    asked = self._worth[req.rid][0]
+                    self._quiet_until[req.rid] = self._ticks + max(1, min(
+                        wait, asked + speculation.QUIET_TICKS - self._ticks))
                 continue
+            if probe and per_guess < tick / max(expected, 1):
+                self._sure_pays.add(req.rid)  # its guesses pay wherever they hold
             if isinstance(drafter, ModelDrafter):  # lengths chosen first, then drafted
                 self._band[req.rid] = 0
                 if worth:
@@ -184,7 +201,7 @@ class Speculator:
             n = min(lengths.get(req.seq_id, 0), free)
             free -= n
             if n:
-                self._since[req.rid] = 0
+                self._verified_at[req.rid] = self._ticks
                 draft = tuple(int(t) for t in guesses[req.seq_id][:n])
                 items[k] = dataclasses.replace(items[k], n_tokens=1 + n, draft=draft)
         return dataclasses.replace(plan, items=tuple(items))
@@ -197,20 +214,20 @@ class Speculator:
             return drafter.price_per_guess(self._model_streams), drafter.token_ms
         return 0.0, 0.0
 
-    def _probe_due(self, req: Request, drafter: NgramDrafter | ModelDrafter, since: int,
-                   streams: int, per_guess_ms: float, tick: float) -> bool:
-        """Whether the stream's probe is due: `since` ticks past its last verify, against a
-        period that keeps probes to PROBE_SHARE of the ticks' time. A draft model's first
-        probe also pays once for reading the stream's prompt, which its catching up costs
-        (what the stream wrote meanwhile is not charged: starting at once would have read it
-        too): where reading is dear, as on a CPU, a long prompt's stream is probed late."""
+    def _probe_wait(self, req: Request, drafter: NgramDrafter | ModelDrafter, since: int,
+                    streams: int, per_guess_ms: float, tick: float) -> int:
+        """Ticks until the stream's probe is due (0: now): `since` ticks past its last verify,
+        against a period that keeps probes to PROBE_SHARE of the ticks' time. A draft model's
+        first probe also pays once for reading the stream's prompt, which its catching up
+        costs (what the stream wrote meanwhile is not charged: starting at once would have
+        read it too): where reading is dear, as on a CPU, a long prompt's stream is probed
+        late."""
         cost = speculation.PROBE_DRAFT * per_guess_ms
-        if since < speculation.probe_period(streams, cost, tick):
-            return False
-        if isinstance(drafter, ModelDrafter) and drafter.behind(req) > 2:
+        wait = speculation.probe_period(streams, cost, tick) - since
+        if wait <= 0 and isinstance(drafter, ModelDrafter) and drafter.behind(req) > 2:
             cost += len(req.prompt) * drafter.token_ms
-            return since >= speculation.probe_period(streams, cost, tick)
-        return True
+            wait = speculation.probe_period(streams, cost, tick) - since
+        return max(wait, 0)
 
     def _drafted_by_model(self, lengths: dict[int, int], guesses: dict[int, np.ndarray],
                           running: Mapping[int, Request], tick: float) -> None:
@@ -300,6 +317,7 @@ class Speculator:
     def verified(self, plan: Plan, ran: Ran, running: Mapping[int, Request]) -> None:
         """Records what the tick's verify items kept (before the tokens are applied)."""
         if not ran.accepted:
+            self._sure_pays.clear()
             return
         for item in plan.items:
             if not item.draft:
@@ -311,11 +329,13 @@ class Speculator:
             self.acceptance.record(req.rid, req.drafter, self._band.get(req.rid, 0),
                                    len(item.draft), kept)
             self._worth.pop(req.rid, None)  # its chances moved: asked again next tick
-            if kept == len(item.draft):  # all held: probing on costs less than it finds
-                self._since[req.rid] = PROBE_AGAIN
+            self._quiet_until.pop(req.rid, None)
+            if kept == len(item.draft) and req.rid in self._sure_pays:
+                self._verified_at[req.rid] = -PROBE_AGAIN  # all held, and held guesses pay
             self.drafted.child(req.drafter).inc(len(item.draft))
             self.accepted.child(req.drafter).inc(kept)
             self.passes.child(req.drafter).inc()
+        self._sure_pays.clear()
 
     def forget(self, req: Request) -> None:
         """The request left its sequence (ended or preempted)."""
@@ -323,7 +343,8 @@ class Speculator:
         if req.drafter is not None:
             self.drafters[req.drafter].forget(req.rid)
             self.acceptance.forget(req.rid)
-            self._since.pop(req.rid, None)
+            self._verified_at.pop(req.rid, None)
+            self._quiet_until.pop(req.rid, None)
             self._band.pop(req.rid, None)
             self._worth.pop(req.rid, None)
 

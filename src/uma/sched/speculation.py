@@ -131,6 +131,7 @@ class RowPrice:
 
     def __init__(self, initial_ms: float) -> None:
         self.per_band = [initial_ms] * len(GUESS_BANDS)
+        self.measured = [False] * len(GUESS_BANDS)
         self.plain: dict[int, float] = {}  # decoders -> their plain tick's time, ms
         self.ticks = 0  # ticks observed
         self.plain_at: dict[int, int] = {}  # decoders -> the tick their plain time was last seen
@@ -143,7 +144,14 @@ class RowPrice:
         return self.ticks - self.plain_at.get(decoders, -CONTROL_TICKS) >= CONTROL_TICKS
 
     def per_guess(self, k: int) -> float:
-        return self.per_band[bisect.bisect_right(GUESS_BANDS, k) - 1]
+        """A guess's price in a k-guess draft: its band's as measured; a band not measured yet
+        takes the nearest measured band's (the device's bare row, the price before any,
+        leaves out what a row costs the host: on a GPU's millisecond tick, most of it)."""
+        b = bisect.bisect_right(GUESS_BANDS, k) - 1
+        if self.measured[b] or not any(self.measured):
+            return self.per_band[b]
+        near = min((abs(i - b), i) for i, m in enumerate(self.measured) if m)[1]
+        return self.per_band[near]
 
     def plain_ms(self, decoders: int) -> float | None:
         return self.plain.get(decoders)
@@ -161,6 +169,9 @@ class RowPrice:
             return
         band = bisect.bisect_right(GUESS_BANDS, guesses) - 1
         sample = max((tick_ms - plain) / guesses, 0.01 * plain)
+        if not self.measured[band]:  # its first measurement from the nearest one's price
+            self.per_band[band] = self.per_guess(guesses)
+            self.measured[band] = True
         self.per_band[band] += 0.3 * (sample - self.per_band[band])
 
 
