@@ -348,6 +348,13 @@ class Speculator:
             self._band.pop(req.rid, None)
             self._worth.pop(req.rid, None)
 
+    def warm_up(self) -> None:
+        """Times a draft model's step before serving (on the compute thread): its first decode
+        builds its graphs, a stall that would otherwise fall in a stream's first probe."""
+        for drafter in self.drafters.values():
+            if isinstance(drafter, ModelDrafter):
+                drafter.step_ms  # noqa: B018 - timed once, on first read
+
     def close(self) -> None:
         for drafter in self.drafters.values():
             if isinstance(drafter, ModelDrafter):
