@@ -203,7 +203,8 @@ class ModelDrafter:
             return np.array(self.ctx.sampled_tokens())
         logits = self.ctx.logits()
         try:
-            return np.argmax(logits, axis=1).astype(np.int32)
+            tokens: np.ndarray = np.argmax(logits, axis=1).astype(np.int32)
+            return tokens
         finally:
             del logits  # the next decode refuses to run while a view of its logits lives
 
