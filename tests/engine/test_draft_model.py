@@ -54,7 +54,7 @@ def drafting_engine(tiny_path, draft, device_sampling="off", **config):
 def cells_match(e):
     """Each running request's draft cells end where the drafter says they do."""
     drafter = e._scheduler.speculator.drafters["draft"]
-    for seq, (_, tokens) in drafter._cached.items():
+    for seq, tokens in drafter._cached.values():
         assert drafter.ctx.seq_pos_max(seq) in (len(tokens) - 1, -1)
 
 

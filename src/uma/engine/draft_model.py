@@ -49,9 +49,8 @@ class ModelDrafter:
         on_device: its arg-max taken in the decode's graph (a GPU: no logits row crosses)."""
         self.ctx = ctx
         self.batch = core.Batch(ctx.n_batch)
-        # seq -> (the request whose tokens it holds, those tokens)
+        # rid -> (the sequence the draft holds its tokens in, those tokens)
         self._cached: dict[int, tuple[int, np.ndarray]] = {}
-        self._seq_of: dict[int, int] = {}  # rid -> seq
         self.on_device = on_device and all(ctx.set_sampler(s) for s in range(ctx.n_seq_max))
         if not self.on_device:
             for s in range(ctx.n_seq_max):
@@ -117,10 +116,8 @@ class ModelDrafter:
     def behind(self, req: Request) -> int:
         """Tokens of the request's the draft has not seen (the last is always among them)."""
         history = _history(req)
-        cached = self._cached.get(req.seq_id)
-        if cached is None or cached[0] != req.rid:
-            return len(history)
-        return len(history) - _common(cached[1], history)
+        held = self._held(req)
+        return len(history) - (0 if held is None else _common(held, history))
 
     def propose_many(self, asks: Sequence[tuple[Request, int]], tick_ms: float
                      ) -> dict[int, np.ndarray]:
@@ -136,9 +133,9 @@ class ModelDrafter:
         for req, k in asks:
             history = _history(req)
             seq = req.seq_id
-            cached = self._cached.get(seq)
-            common = 0 if cached is None or cached[0] != req.rid else _common(cached[1], history)
-            if cached is None or common < len(cached[1]):
+            held = self._held(req)
+            common = 0 if held is None else _common(held, history)
+            if held is None or common < len(held):
                 self.ctx.seq_rm(seq, common, -1)
             missing = history[common:]
             room = self.batch.capacity - self.batch.n_tokens
@@ -178,13 +175,12 @@ class ModelDrafter:
         except UmaError as exc:  # no room, say: no guesses; the draft's cache is made again
             log.warning("the draft model could not guess: %s", exc)
             for req, _, _ in drafting:
-                self._drop(req.seq_id)
+                self.forget(req.rid)
             return {}
         for req, _, g in drafting:
-            history = self._cached[req.seq_id][1]
+            history = self._cached[req.rid][1]
             # the guesses fed back are in the draft's cache now (all but the last)
-            self._cached[req.seq_id] = (req.rid, np.concatenate(
-                [history, np.asarray(g[:-1], np.int32)]))
+            self._keep(req, np.concatenate([history, np.asarray(g[:-1], np.int32)]))
             guesses[req.seq_id] = np.asarray(g, np.int32)
         return guesses
 
@@ -208,21 +204,19 @@ class ModelDrafter:
         finally:
             del logits  # the next decode refuses to run while a view of its logits lives
 
-    def _keep(self, req: Request, tokens: np.ndarray) -> None:
-        self._cached[req.seq_id] = (req.rid, tokens)
-        self._seq_of[req.rid] = req.seq_id
+    def _held(self, req: Request) -> np.ndarray | None:
+        """The request's tokens the draft's cache holds (None: none, or of another sequence)."""
+        cached = self._cached.get(req.rid)
+        return None if cached is None or cached[0] != req.seq_id else cached[1]
 
-    def _drop(self, seq: int) -> None:
-        self.ctx.seq_rm(seq, -1, -1)
-        self._cached.pop(seq, None)
+    def _keep(self, req: Request, tokens: np.ndarray) -> None:
+        self._cached[req.rid] = (req.seq_id, tokens)
 
     def forget(self, rid: int) -> None:
         """The request left its sequence: the draft's cells of it go."""
-        seq = self._seq_of.pop(rid, None)
-        if seq is not None:
-            cached = self._cached.get(seq)
-            if cached is not None and cached[0] == rid:
-                self._drop(seq)
+        cached = self._cached.pop(rid, None)
+        if cached is not None:
+            self.ctx.seq_rm(cached[0], -1, -1)
 
     def close(self) -> None:
         self.batch.close()
