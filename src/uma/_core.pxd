@@ -21,6 +21,13 @@ cdef extern from "tokenize.hpp" namespace "uma" nogil:
                               cbool parse_special, size_t stack_bytes)
 
 
+cdef extern from "decode_thread.hpp" namespace "uma" nogil:
+    int32_t decode_on_decode_thread(llama_context * ctx, llama_batch batch, char * problem,
+                                    size_t cap)
+    uint64_t native_decode_thread_calls "uma::decode_thread_calls"()
+    long long native_decode_thread_id "uma::decode_thread_id"()
+
+
 cdef extern from "rpc.hpp" namespace "uma" nogil:
     cbool rpc_compiled()
     int32_t native_rpc_add_worker "uma::rpc_add_worker"(const char * endpoint, char * names,

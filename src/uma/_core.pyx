@@ -144,6 +144,16 @@ cdef str _last_problem():
     return buf[:n].decode("utf-8", errors="replace").strip()
 
 
+cdef str _problem_text(const char * buf):
+    return (<bytes>buf).decode("utf-8", errors="replace").strip()
+
+
+def decode_thread():
+    """(decodes run, kernel thread id) of the process's one decode thread, which runs every
+    llama_decode of every context (csrc/decode_thread.hpp says why); (0, 0) before any."""
+    return native_decode_thread_calls(), native_decode_thread_id()
+
+
 cdef cbool _on_progress(float progress, void * user_data) noexcept with gil:
     # Called by llama.cpp on the loading thread; an exception here must not cross into C.
     cdef Model model = <Model>user_data
@@ -1106,15 +1116,15 @@ cdef class Context:
         self._validate(batch)
         cdef int rc
         cdef timespec t0, t1
-        log_clear_problem()
+        cdef char problem[1024]
         with nogil:
             clock_gettime(CLOCK_MONOTONIC, &t0)
-            rc = L.llama_decode(self._ctx, batch._batch)
+            rc = decode_on_decode_thread(self._ctx, batch._batch, problem, sizeof(problem))
             clock_gettime(CLOCK_MONOTONIC, &t1)
         self._decode_ns = (t1.tv_sec - t0.tv_sec) * 1000000000 + (t1.tv_nsec - t0.tv_nsec)
         if rc != 0:
             self._n_outputs = 0
-            raise errors.decode_error(rc, _last_problem())
+            raise errors.decode_error(rc, _problem_text(problem))
         self._n_outputs = batch.n_outputs
         self._output_seqs = batch.output_seqs()
         if self._n_chains:
@@ -1544,6 +1554,7 @@ cdef class Embedder:
         cdef int first = 0, last, k, j, n, pos, rc
         cdef const float * vec
         cdef L.llama_memory_t mem = L.llama_get_memory(self._ctx)
+        cdef char problem[1024]
         lengths = [a.size for a in arrays]
         while first < len(arrays):
             last = _decode_end(lengths, first, self.n_ctx, self.n_seq_max)
@@ -1558,13 +1569,12 @@ cdef class Embedder:
                     self._batch.logits[n] = True  # pooling reads every token's state
                     n += 1
             self._batch.n_tokens = n
-            log_clear_problem()
             with nogil:
-                rc = L.llama_decode(self._ctx, self._batch)
+                rc = decode_on_decode_thread(self._ctx, self._batch, problem, sizeof(problem))
             if rc != 0:
                 L.llama_memory_clear(mem, True)
                 raise errors.DecodeError(
-                    f"the embeddings decode failed ({rc}): {_last_problem()}")
+                    f"the embeddings decode failed ({rc}): {_problem_text(problem)}")
             for k in range(last - first):
                 vec = L.llama_get_embeddings_seq(self._ctx, k)
                 if vec == NULL:

@@ -191,6 +191,11 @@ def live_handles() -> dict[str, int]:
         return dict(_live)
 
 
+def decode_thread() -> tuple[int, int]:
+    """(decodes run, thread id): the fake core decodes on the caller's thread, and counts none."""
+    return 0, 0
+
+
 def default_threads() -> int:
     try:
         n = len(os.sched_getaffinity(0))

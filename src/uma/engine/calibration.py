@@ -1,9 +1,9 @@
 """Timing the device before serving: scratch decodes of a few batch shapes, from which the
 engine's cost model starts (uma.sched.cost.CostModel.calibrate).
 
-It runs on the compute thread, like every tick: ggml's OpenMP pool belongs to the thread that
-first decodes, and timing from another thread left a second pool behind that made every later
-decode on a CPU about a quarter slower (docs/results/kv-sweep.md).
+It runs on the compute thread, like every tick; its decodes, like all of them, run on the
+process's one decode thread (uma._core.decode_thread), so timing from anywhere leaves no second
+OpenMP team behind (one had made every later decode on a CPU a quarter slower).
 """
 
 from __future__ import annotations

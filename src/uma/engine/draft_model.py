@@ -88,10 +88,7 @@ class ModelDrafter:
 
     def _timed_step(self) -> float:
         """One guess's decode call, timed on a scratch sequence (after one untimed: the first
-        call builds the graph). On the thread that drafts: with OpenMP, a decode on another
-        thread leaves a second team of idle threads, and where the threads outnumber the
-        cores every decode's barriers then sleep instead of spinning (twice as slow on two
-        cores)."""
+        call builds the graph)."""
         ms = 0.0
         for _ in range(2):
             self.batch.clear()

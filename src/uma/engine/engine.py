@@ -649,9 +649,8 @@ class Engine:
 
     def _compute(self) -> None:
         contexts = self._contexts
-        # On this thread, like every tick: ggml's OpenMP pool belongs to the thread that first
-        # decodes, and calibrating from the constructor's thread left a second pool behind
-        # that made every later decode on a CPU about a quarter slower (docs/results/kv-sweep.md).
+        # Timing on this thread keeps the constructor quick; the decodes themselves run on the
+        # process's one decode thread, as every decode does (uma._core.decode_thread).
         if self._calibrate:
             self._scheduler.calibrate(self._kept_timing())
         if self._lane is not None:  # the same device and weights: the same prices to start

@@ -1,0 +1,30 @@
+// The process's one decode thread: every llama_decode of every context (each engine's, a draft
+// model's, an embedder's) runs on it, whichever thread asks.
+//
+// Why: ggml's CPU backend computes a graph in an OpenMP parallel region, and libgomp keeps a
+// team of worker threads per thread that opens one. Two engines decoding on their own threads
+// leave two teams behind; once the threads libgomp manages outnumber the cores, its barriers
+// (one between every two graph nodes) stop spinning and sleep in the kernel at once, so a model
+// decoded 2.5x slower beside a second model that sat idle. The barrier's spin limit for that
+// case is fixed inside libgomp (no environment variable lifts it), so the only cure is a single
+// team: a single thread that decodes. Callers wait on it without the GIL; a decode from two
+// threads at once runs one after the other, as the cores would have run them anyway.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "llama.h"
+
+namespace uma {
+
+// llama_decode(ctx, batch) on the decode thread; waits for it. `problem` (cap bytes, may be
+// null) gets the warning/error lines llama.cpp logged during that decode (see logsink.hpp).
+int32_t decode_on_decode_thread(llama_context * ctx, llama_batch batch, char * problem,
+                                std::size_t cap);
+// Decodes run on the decode thread so far (for tests: each path routes through it).
+uint64_t decode_thread_calls();
+// The decode thread's kernel thread id (0 before the first decode), for tests.
+int64_t decode_thread_id();
+
+}  // namespace uma
