@@ -86,6 +86,7 @@ cdef class Model:
     cdef readonly str path
     cdef readonly int n_vocab
     cdef readonly bint vocab_only
+    cdef readonly bint layers_on_cpu  # its contexts then decode on the one decode thread
     cdef int _n_contexts
     cdef bint _closing
     cdef object _progress

@@ -71,6 +71,16 @@ _DEVICE_TYPES = {L.GGML_BACKEND_DEVICE_TYPE_CPU: "cpu", L.GGML_BACKEND_DEVICE_TY
                  L.GGML_BACKEND_DEVICE_TYPE_META: "meta"}
 
 
+cdef bint _has_gpu() noexcept:
+    cdef size_t i
+    cdef int kind
+    for i in range(L.ggml_backend_dev_count()):
+        kind = L.ggml_backend_dev_type(L.ggml_backend_dev_get(i))
+        if kind == L.GGML_BACKEND_DEVICE_TYPE_GPU or kind == L.GGML_BACKEND_DEVICE_TYPE_IGPU:
+            return True
+    return False
+
+
 def devices():
     """The devices ggml found at run time, in its order: one dict each with name ('CPU',
     'Vulkan0', 'CUDA0'), description, type ('cpu', 'gpu', 'igpu', 'accel'), backend ('CPU',
@@ -150,7 +160,8 @@ cdef str _problem_text(const char * buf):
 
 def decode_thread():
     """(decodes run, kernel thread id) of the process's one decode thread, which runs every
-    llama_decode of every context (csrc/decode_thread.hpp says why); (0, 0) before any."""
+    decode of every context whose model has layers on the CPU (Model.layers_on_cpu;
+    csrc/decode_thread.hpp says why); (0, 0) before any."""
     return native_decode_thread_calls(), native_decode_thread_id()
 
 
@@ -281,6 +292,10 @@ cdef class Model:
                 raise exc
             raise errors.InvalidModelError(f"{path}: {_load_problem(_last_problem())}")
         self.vocab_only = vocab_only
+        # where every layer runs on a GPU (all offloaded, a GPU present) the CPU's part of a
+        # decode is a few small operations: those decode on their caller's thread
+        self.layers_on_cpu = not (_has_gpu() and (
+            n_gpu_layers < 0 or n_gpu_layers > L.llama_model_n_layer(self._model)))
         self._vocab = L.llama_model_get_vocab(self._model)
         self.n_vocab = L.llama_vocab_n_tokens(self._vocab)
         _live["model"] += 1
@@ -1117,9 +1132,15 @@ cdef class Context:
         cdef int rc
         cdef timespec t0, t1
         cdef char problem[1024]
+        cdef bint on_cpu = self.model.layers_on_cpu
         with nogil:
             clock_gettime(CLOCK_MONOTONIC, &t0)
-            rc = decode_on_decode_thread(self._ctx, batch._batch, problem, sizeof(problem))
+            if on_cpu:
+                rc = decode_on_decode_thread(self._ctx, batch._batch, problem, sizeof(problem))
+            else:
+                log_clear_problem()
+                rc = L.llama_decode(self._ctx, batch._batch)
+                log_last_problem(problem, sizeof(problem))
             clock_gettime(CLOCK_MONOTONIC, &t1)
         self._decode_ns = (t1.tv_sec - t0.tv_sec) * 1000000000 + (t1.tv_nsec - t0.tv_nsec)
         if rc != 0:
@@ -1555,6 +1576,7 @@ cdef class Embedder:
         cdef const float * vec
         cdef L.llama_memory_t mem = L.llama_get_memory(self._ctx)
         cdef char problem[1024]
+        cdef bint on_cpu = self.model.layers_on_cpu
         lengths = [a.size for a in arrays]
         while first < len(arrays):
             last = _decode_end(lengths, first, self.n_ctx, self.n_seq_max)
@@ -1570,7 +1592,13 @@ cdef class Embedder:
                     n += 1
             self._batch.n_tokens = n
             with nogil:
-                rc = decode_on_decode_thread(self._ctx, self._batch, problem, sizeof(problem))
+                if on_cpu:
+                    rc = decode_on_decode_thread(self._ctx, self._batch, problem,
+                                                 sizeof(problem))
+                else:
+                    log_clear_problem()
+                    rc = L.llama_decode(self._ctx, self._batch)
+                    log_last_problem(problem, sizeof(problem))
             if rc != 0:
                 L.llama_memory_clear(mem, True)
                 raise errors.DecodeError(

@@ -248,6 +248,7 @@ class Model:
                     raise errors.ModelLoadError(
                         f"loading {self.path} was cancelled by the progress callback")
         self.vocab_only = bool(vocab_only)
+        self.layers_on_cpu = True  # the fake core has no GPU
         self.n_vocab = N_VOCAB
         self._n_contexts = 0
         self._closed = False

@@ -3,7 +3,7 @@
 //
 // ggml-rpc aborts the process when a worker's connection fails mid-run (RPC_STATUS_ASSERT ->
 // GGML_ABORT -> abort()). With the hold installed, the thread that would abort (the engine's
-// decode thread, inside a decode) records the message and waits forever instead: the daemon
+// thread that decodes, inside a decode) records the message and waits forever instead: the daemon
 // stays up, its other threads fail the requests and report the state, and a restart (once
 // the worker is back) serves again. Every function here is safe without the GIL.
 #pragma once
