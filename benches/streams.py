@@ -43,6 +43,7 @@ class Stream:
     label: str = ""
     server_ttft_ms: float = float("nan")  # the daemon's own (arrival to first token), socket
     text: list[str] = field(default_factory=list)  # each chunk's text (HTTP)
+    token_ids: list[int] = field(default_factory=list)  # where the body asked for them
     timings: dict = field(default_factory=dict)  # the server's own, where it sends them
 
     @property
@@ -76,7 +77,11 @@ def sse_completion(port: int, body: dict, *, timeout: float = 300.0, label: str 
         chunk = json.loads(data)
         if chunk.get("choices") and chunk["choices"][0].get("finish_reason") is None:
             s.times.append(time.perf_counter())
-            s.text.append(chunk["choices"][0].get("text") or "")
+            choice = chunk["choices"][0]
+            s.text.append(choice.get("text") or "")
+            # the ids: UMA's return_tokens, or llama-server's log-probability entries
+            s.token_ids += choice.get("tokens") or [
+                e["id"] for e in ((choice.get("logprobs") or {}).get("content") or ())]
         usage = chunk.get("usage") or usage
         s.timings = chunk.get("timings") or s.timings
     conn.close()

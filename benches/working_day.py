@@ -7,8 +7,8 @@ so serves nothing else), through the same HTTP client and token-id prompts.
     python benches/working_day.py --model 134m --threads 2 --minutes 3 --repeat 3
 
 The day, the same on both sides (seeded): --chats conversations, a turn every --chat-every
-seconds (200 new user tokens on the history, a 32-token answer, a fixed 32-token reply kept in
-the history); --agents apps, each sending the shared --system-tokens system prompt and its own
+seconds (200 new user tokens on the history, a 32-token answer kept in the history as the
+server gave it); --agents apps, each sending the shared --system-tokens system prompt and its own
 40-token question every --agent-every seconds (8 tokens back); a one-off --long-tokens prompt
 every --long-every seconds (16 back); a short 10-token request every --short-every seconds (8
 back); --embed-inputs 64-token inputs to /v1/embeddings every --embed-every seconds. Each
@@ -76,14 +76,20 @@ def tokens(rng: np.random.Generator, n: int) -> list[int]:
     return rng.integers(1000, 20000, n).tolist()
 
 
-def complete(server: Server, prompt: list[int], max_tokens: int) -> tuple[float, int, int]:
-    """TTFT ms, prompt tokens and cached prompt tokens of one streamed completion."""
+def complete(server: Server, prompt: list[int], max_tokens: int, *, reply: bool = False
+             ) -> tuple[float, int, int, list[int]]:
+    """TTFT ms, prompt tokens and cached prompt tokens of one streamed completion, and (reply)
+    the token ids it answered: UMA's return_tokens, llama-server's log-probability entries
+    (its /v1/completions gives ids no other way)."""
+    ids = ({"return_tokens": True} if server.socket else {"logprobs": 1}) if reply else {}
     s = sse_completion(server.port, {"prompt": prompt, "max_tokens": max_tokens,
-                                     "temperature": 0, "ignore_eos": True,
+                                     "temperature": 0, "ignore_eos": True, **ids,
                                      **(server.extra or {})})
     if s.completion_tokens != max_tokens:
         raise RuntimeError(f"{server.name}: {s.completion_tokens} of {max_tokens} tokens")
-    return 1e3 * s.ttft_s, s.prompt_tokens, s.cached_tokens
+    if reply and len(s.token_ids) != max_tokens:
+        raise RuntimeError(f"{server.name}: {len(s.token_ids)} token ids of {max_tokens}")
+    return 1e3 * s.ttft_s, s.prompt_tokens, s.cached_tokens, s.token_ids
 
 
 def embed(port: int, inputs: list[list[int]]) -> float:
@@ -143,8 +149,8 @@ def run_day(server: Server, embed_port: int, ns: argparse.Namespace, seed: int) 
         def chat_turn(t: int, history=history, crng=crng, c=c) -> Done:
             user = tokens(crng, USER)
             at = now()
-            ms, p, k = complete(server, history + user, REPLY)
-            history += user + tokens(crng, REPLY)
+            ms, p, k, answer = complete(server, history + user, REPLY, reply=True)
+            history += user + answer  # the reply it got, as a chat app sends it back
             return Done("chat", c, at, ms, p, k, t)
 
         roles.append(("chat", c, c * ns.chat_every / ns.chats, ns.chat_every, chat_turn))
@@ -153,7 +159,7 @@ def run_day(server: Server, embed_port: int, ns: argparse.Namespace, seed: int) 
 
         def agent(n: int, arng=arng, a=a) -> Done:
             at = now()
-            ms, p, k = complete(server, system + tokens(arng, QUESTION), 8)
+            ms, p, k, _ = complete(server, system + tokens(arng, QUESTION), 8)
             return Done("agent", a, at, ms, p, k, n)
 
         roles.append(("agent", a, 0.5 + a * ns.agent_every / ns.agents, ns.agent_every, agent))
@@ -161,7 +167,7 @@ def run_day(server: Server, embed_port: int, ns: argparse.Namespace, seed: int) 
 
     def one_off(n: int) -> Done:
         at = now()
-        ms, p, k = complete(server, tokens(lrng, ns.long_tokens), 16)
+        ms, p, k, _ = complete(server, tokens(lrng, ns.long_tokens), 16)
         return Done("long", 0, at, ms, p, k, n)
 
     roles.append(("long", 0, ns.long_every / 3, ns.long_every, one_off))
@@ -169,7 +175,7 @@ def run_day(server: Server, embed_port: int, ns: argparse.Namespace, seed: int) 
 
     def short(n: int) -> Done:
         at = now()
-        ms, p, k = complete(server, tokens(srng, SHORT), 8)
+        ms, p, k, _ = complete(server, tokens(srng, SHORT), 8)
         return Done("short", 0, at, ms, p, k, n)
 
     roles.append(("short", 0, ns.short_every / 2, ns.short_every, short))
@@ -296,7 +302,7 @@ def main() -> int:
                     embed_port = embedder.port
                     pids.append(embedder.pid)
             complete(server, tokens(np.random.default_rng(99), 16), 4)  # warm-up
-            fresh, _, _ = complete(server, tokens(np.random.default_rng(98), SHORT), 8)
+            fresh, _, _, _ = complete(server, tokens(np.random.default_rng(98), SHORT), 8)
             done = run_day(server, embed_port, ns, seed=1000 * (r + 1))
             row = summary(done, fresh, ns.minutes)
             row["rss_mb"] = sum(memory_kb(p)["rss"] for p in pids) / 1024

@@ -162,6 +162,21 @@ def test_logprobs_are_those_of_the_sampled_tokens(engine, oai, model, model_id):
                                                 for t in expected.token_ids]
 
 
+def test_return_tokens_gives_the_token_ids_of_the_answer(engine, oai, http, model_id):
+    expected = list(engine.generate(PROMPT, max_tokens=6, ignore_eos=True).token_ids)
+    body = {"ignore_eos": True, "return_tokens": True}
+    r = oai.completions.create(model=model_id, prompt=PROMPT, max_tokens=6, extra_body=body)
+    assert r.choices[0].model_extra["tokens"] == expected
+    chunks = list(oai.completions.create(model=model_id, prompt=PROMPT, max_tokens=6,
+                                         stream=True, extra_body=body))
+    assert [t for c in chunks for t in c.choices[0].model_extra["tokens"]] == expected
+    plain = oai.completions.create(model=model_id, prompt=PROMPT, max_tokens=2,
+                                   extra_body={"ignore_eos": True})
+    assert "tokens" not in (plain.choices[0].model_extra or {})
+    bad = http.post("/v1/completions", json={"prompt": PROMPT, "return_tokens": "yes"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "return_tokens"
+
+
 def test_top_logprobs_through_the_openai_client(engine, oai, model, model_id):
     expected = engine.chat(CHAT, max_tokens=5, ignore_eos=True, top_logprobs=4)
     r = oai.chat.completions.create(model=model_id, messages=CHAT, max_tokens=5, logprobs=True,

@@ -257,6 +257,8 @@ class _Api:
                 api_req, handle = await self._submit(request, model, parse_for(model), body,
                                                      off_loop=off_loop)
         fmt = format_cls(model.model_id, model.piece)
+        if isinstance(fmt, CompletionFormat):
+            fmt.return_tokens = api_req.return_tokens
         rid = getattr(fmt, "id", None)  # llama-server's /infill answers carry none
         if api_req.stream:
             return _EventStream(self, handle, self._events(handle, fmt, api_req, model), rid)

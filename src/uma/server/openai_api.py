@@ -13,6 +13,7 @@ store, parallel_tool_calls, ...) are ignored.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import math
 import re
@@ -110,6 +111,7 @@ class ApiRequest:
     stream: bool  # answer with server-sent events
     include_usage: bool  # stream_options.include_usage: a last chunk with the token counts
     user: str | None = None  # OpenAI's end-user id: the app, for fair share (else X-App)
+    return_tokens: bool = False  # llama-server's extension: each choice's token ids, "tokens"
 
 
 def parse_completion(body: object, *, model_id: str, limits: P.RequestLimits,
@@ -131,7 +133,12 @@ def parse_completion(body: object, *, model_id: str, limits: P.RequestLimits,
                        param="logprobs")
     fields = {**_prompt(body["prompt"]), "max_tokens": body.get("max_tokens"),
               "logprobs": logprobs is not None, "top_logprobs": logprobs or None}
-    return _parse(body, fields, model_id, limits, default_priority)
+    req = _parse(body, fields, model_id, limits, default_priority)
+    # the generated token ids (llama-server's /completion field): a client that sends a
+    # conversation back as token ids can send the very reply it got
+    if _field(body, "return_tokens", bool):
+        req = dataclasses.replace(req, return_tokens=True)
+    return req
 
 
 def parse_chat(body: object, *, model_id: str, limits: P.RequestLimits,
@@ -479,6 +486,7 @@ class _Format:
     object_name = ""
     chunk_name = ""
     done_marker = True  # a stream ends with "data: [DONE]"
+    return_tokens = False  # each choice carries its token ids (ApiRequest.return_tokens)
 
     def __init__(self, model_id: str, piece: Callable[[int], bytes], prefix: str) -> None:
         self.id = f"{prefix}-{secrets.token_hex(12)}"
@@ -494,7 +502,7 @@ class _Format:
         """sse(delta(event)). A streamed token is the gateway's most frequent write: without
         log-probabilities its bytes come from a template made at the first, only the text
         encoded (the same bytes; tests/server/test_openai_api.py compares them)."""
-        if event.logprobs is not None:
+        if event.logprobs is not None or self.return_tokens:
             return sse(self.delta(event))
         if self._template is None:
             head, tail = sse(self.delta(TokenEvent(_MARK, ()))).split(_MARK_JSON)
@@ -557,7 +565,10 @@ class CompletionFormat(_Format):
                   "top_logprobs": None if top is None else [
                       {self._text(t): _finite(x) for t, x in step} for step in top],
                   "text_offset": offsets}
-        return {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish_reason}
+        choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": finish_reason}
+        if self.return_tokens:
+            choice["tokens"] = list(token_ids)
+        return choice
 
 
 class ChatFormat(_Format):
