@@ -22,8 +22,8 @@ cdef extern from "tokenize.hpp" namespace "uma" nogil:
 
 
 cdef extern from "decode_thread.hpp" namespace "uma" nogil:
-    int32_t decode_on_decode_thread(llama_context * ctx, llama_batch batch, char * problem,
-                                    size_t cap)
+    int32_t native_decode "uma::decode"(llama_context * ctx, llama_batch batch,
+                                        cbool on_decode_thread, char * problem, size_t cap)
     uint64_t native_decode_thread_calls "uma::decode_thread_calls"()
     long long native_decode_thread_id "uma::decode_thread_id"()
 

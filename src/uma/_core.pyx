@@ -150,8 +150,8 @@ def _load_problem(text):
 
 cdef str _last_problem():
     cdef char buf[1024]
-    cdef size_t n = log_last_problem(buf, sizeof(buf))
-    return buf[:n].decode("utf-8", errors="replace").strip()
+    log_last_problem(buf, sizeof(buf))
+    return _problem_text(buf)
 
 
 cdef str _problem_text(const char * buf):
@@ -1135,12 +1135,7 @@ cdef class Context:
         cdef bint on_cpu = self.model.layers_on_cpu
         with nogil:
             clock_gettime(CLOCK_MONOTONIC, &t0)
-            if on_cpu:
-                rc = decode_on_decode_thread(self._ctx, batch._batch, problem, sizeof(problem))
-            else:
-                log_clear_problem()
-                rc = L.llama_decode(self._ctx, batch._batch)
-                log_last_problem(problem, sizeof(problem))
+            rc = native_decode(self._ctx, batch._batch, on_cpu, problem, sizeof(problem))
             clock_gettime(CLOCK_MONOTONIC, &t1)
         self._decode_ns = (t1.tv_sec - t0.tv_sec) * 1000000000 + (t1.tv_nsec - t0.tv_nsec)
         if rc != 0:
@@ -1592,13 +1587,7 @@ cdef class Embedder:
                     n += 1
             self._batch.n_tokens = n
             with nogil:
-                if on_cpu:
-                    rc = decode_on_decode_thread(self._ctx, self._batch, problem,
-                                                 sizeof(problem))
-                else:
-                    log_clear_problem()
-                    rc = L.llama_decode(self._ctx, self._batch)
-                    log_last_problem(problem, sizeof(problem))
+                rc = native_decode(self._ctx, self._batch, on_cpu, problem, sizeof(problem))
             if rc != 0:
                 L.llama_memory_clear(mem, True)
                 raise errors.DecodeError(

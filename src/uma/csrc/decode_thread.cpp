@@ -6,7 +6,6 @@
 
 #include <atomic>
 #include <condition_variable>
-#include <cstring>
 #include <mutex>
 #include <thread>
 
@@ -15,6 +14,14 @@
 namespace uma {
 
 namespace {
+
+// llama_decode with the lines llama.cpp logged meanwhile on this thread copied to problem.
+int32_t decode_here(llama_context * ctx, llama_batch batch, char * problem, std::size_t cap) {
+    log_clear_problem();  // the log lines are kept per thread: this one's
+    int32_t rc = llama_decode(ctx, batch);
+    if (problem != nullptr && cap > 0) log_last_problem(problem, cap);
+    return rc;
+}
 
 struct Job {
     llama_context * ctx;
@@ -57,9 +64,7 @@ private:
             Job * job = job_;
             job_ = nullptr;
             lock.unlock();
-            log_clear_problem();  // the log lines are kept per thread: this one's
-            job->result = llama_decode(job->ctx, job->batch);
-            if (job->problem != nullptr && job->cap > 0) log_last_problem(job->problem, job->cap);
+            job->result = decode_here(job->ctx, job->batch, job->problem, job->cap);
             calls.fetch_add(1, std::memory_order_relaxed);
             lock.lock();
             done_ = true;
@@ -95,9 +100,9 @@ DecodeThread & decode_thread() {
 
 }  // namespace
 
-int32_t decode_on_decode_thread(llama_context * ctx, llama_batch batch, char * problem,
-                                std::size_t cap) {
-    if (problem != nullptr && cap > 0) problem[0] = '\0';
+int32_t decode(llama_context * ctx, llama_batch batch, bool on_decode_thread, char * problem,
+               std::size_t cap) {
+    if (!on_decode_thread) return decode_here(ctx, batch, problem, cap);
     return decode_thread().decode(ctx, batch, problem, cap);
 }
 

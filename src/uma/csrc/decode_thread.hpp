@@ -22,10 +22,11 @@
 
 namespace uma {
 
-// llama_decode(ctx, batch) on the decode thread; waits for it. `problem` (cap bytes, may be
-// null) gets the warning/error lines llama.cpp logged during that decode (see logsink.hpp).
-int32_t decode_on_decode_thread(llama_context * ctx, llama_batch batch, char * problem,
-                                std::size_t cap);
+// llama_decode(ctx, batch) on the decode thread (on_decode_thread; the caller waits for it) or
+// on the calling thread. `problem` (cap bytes, may be null) gets the warning/error lines
+// llama.cpp logged during that decode (see logsink.hpp).
+int32_t decode(llama_context * ctx, llama_batch batch, bool on_decode_thread, char * problem,
+               std::size_t cap);
 // Decodes run on the decode thread so far (for tests: each path routes through it).
 uint64_t decode_thread_calls();
 // The decode thread's kernel thread id (0 before the first decode), for tests.
