@@ -17,7 +17,12 @@ apart by their processes. With --background A's requests are background work (UM
 `priority` field; llama-server has no such notion): with --flood 4 every sequence holds one
 when B asks, and B's first token waits for a background request to be set aside at a token
 boundary (docs/design/scheduling.md, "Demotion at a token boundary"; the side "uma, fair share off"
-shows it alone, without fair share parking for B's app).
+shows it alone, without fair share parking for B's app). With --prompt-words N each of A's
+requests is a long prompt (N words after its job number), and with --same-app B asks as app A:
+a short question behind long prompts that came first, which no app distinction can help.
+
+    python benches/app_flood.py --model 134m --threads 2 --flood 3 --flood-tokens 16 \
+        --prompt-words 1000 --same-app --repeat 3
 """
 
 from __future__ import annotations
@@ -74,7 +79,9 @@ def ask(server: Server, user: str | None, prompt: str, tokens: int,
 
 
 def flood(server: Server, ns: argparse.Namespace) -> dict:
-    a, b = (None, None) if ns.anonymous else ("batch", "editor")
+    a, b = (None, None) if ns.anonymous else ("batch", "batch" if ns.same_app else "editor")
+    words = "word " * ns.prompt_words if ns.prompt_words else \
+        "summarise the day's harbour log. " * 4
     question = functools.partial(ask, server, b, "What is a lighthouse? Say it briefly.",
                                  ns.question_tokens, elsewhere=ns.anonymous)
     first = question()
@@ -83,8 +90,8 @@ def flood(server: Server, ns: argparse.Namespace) -> dict:
     start = time.perf_counter()
 
     def job(k: int) -> None:
-        streams[k] = ask(server, a, f"Job {k}: summarise the day's harbour log. " * 4,
-                         ns.flood_tokens, background=ns.background)
+        streams[k] = ask(server, a, f"Job {k}: {words}", ns.flood_tokens,
+                         background=ns.background)
 
     threads = [threading.Thread(target=job, args=(k,)) for k in range(ns.flood)]
     for th in threads:
@@ -116,13 +123,19 @@ def main() -> int:
                     help="no request names its app; B asks from a process of its own")
     ap.add_argument("--background", action="store_true",
                     help="app A's requests are background work")
+    ap.add_argument("--prompt-words", type=int, default=0,
+                    help="each of A's requests a prompt of this many words, a token each (0: a short one)")
+    ap.add_argument("--same-app", action="store_true", help="B asks as app A")
     ap.add_argument("--out", type=Path, default=None)
     ns = ap.parse_args()
+    if ns.prompt_words < 0:
+        ap.error("--prompt-words must be at least 0")
     path = Path(ns.model) if Path(ns.model).exists() else synth.cached_model(ns.model)
     runs = run_sides(fair_sides(ns, path, SLOTS), ns.repeat, lambda server: flood(server, ns))
     report: dict = {"model": str(path), "threads": ns.threads, "flood": ns.flood,
                     "flood_tokens": ns.flood_tokens, "question_tokens": ns.question_tokens,
                     "delay_s": ns.delay_s, "anonymous": ns.anonymous, "background": ns.background,
+                    "prompt_words": ns.prompt_words, "same_app": ns.same_app,
                     "runs": runs}
     for name, med in medians(runs).items():
         report[f"{name} median"] = med

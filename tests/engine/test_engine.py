@@ -469,3 +469,26 @@ def test_fewer_experts_on_a_dense_model_is_refused_naming_the_setting(tiny_path)
     with pytest.raises(InvalidRequestError,
                        match=r"n_expert_used=1\) cannot be set: .* is not a mixture"):
         uma.Engine(tiny_path, n_expert_used=1)
+
+
+def first_token_ns(result) -> float:
+    t = result.timings
+    return t.admitted_ns + 1e6 * (t.ttft_ms - t.queue_ms)
+
+
+def test_a_short_request_is_answered_before_a_long_prompt_that_came_first(tiny_path):
+    # Nobody decodes: the long prompt's tick runs it whole, which the short one must not wait
+    # for (it passes it in the queue, or ends its tick as it arrives: on a CPU backend, which
+    # checks for an abort between graph nodes, hence no layer offloaded); the long one's
+    # answer is the one it gives alone.
+    # (long enough that its tick takes several times the idle budget, on any machine)
+    long_prompt = np.random.default_rng(3).integers(100, 20000, 8000).astype(np.int32)
+    with uma.Engine(tiny_path, n_ctx=16384, n_seq_max=2, n_batch=8192, n_gpu_layers=0,
+                    prefix_cache_tokens=0) as engine:
+        engine.generate([1, 300, 400], max_tokens=2)
+        alone = engine.submit(long_prompt, max_tokens=8).result(timeout=120)
+        long = engine.submit(long_prompt, max_tokens=8)
+        short = engine.submit([1, 300, 400, 500], max_tokens=4).result(timeout=120)
+        beside = long.result(timeout=120)
+    assert first_token_ns(short) < first_token_ns(beside)
+    assert beside.token_ids == alone.token_ids

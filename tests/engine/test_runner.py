@@ -11,7 +11,7 @@ import pytest
 from uma import _core
 from uma.config import SamplingParams
 from uma.engine.runner import Runner
-from uma.errors import UmaError
+from uma.errors import DecodeAbortedError, UmaError
 from uma.request import Request
 from uma.sched.state import BatchItem, Phase, Plan, Priority
 
@@ -71,3 +71,89 @@ def test_a_batch_with_no_room_in_the_kv_cache_is_rolled_back_and_reported(runner
     assert ran.no_room and not ran.failed and len(ran.tokens) == 0
     assert runner.ctx.seq_pos_max(1) == -1  # rolled back: what ran of it is gone
     assert runner.ctx.seq_pos_max(0) == 199  # the other sequence untouched
+
+
+class Interrupting:
+    """The runner's context for one decode, which a newcomer interrupts (Runner.interrupt)
+    as it starts; the runner has its own context back after it. keep=None: the real decode
+    then ends at its first graph node (llama.cpp keeps nothing); keep=n: it runs whole and the
+    cache is cut back to each sequence's first n positions of the batch, what llama.cpp leaves
+    after an abort in a later micro-batch."""
+
+    def __init__(self, runner: Runner, keep: int | None = None) -> None:
+        self._ctx, self._runner, self._keep = runner.ctx, runner, keep
+        self.interrupted: list[bool] = []
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
+
+    def decode(self, batch):
+        self._runner.ctx = self._ctx
+        self.interrupted.append(self._runner.interrupt(0.0))
+        if self._keep is None or not self.interrupted[-1]:
+            return self._ctx.decode(batch)
+        self._ctx.abort(False)
+        starts = {seq: self._ctx.seq_pos_max(seq) + 1 for seq in range(self._ctx.n_seq_max)}
+        self._ctx.decode(batch)
+        for seq, start in starts.items():
+            if self._ctx.seq_pos_max(seq) >= start:
+                self._ctx.seq_rm(seq, start + self._keep)
+        raise DecodeAbortedError("decode aborted")
+
+
+@pytest.fixture
+def small_steps(model):
+    ctx = _core.Context(model, n_ctx=256, n_batch=128, n_ubatch=16, n_seq_max=2)
+    runner = Runner(ctx, _core)
+    yield runner
+    runner.close()
+    ctx.close()
+
+
+def test_a_newcomer_ends_a_prompt_tick_and_nothing_of_it_is_kept(small_steps):
+    req = request(1, 0, list(range(1, 65)))
+    alone = sample_alone(small_steps, req)
+    real = small_steps.ctx
+    small_steps.ctx = interrupting = Interrupting(small_steps)
+    small_steps.admit(req)
+    ran = small_steps.run(prompt_plan(req), {0: req})
+    assert interrupting.interrupted == [True]
+    assert ran.interrupted and ran.plan.items == () and len(ran.tokens) == 0
+    assert real.seq_pos_max(0) == -1
+    # the abort flag did not outlive the decode: the tick runs again
+    again = small_steps.run(prompt_plan(req), {0: req})
+    assert not again.interrupted and again.tokens.tolist() == [alone]
+
+
+@pytest.mark.parametrize("keep", [16, 64])
+def test_an_interrupted_tick_keeps_the_micro_batches_that_ran(small_steps, keep):
+    req = request(1, 0, list(range(1, 65)))
+    alone = sample_alone(small_steps, req)
+    real = small_steps.ctx
+    small_steps.ctx = Interrupting(small_steps, keep=keep)
+    small_steps.admit(req)
+    ran = small_steps.run(prompt_plan(req), {0: req})
+    # what the cache kept counts; a chunk kept whole gives back the token to sample from
+    kept = min(keep, 63)
+    assert ran.interrupted and len(ran.tokens) == 0
+    assert [(i.seq_id, i.n_tokens, i.logits) for i in ran.plan.items] == [(0, kept, False)]
+    assert real.seq_pos_max(0) == kept - 1
+    req.n_past = req.n_prefilled = kept
+    rest = Plan(items=(BatchItem(0, Phase.PREFILL, 64 - kept, logits=True),))
+    assert small_steps.run(rest, {0: req}).tokens.tolist() == [alone]
+
+
+def test_a_tick_with_a_decode_row_is_not_interrupted(small_steps):
+    streaming = request(1, 0, [1, 300, 400])
+    small_steps.admit(streaming)
+    small_steps.run(prompt_plan(streaming), {0: streaming})
+    streaming.n_past = streaming.n_prefilled = 3
+    streaming.last_token = 500
+    newcomer = request(2, 1, list(range(1, 65)))
+    small_steps.admit(newcomer)
+    small_steps.ctx = interrupting = Interrupting(small_steps)
+    plan = Plan(items=(BatchItem(0, Phase.DECODE, 1, logits=True),
+                       BatchItem(1, Phase.PREFILL, 64, logits=True)))
+    ran = small_steps.run(plan, {0: streaming, 1: newcomer})
+    assert interrupting.interrupted == [False]
+    assert not ran.interrupted and sorted(ran.seqs.tolist()) == [0, 1]

@@ -252,6 +252,41 @@ def test_a_short_interactive_prompt_goes_ahead_of_a_background_chunk_in_its_tick
     assert all(seq == 2 for seq, _ in prefill[1:])
 
 
+def idle_state(sessions, now_ns: int = 0, n_batch: int = 4096) -> SchedulerState:
+    return SchedulerState(now_ns=now_ns, sessions=tuple(sessions), n_waiting=0,
+                          n_batch=n_batch, n_seq_max=8, decode_ms_ewma=0.0, cost=BELIEF, tick=0)
+
+
+def test_a_short_prompt_passes_long_ones_that_came_before_it():
+    # three 2,000-token prompts arrived first, then a 10-token one; nobody decodes
+    long = [dataclasses.replace(session(i, INT, Phase.PREFILL, prompt=2000), arrival_ns=i)
+            for i in range(3)]
+    short = dataclasses.replace(session(3, INT, Phase.PREFILL, prompt=10), arrival_ns=10**6)
+    plan = BoundPolicy().schedule_tick(idle_state([*long, short], now_ns=2 * 10**6))
+    prefill = [(i.seq_id, i.n_tokens) for i in plan.items]
+    assert prefill[0] == (3, 10)  # whole, first
+    # the others only fill what keeps the short one's first token within its due time
+    assert sum(n for seq, n in prefill[1:]) < 2000
+    assert plan.notes.predicted_ms <= BoundPolicy().idle_budget_ms + 1e-6
+
+
+def test_a_long_prompt_past_its_due_time_goes_before_a_newcomer():
+    policy = BoundPolicy()
+    long = session(0, INT, Phase.PREFILL, prompt=2000, prefilled=1000)
+    long = dataclasses.replace(long, arrival_ns=0)
+    alone_ms = BELIEF.prefill_ms(2000, 0)
+    later_ns = int(2 * policy.ttft_stretch * alone_ms * 1e6)  # it waited past its due time
+    short = dataclasses.replace(session(1, INT, Phase.PREFILL, prompt=10), arrival_ns=later_ns)
+    plan = policy.schedule_tick(idle_state([long, short], now_ns=later_ns))
+    assert [(i.seq_id, i.n_tokens) for i in plan.items][0] == (0, 1000)  # in whole, first
+
+
+def test_with_nobody_decoding_the_prompt_due_first_goes_in_whole():
+    only = session(0, INT, Phase.PREFILL, prompt=3000)
+    plan = BoundPolicy().schedule_tick(idle_state([only]))
+    assert [(i.seq_id, i.n_tokens, i.logits) for i in plan.items] == [(0, 3000, True)]
+
+
 def test_without_a_background_share_background_prompts_get_only_what_the_line_leaves():
     ticks = run(DEVICES["as believed"], prompt=300,
                 policy=BoundPolicy(background_share=0.0))

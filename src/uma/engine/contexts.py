@@ -142,6 +142,15 @@ class Contexts:
             away = _guarded(lane.scheduler, functools.partial(lane.run, grant, done)) or 0.0
         _guarded(streams, functools.partial(streams.tick, plan, away))
 
+    def interrupt(self, n_tokens: int) -> None:
+        """A new interactive request, its prompt n_tokens long, arrived (any thread): the
+        streams' tick in flight ends early where it runs only prompt chunks that would take
+        longer than the newcomer's (Scheduler.interrupt_for), and so does the background
+        context's grant (BackgroundLane.interrupt)."""
+        self.streams.interrupt_for(n_tokens)
+        if self.lane is not None:
+            self.lane.interrupt()
+
     def abort(self) -> None:
         """Stops the decodes in flight in every context (closing, cancelled work)."""
         self.streams.ctx.abort()

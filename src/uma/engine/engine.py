@@ -447,9 +447,9 @@ class Engine:
             self._inbox.append(req)
             self._submitted.inc()
             self._cond.notify()
-        if prio is Priority.INTERACTIVE and self._lane is not None:
-            # its first tick waits for no background decode (uma.engine.background)
-            self._lane.interrupt()
+        if prio is Priority.INTERACTIVE:
+            # its first tick waits for no other prompt's long tick, nor a background decode
+            self._contexts.interrupt(len(tokens))
         return req.handle
 
     def _answer_shape(self, prompt: Prompt, tools: Sequence[Mapping[str, Any]] | None,

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -76,6 +78,9 @@ class Ran:
     # sequence -> guesses of its draft kept, for the plan's verify items (BatchItem.draft):
     # its tokens in `tokens` are the kept guesses and one token after them
     accepted: dict[int, int] | None = None
+    # a newcomer ended the decode early (Runner.interrupt): the plan holds the prompt tokens
+    # the cache kept, and its time is no measure of the plan's work
+    interrupted: bool = False
 
 
 class Runner:
@@ -106,6 +111,12 @@ class Runner:
         self.during: Callable[[], None] = lambda: None
         self._running: Mapping[int, Request] = {}
         self._failed: list[Failure] = []
+        # A decode of prompt chunks alone, in flight, that a newcomer may end (interrupt):
+        # when it may end, and whether one asked. The lock keeps the abort flag from outliving
+        # the decode it was meant for.
+        self._lock = threading.Lock()
+        self._interruptible_until = 0.0  # time.perf_counter() it is predicted to end; 0: none
+        self._interrupted = False
 
     # --- sequences ---------------------------------------------------------------------------
 
@@ -164,8 +175,16 @@ class Runner:
         plan = self._built(plan)
         if not plan.items:
             return self._ran(plan, time.perf_counter() - t0)
+        prompts_only = all(i.phase is Phase.PREFILL for i in plan.items)
         try:
-            n_out = self.ctx.decode(self.batch)
+            if prompts_only:  # a plan with no prediction may be ended by any newcomer
+                with self._lock:
+                    self._interruptible_until = math.inf if plan.notes is None \
+                        else t0 + plan.notes.predicted_ms / 1e3
+            try:
+                n_out = self.ctx.decode(self.batch)
+            finally:
+                interrupted = self._end_interruptible()
             # While the device works: the token masks of constrained rows, then the
             # scheduler's hand-off of the last tick's output.
             self._fill_masks(self.ctx.output_seqs)
@@ -174,6 +193,8 @@ class Runner:
             self._roll_back(plan.items)
             return self._ran(plan, time.perf_counter() - t0, no_room=True)
         except DecodeAbortedError:
+            if interrupted:  # a newcomer's: what the cache kept of the chunks counts
+                return self._ran(self._kept(plan), time.perf_counter() - t0, interrupted=True)
             # The engine is shutting down (Context.abort): nothing ran, nobody is to blame.
             self._roll_back(plan.items)
             return self._ran(Plan.empty(), time.perf_counter() - t0)
@@ -192,10 +213,52 @@ class Runner:
         return self._ran(plan, t1 - t0, time.perf_counter() - t1, seqs, tokens, logprobs, top,
                          logits_ns=t1_ns, n_copy_free=copy_free)
 
+    def interrupt(self, newcomer_ms: float) -> bool:
+        """Ends the decode in flight where it holds prompt chunks alone (no stream's token
+        waits on it) and is predicted to run on for longer than newcomer_ms, the time a new
+        interactive request's prompt takes alone: the newcomer then waits for the next graph
+        node, not for the whole tick (a 2,000-token prompt's takes seconds on a CPU).
+        llama.cpp keeps the micro-batches the decode finished, so at most one micro-batch of
+        work is done again. Called from any thread; returns whether it ended one."""
+        with self._lock:
+            if self._interrupted or not self._interruptible_until \
+                    or self._interruptible_until - time.perf_counter() <= newcomer_ms / 1e3:
+                return False
+            self._interrupted = True
+            self.ctx.abort()
+            return True
+
+    def _end_interruptible(self) -> bool:
+        """The decode is over: no newcomer may end it now. Whether one did (the abort flag
+        is cleared either way, so that it ends no later decode)."""
+        with self._lock:
+            self._interruptible_until = 0.0
+            interrupted, self._interrupted = self._interrupted, False
+            if interrupted:
+                self.ctx.abort(False)
+            return interrupted
+
+    def _kept(self, plan: Plan) -> Plan:
+        """The plan's prompt chunks as far as an interrupted decode left them in the cache
+        (its finished micro-batches). A chunk that ended its prompt gives its last token back,
+        so that the tick that runs it again samples the first token."""
+        items = []
+        for item in plan.items:
+            req = self._running.get(item.seq_id)
+            if req is None:
+                continue
+            held = self.ctx.seq_pos_max(item.seq_id) + 1 - req.n_past
+            kept = max(0, min(item.n_tokens - (1 if item.logits else 0), held))
+            self.ctx.seq_rm(item.seq_id, req.n_past + kept)
+            if kept:
+                items.append(BatchItem(item.seq_id, Phase.PREFILL, kept, logits=False))
+        return dataclasses.replace(plan, items=tuple(items))
+
     def _ran(self, plan: Plan, decode_s: float, sample_s: float = 0.0,
              seqs: np.ndarray | None = None, tokens: np.ndarray | None = None,
              logprobs: np.ndarray | None = None, top: dict[int, TopLogprobs] | None = None,
-             no_room: bool = False, logits_ns: int = 0, n_copy_free: int = 0) -> Ran:
+             no_room: bool = False, logits_ns: int = 0, n_copy_free: int = 0,
+             interrupted: bool = False) -> Ran:
         """The tick's Ran: the plan without the items of requests that failed in it, its
         verify items' rejected guesses taken out."""
         accepted = None
@@ -205,7 +268,7 @@ class Runner:
             plan = dataclasses.replace(plan, items=self._live(plan.items))
         return Ran(plan, decode_s, sample_s, _NONE if seqs is None else seqs,
                    _NONE if tokens is None else tokens, logprobs, top, tuple(self._failed),
-                   no_room, logits_ns, n_copy_free, accepted)
+                   no_room, logits_ns, n_copy_free, accepted, interrupted)
 
     def _verify(self, plan: Plan, seqs: np.ndarray, tokens: np.ndarray,
                 logprobs: np.ndarray | None

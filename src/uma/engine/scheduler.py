@@ -518,6 +518,12 @@ class Scheduler:
         self._save(ran.plan)
         return True
 
+    def interrupt_for(self, n_tokens: int) -> bool:
+        """A new interactive request with a prompt of n_tokens arrived (any thread): ends the
+        tick in flight where it runs prompt chunks alone and would run on for longer than the
+        newcomer's prompt takes alone (Runner.interrupt). Returns whether it did."""
+        return self.runner.interrupt(self.cost.estimate.prefill_ms(n_tokens, 0))
+
     def schedule(self, now_ns: int | None = None) -> Plan:
         """Releases what ended, admits, and asks the policy for this tick's order. now_ns:
         the snapshot's time (default: time.monotonic_ns())."""
@@ -705,7 +711,9 @@ class Scheduler:
         # chunk at the price of the short decode tick before it, and a storm spent more than
         # twice its floor's share on background prompts
         # (docs/lab/2026-11-26-row-steps-and-overlap-feedback.md).
-        self._measured = (self._due.tick_s * 1e3, self._due.n_sampled)
+        # an interrupted tick's time is no measure of its plan: the policy learns nothing
+        self._measured = (0.0, 0) if ran.interrupted else \
+            (self._due.tick_s * 1e3, self._due.n_sampled)
         self.speculator.measured(ran.plan, self._measured[0])
         self.n_ticks += 1
         self.last_plan = ran.plan
@@ -786,7 +794,7 @@ class Scheduler:
             queue_depth=self.n_waiting, running=len(self.running), apps=apps,
             n_ready=self._ready_rows,
             bmt_bytes=self.bmt.tick_bytes(plan.n_tokens, self._cache_read) if self.bmt else 0.0,
-            n_copy_free=ran.n_copy_free)
+            n_copy_free=ran.n_copy_free, interrupted=ran.interrupted)
 
     def _charge(self, apps: dict[str, float], tick_ms: float) -> None:
         """The tick's time to the apps' ledger and to each request's own service (the

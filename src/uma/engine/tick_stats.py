@@ -40,6 +40,7 @@ class TickReport:
     n_ready: int = 0  # decode rows ready: running requests past their prompt at the tick
     bmt_bytes: float = 0.0  # bytes the batch as run moved through memory (uma.sched.bmt)
     n_copy_free: int = 0  # tokens sampled with no logits row copied (Ran.n_copy_free)
+    interrupted: bool = False  # a newcomer ended it early (Ran.interrupted): no measure
 
 
 class TickMetrics:
@@ -229,7 +230,7 @@ class TickStats:
         plan, m = t.plan, self.m
         decode_ms, tick_ms = t.decode_s * 1e3, t.tick_s * 1e3
         self.ticks += 1
-        if plan.items:
+        if plan.items and not t.interrupted:
             est = self.cost.estimate
             solo = est.predict(0, *t.solo) if t.solo is not None else None
             predicted = est.predict(t.n_prefill, t.n_decode, t.cache_read, t.prompt_attended)

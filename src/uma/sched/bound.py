@@ -24,10 +24,12 @@ costs one tick, not a streak. A slow start (a
 token cap doubling from min_prefill while used) bounds the first chunks, before any has
 been measured.
 
-With no stream decoding there is no one between two tokens to protect: new interactive
-prompts go in whole, and background work runs in ticks of idle_budget_ms (a newcomer waits
-for at most one), stretched deep into a long prompt until a chunk's work amortises its read
-of the cache.
+New interactive prompts go the one due first first (first_token_order): a short one passes
+long ones that came before it. With no stream decoding there is no one between two tokens to
+protect: the prompt due first goes in whole (a newcomer that would wait on it ends its tick,
+uma.engine.runner.Runner.interrupt), and background work runs in ticks of idle_budget_ms (a
+newcomer waits for at most one), stretched deep into a long prompt until a chunk's work
+amortises its read of the cache.
 
 Background work in a context of its own (EngineConfig.background_ctx: its KV apart from the
 streams', so their attention never spans it) is paid from the same limits and the same
@@ -248,9 +250,10 @@ def tick_limits(policy: BoundPolicy, state: SchedulerState, mem: BoundMemory) ->
     if not inter_dec:
         # Deep into a long prompt a chunk's read of the cache grows to tens of ms on a CPU;
         # the tick stretches until its work amortises that read (a newcomer waits as long).
+        firsts = first_token_order(policy, state)
         prompts = [s for s in back if s.phase is Phase.PREFILL]
-        read_ms = cost.chunk_overhead_ms(min(prompts, key=prefill_rank).n_past) \
-            if prompts else 0.0
+        head = firsts[0] if firsts else min(prompts, key=prefill_rank) if prompts else None
+        read_ms = cost.chunk_overhead_ms(head.n_past) if head is not None else 0.0
         if state.apart is not None:
             read_ms = max(read_ms, state.apart.read_ms)
         idle = max(policy.idle_budget_ms, (1 + policy.idle_amortise) * read_ms)
@@ -331,24 +334,32 @@ def served_decoders(policy: BoundPolicy, state: SchedulerState,
 
 def first_tokens(policy: BoundPolicy, state: SchedulerState, lim: Limits,
                  decoders: tuple[SessionView, ...], decode_ms: float) -> Chunks:
-    """New interactive prompts, before any background work. With no stream decoding each
-    goes in whole. Beside streams, one with at most ttft_burst_tokens new tokens goes in
-    whole where that keeps the tick within the gap bound; a longer one takes the chunk that
-    brings its first token within ttft_stretch × its time in whole (counted from its
-    arrival), at least what the line leaves, at most what the gap bound leaves, and at least
-    one token."""
+    """New interactive prompts, before any background work, the one due first first
+    (first_token_order). With no stream decoding that one goes in whole, and the others fill
+    what keeps it within its due time (at least the tick's limit). Beside streams, one with
+    at most ttft_burst_tokens new tokens goes in whole where that keeps the tick within the
+    gap bound; a longer one takes the chunk that brings its first token within ttft_stretch ×
+    its time in whole (counted from its arrival), at least what the line leaves, at most what
+    the gap bound leaves, and at least one token."""
     cost = state.cost
     rows = len(decoders)
     items: list[BatchItem] = []
-    used, ms = 0, 0.0
-    waiting = [s for s in shortest_background_first(state.sessions)
-               if s.phase is Phase.PREFILL and s.priority is Priority.INTERACTIVE]
-    for s in waiting:
+    used, ms, limit_ms = 0, 0.0, 0.0
+    for s in first_token_order(policy, state):
         at = rows + used
         room = state.n_batch - at
-        gap_left = lim.gap_ms - decode_ms - ms
-        if not lim.streams or s.n_prompt - s.n_cached <= policy.ttft_burst_tokens \
-                and cost.prefill_ms(s.prefill_left, s.n_past, at) <= gap_left:
+        whole_ms = cost.prefill_ms(s.prefill_left, s.n_past, at)
+        if not lim.streams:
+            if not items:
+                n = s.prefill_left
+                limit_ms = max(lim.tick_ms, decode_ms + whole_ms,
+                               (due_ns(policy, state, s) - state.now_ns) / 1e6)
+            else:
+                spare_ms = limit_ms - decode_ms - ms
+                n = s.prefill_left if whole_ms <= spare_ms \
+                    else cost.chunk_tokens(spare_ms, s.n_past, at)
+        elif s.n_prompt - s.n_cached <= policy.ttft_burst_tokens \
+                and whole_ms <= lim.gap_ms - decode_ms - ms:
             n = s.prefill_left
         else:
             new = s.n_prompt - s.n_cached
@@ -357,7 +368,8 @@ def first_tokens(policy: BoundPolicy, state: SchedulerState, lim: Limits,
             left_ms = due_ms - (state.now_ns - s.arrival_ns) / 1e6
             chunk_ms = ttft_chunk_ms(cost.work_ms(s.prefill_left, s.n_past, at),
                                      cost.chunk_overhead_ms(s.n_past, at), beside_ms, left_ms)
-            chunk_ms = min(gap_left, max(lim.line_ms - decode_ms - ms, chunk_ms))
+            chunk_ms = min(lim.gap_ms - decode_ms - ms,
+                           max(lim.line_ms - decode_ms - ms, chunk_ms))
             n = max(cost.chunk_tokens(chunk_ms, s.n_past, at), 0 if items else 1)
         n = min(s.prefill_left, room, n)
         if n <= 0:
@@ -366,6 +378,24 @@ def first_tokens(policy: BoundPolicy, state: SchedulerState, lim: Limits,
         used += n
         ms += cost.prefill_ms(n, s.n_past, at)
     return Chunks(tuple(items), ms)
+
+
+def first_token_order(policy: BoundPolicy, state: SchedulerState) -> list[SessionView]:
+    """The interactive prompts waiting for their first token, the one due first first
+    (due_ns). A short prompt is due soon and passes long ones that came before it (in order
+    of arrival a 10-token request waited behind three 2,000-token prompts for their whole
+    time, 400x its own), while a long one that has waited becomes due in its turn: none waits
+    for ever behind newcomers."""
+    waiting = [s for s in state.sessions
+               if s.phase is Phase.PREFILL and s.priority is Priority.INTERACTIVE]
+    return sorted(waiting, key=lambda s: (due_ns(policy, state, s), s.rid))
+
+
+def due_ns(policy: BoundPolicy, state: SchedulerState, s: SessionView) -> float:
+    """When a prompt's first token is due: ttft_stretch × its new tokens' time alone after
+    its arrival."""
+    return s.arrival_ns + 1e6 * policy.ttft_stretch * state.cost.prefill_ms(
+        s.n_prompt - s.n_cached, s.n_cached)
 
 
 def background_chunks(state: SchedulerState, lim: Limits, decoders: tuple[SessionView, ...],
