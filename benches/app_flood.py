@@ -124,7 +124,8 @@ def main() -> int:
     ap.add_argument("--background", action="store_true",
                     help="app A's requests are background work")
     ap.add_argument("--prompt-words", type=int, default=0,
-                    help="each of A's requests a prompt of this many words, a token each (0: a short one)")
+                    help="each of A's requests a prompt of this many words, a token each "
+                    "(0: a short one)")
     ap.add_argument("--same-app", action="store_true", help="B asks as app A")
     ap.add_argument("--out", type=Path, default=None)
     ns = ap.parse_args()

@@ -92,12 +92,14 @@ def test_events_add_up_to_the_result(engine):
 @pytest.mark.parametrize("overlap", ["off", "on"])
 def test_64_requests_on_8_sequences_all_complete_in_order(tiny_path, overlap):
     with uma.Engine(tiny_path, n_ctx=2048, n_seq_max=8, overlap=overlap) as e:
-        handles = [e.submit(PROMPTS[i % 8], max_tokens=4, ignore_eos=True) for i in range(64)]
+        # prompts of one length: each is due as long after its arrival as the others
+        handles = [e.submit(f"{PROMPTS[0]} {i:02d}", max_tokens=4, ignore_eos=True)
+                   for i in range(64)]
         results = [h.result(timeout=60) for h in handles]
         assert len({h.rid for h in handles}) == 64
         assert all(r.finish_reason == "length" and len(r.token_ids) == 4 for r in results)
         admitted = [r.timings.admitted_ns for r in results]
-        assert admitted == sorted(admitted)  # first come, first served within a class
+        assert admitted == sorted(admitted)  # the one due first first: in order of arrival
         snap = e.snapshot()
         assert snap["requests_length_total"] == 64 and snap["kv_cells_used"] == 0
 
@@ -492,3 +494,32 @@ def test_a_short_request_is_answered_before_a_long_prompt_that_came_first(tiny_p
         beside = long.result(timeout=120)
     assert first_token_ns(short) < first_token_ns(beside)
     assert beside.token_ids == alone.token_ids
+
+
+def test_a_long_prompt_gives_its_sequence_to_a_short_request_due_before_it(tiny_path):
+    # Both sequences hold long prompts from the same app when a short request arrives (sent
+    # from inside the first tick that runs them): the one due last is set aside at the tick
+    # boundary, its cells left to the prefix cache, and the short request's first token comes
+    # before its; set aside, it still answers as it does alone.
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(100, 20000, 3000).astype(np.int32) for _ in range(2)]
+    with uma.Engine(tiny_path, n_ctx=16384, n_seq_max=2, n_batch=4096, n_gpu_layers=0) as engine:
+        engine.generate([1, 300, 400], max_tokens=2)
+        runner = engine._scheduler.runner
+        real_run, sent = runner.run, []
+
+        def run(plan, running):
+            if not sent and len(running) == 2:
+                sent.append(engine.submit([1, 300, 400, 500], max_tokens=4))
+            return real_run(plan, running)
+
+        runner.run = run
+        longs = [engine.submit(p, max_tokens=4) for p in prompts]
+        beside = [h.result(timeout=120) for h in longs]
+        short = sent[0].result(timeout=120)
+        runner.run = real_run
+        set_aside = engine.snapshot()["preemptions_total"]
+        alone = [engine.submit(p, max_tokens=4).result(timeout=120) for p in prompts]
+    assert set_aside == 1
+    assert first_token_ns(short) < first_token_ns(beside[1])
+    assert [r.token_ids for r in beside] == [r.token_ids for r in alone]

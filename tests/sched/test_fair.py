@@ -24,6 +24,16 @@ def test_one_app_is_first_come_first_served_within_a_class():
     assert admit_fairly(waiting, 0) == () and admit_fairly([], 4) == ()
 
 
+def test_within_an_app_the_interactive_request_due_first_goes_first():
+    # the scheduler sets due_ns from the policy (first_token_due): a short prompt that came
+    # later is due before a long one
+    late_short = Waiting(6, INT, 8, 6, "a", 1.0, due_ns=100.0)
+    waiting = [queued(5, "a"), late_short, queued(3, "a", BG)]
+    waiting[0] = Waiting(5, INT, 2000, 5, "a", 1.0, due_ns=9_000.0)
+    assert admit_fairly(waiting, 1) == (6,)
+    assert admit_fairly(waiting, 3) == (6, 5, 3)
+
+
 def test_free_sequences_go_to_the_app_holding_the_fewest():
     # a holds three, b one: b's later request goes before a's earlier ones, then they alternate
     sessions = [running(0, "a"), running(1, "a"), running(2, "a"), running(3, "b")]

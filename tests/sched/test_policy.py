@@ -18,6 +18,14 @@ def test_admission_is_interactive_first_then_by_arrival():
     assert admit_by_class(waiting, 0) == () and admit_by_class([], 4) == ()
 
 
+def test_interactive_requests_are_admitted_the_one_due_first_first():
+    # a short prompt that came later is due before a long one (the policy's first_token_due)
+    waiting = [Waiting(7, INT, 2000, 7, due_ns=9_000.0), Waiting(9, INT, 10, 9, due_ns=100.0),
+               Waiting(3, BG, 10, 3)]
+    assert admit_by_class(waiting, 1) == (9,)
+    assert admit_by_class(waiting, 3) == (9, 7, 3)
+
+
 def decode(seq):
     return BatchItem(seq, Phase.DECODE, 1, logits=True)
 

@@ -50,6 +50,7 @@ from uma.sched.state import ApartView, BatchItem, Phase, Plan, Priority, Schedul
 if TYPE_CHECKING:
     from uma import _core
     from uma.grammar import Grammars
+    from uma.sched.state import SessionView, Waiting
 
 log = logging.getLogger("uma.scheduler")
 
@@ -381,6 +382,20 @@ class Scheduler:
                     q.remove(req)
                     self.release(req, "cancelled")
 
+    def _queued(self) -> list[Waiting]:
+        """The queued requests as the policy sees them, interactive ones with the time their
+        first token is due."""
+        cost = self.cost.estimate
+        return [dataclasses.replace(w, due_ns=self.policy.first_token_due(
+                    w.arrival_ns, w.n_prompt, 0, cost))
+                if w.priority is Priority.INTERACTIVE else w
+                for w in (r.waiting() for q in self.waiting.values() for r in q)]
+
+    def _first_token_due(self, s: SessionView) -> float:
+        """When a running request's first token is due (the policy's first_token_due)."""
+        return self.policy.first_token_due(s.arrival_ns, s.n_prompt - s.n_cached, s.n_cached,
+                                           self.cost.estimate)
+
     def _admit(self) -> None:
         """Gives free sequences to the queued requests the policy picks (with fair share: the
         apps furthest below their share first, after parking requests of apps over theirs
@@ -390,7 +405,7 @@ class Scheduler:
             return
         if self.fair_share:
             sessions = [r.view() for r in self.running.values()]
-            views = [r.waiting() for q in self.waiting.values() for r in q]
+            views = self._queued()
             for seq in fair.park(sessions, views, len(self.free_seqs), self.n_running,
                                  self.ledger.served,
                                  self.fair_quantum_ms or self.ledger.quantum_ms):
@@ -398,14 +413,17 @@ class Scheduler:
                 self._preempt(self.running[seq])
         if self.demote:
             for seq in demotion.demote([r.view() for r in self.running.values()],
-                                       [r.waiting() for q in self.waiting.values() for r in q],
-                                       len(self.free_seqs)):
+                                       self._queued(), len(self.free_seqs)):
                 self.m.demoted.inc()
+                self._preempt(self.running[seq])
+            for seq in demotion.give_way([r.view() for r in self.running.values()],
+                                         self._queued(), len(self.free_seqs),
+                                         self._first_token_due):
                 self._preempt(self.running[seq])
         if not self.free_seqs:
             return
         queued = {r.rid: r for q in self.waiting.values() for r in q}
-        views = [r.waiting() for r in queued.values()]
+        views = self._queued()
         chosen = fair.admit_fairly(views, len(self.free_seqs),
                                    [r.view() for r in self.running.values()],
                                    self.ledger.served, self.cost.estimate.per_prefill_ms) \

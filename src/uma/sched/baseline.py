@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from uma.config import EngineConfig
+from uma.sched.cost import CostEstimate
 from uma.sched.policy import (
     admit_by_class,
     chunk_prefills,
@@ -46,6 +47,10 @@ class BaselinePolicy:
 
     def admit(self, waiting: Sequence[Waiting], free: int) -> tuple[int, ...]:
         return admit_by_class(waiting, free)
+
+    def first_token_due(self, arrival_ns: int, n_new: int, n_cached: int,
+                        cost: CostEstimate) -> float:
+        return float(arrival_ns)  # first come, first served
 
     def shed(self, plan: Plan, sessions: Sequence[SessionView]) -> Shed:
         return shed_for_room(plan, sessions)

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from uma.config import EngineConfig
+from uma.sched.cost import CostEstimate
 from uma.sched.policy import (
     admit_by_class,
     bmt_room,
@@ -143,6 +144,11 @@ class BoundPolicy:
 
     def admit(self, waiting: Sequence[Waiting], free: int) -> tuple[int, ...]:
         return admit_by_class(waiting, free)
+
+    def first_token_due(self, arrival_ns: int, n_new: int, n_cached: int,
+                        cost: CostEstimate) -> float:
+        """ttft_stretch × its new tokens' time alone after its arrival."""
+        return arrival_ns + 1e6 * self.ttft_stretch * cost.prefill_ms(n_new, n_cached)
 
     def shed(self, plan: Plan, sessions: Sequence[SessionView]) -> Shed:
         return shed_for_room(plan, sessions)
@@ -392,10 +398,9 @@ def first_token_order(policy: BoundPolicy, state: SchedulerState) -> list[Sessio
 
 
 def due_ns(policy: BoundPolicy, state: SchedulerState, s: SessionView) -> float:
-    """When a prompt's first token is due: ttft_stretch × its new tokens' time alone after
-    its arrival."""
-    return s.arrival_ns + 1e6 * policy.ttft_stretch * state.cost.prefill_ms(
-        s.n_prompt - s.n_cached, s.n_cached)
+    """When a prompt's first token is due (BoundPolicy.first_token_due)."""
+    return policy.first_token_due(s.arrival_ns, s.n_prompt - s.n_cached, s.n_cached,
+                                  state.cost)
 
 
 def background_chunks(state: SchedulerState, lim: Limits, decoders: tuple[SessionView, ...],

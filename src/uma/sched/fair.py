@@ -116,12 +116,12 @@ def admit_fairly(waiting: Sequence[Waiting], free: int, sessions: Sequence[Sessi
     """Which queued requests get the `free` sequences (request ids, in order): interactive
     before background; within a class, each next one from the least served app, counting
     the prompts given this tick at prompt_ms a token per unit of weight; ties to the app
-    holding the fewest sequences per unit of weight, then to the earlier request; first
-    come, first served within an app."""
+    holding the fewest sequences per unit of weight, then to the earlier request; within an
+    app the one due first first (Waiting.due_ns; all 0: first come, first served)."""
     held = Counter(s.app for s in sessions)
     given: dict[str, float] = defaultdict(float)
     queues: dict[tuple[int, str], list[Waiting]] = defaultdict(list)
-    for w in sorted(waiting, key=lambda w: w.rid):
+    for w in sorted(waiting, key=lambda w: (w.due_ns, w.rid)):
         queues[(_class(w.priority), w.app)].append(w)
     chosen: list[int] = []
     def turn(queue: list[Waiting]) -> tuple[float, float, int]:

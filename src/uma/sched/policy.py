@@ -15,7 +15,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
-from uma.sched.cost import attended
+from uma.sched.cost import CostEstimate, attended
 from uma.sched.state import (
     BatchItem,
     Phase,
@@ -48,10 +48,19 @@ class BatchPolicy(Protocol):
         """What to run instead when the KV cache has no room for `plan`."""
         ...
 
+    def first_token_due(self, arrival_ns: int, n_new: int, n_cached: int,
+                        cost: CostEstimate) -> float:
+        """When an interactive request's first token is due, for a prompt of n_new tokens
+        to compute after n_cached the prefix cache holds: the order its prompt is admitted
+        and run in, and whether a prompt gives it way (uma.sched.demotion.give_way)."""
+        ...
+
 
 def admit_by_class(waiting: Sequence[Waiting], free: int) -> tuple[int, ...]:
-    """Interactive before background, first come first served within a class."""
-    order = sorted(waiting, key=lambda w: (w.priority is not Priority.INTERACTIVE, w.rid))
+    """Interactive before background; within a class, the one due first first (Waiting.due_ns;
+    all 0: first come, first served)."""
+    order = sorted(waiting, key=lambda w: (w.priority is not Priority.INTERACTIVE, w.due_ns,
+                                           w.rid))
     return tuple(w.rid for w in order[:max(free, 0)])
 
 

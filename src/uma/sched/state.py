@@ -59,6 +59,9 @@ class Waiting:
     arrival_ns: int
     app: str = ""  # the app that sent it (uma.sched.fair)
     weight: float = 1.0  # its app's weight
+    # when its first token is due (the policy's first_token_due; interactive requests only,
+    # 0 for the others: they go in order of arrival)
+    due_ns: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
