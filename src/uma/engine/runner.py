@@ -183,8 +183,8 @@ class Runner:
                         else t0 + plan.notes.predicted_ms / 1e3
             try:
                 n_out = self.ctx.decode(self.batch)
-            finally:
-                interrupted = self._end_interruptible()
+            finally:  # only a prompt-only decode was interruptible: no lock for the others
+                interrupted = prompts_only and self._end_interruptible()
             # While the device works: the token masks of constrained rows, then the
             # scheduler's hand-off of the last tick's output.
             self._fill_masks(self.ctx.output_seqs)

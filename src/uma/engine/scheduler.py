@@ -24,7 +24,7 @@ import dataclasses
 import heapq
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +39,7 @@ from uma.engine.speculator import Speculator
 from uma.engine.tick_stats import TickReport, TickStats
 from uma.errors import UmaError
 from uma.handle import TokenLogprob
-from uma.metrics import LoadMeter, Registry
+from uma.metrics import Counter, LoadMeter, Registry
 from uma.request import Request
 from uma.sched import demotion, fair, reuse
 from uma.sched.bmt import BmtModel
@@ -403,27 +403,26 @@ class Scheduler:
         interactive ones that wait with none free (demote)."""
         if not any(self.waiting.values()):
             return
+        # The queued views are priced once, and again only after a preemption queued more.
+        views = self._queued()
         if self.fair_share:
             sessions = [r.view() for r in self.running.values()]
-            views = self._queued()
-            for seq in fair.park(sessions, views, len(self.free_seqs), self.n_running,
-                                 self.ledger.served,
-                                 self.fair_quantum_ms or self.ledger.quantum_ms):
-                self.m.fair_parked.inc()
-                self._preempt(self.running[seq])
+            if self._preempt_all(fair.park(sessions, views, len(self.free_seqs), self.n_running,
+                                           self.ledger.served,
+                                           self.fair_quantum_ms or self.ledger.quantum_ms),
+                                 self.m.fair_parked):
+                views = self._queued()
         if self.demote:
-            for seq in demotion.demote([r.view() for r in self.running.values()],
-                                       self._queued(), len(self.free_seqs)):
-                self.m.demoted.inc()
-                self._preempt(self.running[seq])
-            for seq in demotion.give_way([r.view() for r in self.running.values()],
-                                         self._queued(), len(self.free_seqs),
-                                         self._first_token_due):
-                self._preempt(self.running[seq])
+            if self._preempt_all(demotion.demote([r.view() for r in self.running.values()],
+                                                 views, len(self.free_seqs)), self.m.demoted):
+                views = self._queued()
+            if self._preempt_all(demotion.give_way([r.view() for r in self.running.values()],
+                                                   views, len(self.free_seqs),
+                                                   self._first_token_due)):
+                views = self._queued()
         if not self.free_seqs:
             return
         queued = {r.rid: r for q in self.waiting.values() for r in q}
-        views = self._queued()
         chosen = fair.admit_fairly(views, len(self.free_seqs),
                                    [r.view() for r in self.running.values()],
                                    self.ledger.served, self.cost.estimate.per_prefill_ms) \
@@ -443,6 +442,16 @@ class Scheduler:
                 self.runner.admit(req)
             except Exception as exc:  # noqa: BLE001 - this request's alone
                 self.fail(req, exc)
+
+    def _preempt_all(self, seqs: Iterable[int], counter: Counter | None = None) -> bool:
+        """Preempts the requests of these sequences (counted); whether there were any."""
+        n = 0
+        for seq in seqs:
+            if counter is not None:
+                counter.inc()
+            self._preempt(self.running[seq])
+            n += 1
+        return n > 0
 
     def _reuse(self, req: Request) -> None:
         """Starts the request's sequence with the cached prefix of what it must prefill that

@@ -155,10 +155,11 @@ class BoundPolicy:
 
     def schedule_tick(self, state: SchedulerState) -> Plan:
         mem = remembered(self, state)
-        limits = tick_limits(self, state, mem)
+        firsts = first_token_order(self, state)
+        limits = tick_limits(self, state, mem, firsts)
         decoders = served_decoders(self, state, limits)
         decode_ms = state.cost.predict(0, len(decoders), decode_kv(decoders))
-        first = first_tokens(self, state, limits, decoders, decode_ms)
+        first = first_tokens(self, state, limits, decoders, decode_ms, firsts)
         back = background_chunks(state, limits, decoders, decode_ms, first, mem)
         own_ms = decode_ms + first.ms + back.price * back.ms if decoders or first.items \
             or back.items else 0.0  # no tick of its own: no call to pay for
@@ -246,7 +247,10 @@ def pause_rate(policy: BoundPolicy, state: SchedulerState, cap: float) -> float:
     return min(policy.max_pause_rate, max(policy.min_pause_rate, free))
 
 
-def tick_limits(policy: BoundPolicy, state: SchedulerState, mem: BoundMemory) -> Limits:
+def tick_limits(policy: BoundPolicy, state: SchedulerState, mem: BoundMemory,
+                firsts: Sequence[SessionView]) -> Limits:
+    """The tick's limits; firsts: the new interactive prompts, the one due first first
+    (first_token_order)."""
     cost = state.cost
     inter = [s for s in state.sessions if s.priority is Priority.INTERACTIVE]
     inter_dec = [s for s in inter if s.phase is Phase.DECODE]
@@ -256,7 +260,6 @@ def tick_limits(policy: BoundPolicy, state: SchedulerState, mem: BoundMemory) ->
     if not inter_dec:
         # Deep into a long prompt a chunk's read of the cache grows to tens of ms on a CPU;
         # the tick stretches until its work amortises that read (a newcomer waits as long).
-        firsts = first_token_order(policy, state)
         prompts = [s for s in back if s.phase is Phase.PREFILL]
         head = firsts[0] if firsts else min(prompts, key=prefill_rank) if prompts else None
         read_ms = cost.chunk_overhead_ms(head.n_past) if head is not None else 0.0
@@ -339,8 +342,9 @@ def served_decoders(policy: BoundPolicy, state: SchedulerState,
 
 
 def first_tokens(policy: BoundPolicy, state: SchedulerState, lim: Limits,
-                 decoders: tuple[SessionView, ...], decode_ms: float) -> Chunks:
-    """New interactive prompts, before any background work, the one due first first
+                 decoders: tuple[SessionView, ...], decode_ms: float,
+                 firsts: Sequence[SessionView]) -> Chunks:
+    """New interactive prompts (firsts), before any background work, the one due first first
     (first_token_order). With no stream decoding that one goes in whole, and the others fill
     what keeps it within its due time (at least the tick's limit). Beside streams, one with
     at most ttft_burst_tokens new tokens goes in whole where that keeps the tick within the
@@ -351,7 +355,7 @@ def first_tokens(policy: BoundPolicy, state: SchedulerState, lim: Limits,
     rows = len(decoders)
     items: list[BatchItem] = []
     used, ms, limit_ms = 0, 0.0, 0.0
-    for s in first_token_order(policy, state):
+    for s in firsts:
         at = rows + used
         room = state.n_batch - at
         whole_ms = cost.prefill_ms(s.prefill_left, s.n_past, at)
