@@ -137,6 +137,31 @@ def test_a_request_cancelled_between_verifies_leaves_the_others_exact(engine, al
         assert_same_greedy(alone[p].token_ids, r.token_ids, alone[p].logprobs, r.logprobs)
 
 
+def test_where_shapes_are_dear_a_stream_verifies_one_length_filled_out(engine, alone,
+                                                                        monkeypatch):
+    """Where a change of the tick's rows costs more than a plain tick (CUDA's graphs), a lone
+    stream verifies its steady length every tick: a lookup that finds two guesses is filled
+    out to seven, and the answer is still the greedy one."""
+    monkeypatch.setattr(speculation.ShapeCost, "dear", lambda self, plain_ms: True)
+    monkeypatch.setattr(speculation, "steady_length", lambda survival, room, *a: min(7, room))
+    propose = engine.oracle.propose
+    monkeypatch.setattr(engine.oracle, "propose", lambda req, k: propose(req, min(k, 2)))
+    sched = engine._scheduler
+    sched.trace = trace = []
+    n = 40
+    r = engine.submit(PROMPTS[2], max_tokens=n, ignore_eos=True, logprobs=True).result(60)
+    sched.trace = None
+    ref = engine.generate(PROMPTS[2], max_tokens=n, ignore_eos=True, logprobs=True,
+                          speculation="off")
+    assert_same_greedy(ref.token_ids, r.token_ids, ref.logprobs, r.logprobs)
+    drafted = [plan.n_drafted for n_pre, *_, plan in trace if not n_pre and plan.n_drafted]
+    # seven a tick (the 2 guesses, 5 fillers), until fewer tokens are left to make
+    assert drafted[:3] == [7, 7, 7]
+    sevens = next((i for i, d in enumerate(drafted) if d < 7), len(drafted))
+    assert set(drafted[:sevens]) == {7}, drafted
+    assert drafted[sevens:] == sorted(drafted[sevens:], reverse=True), drafted
+
+
 def test_sampling_with_temperature_verifies_too(engine):
     r = engine.submit(PROMPTS[0], max_tokens=N, ignore_eos=True, temperature=0.8,
                       seed=3).result(60)

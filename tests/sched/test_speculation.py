@@ -8,10 +8,12 @@ from uma.sched.speculation import (
     Acceptance,
     Candidate,
     RowPrice,
+    ShapeCost,
     band,
     best_length,
     draft_lengths,
     probe_period,
+    steady_length,
 )
 
 
@@ -191,3 +193,64 @@ def test_a_band_not_measured_takes_the_nearest_measured_price():
     assert p.per_guess(50) == p.per_guess(20) == p.per_guess(2)
     p.observe(8, 50, 1.0 + 50 * 0.1)  # a long draft measured: its band moves from there
     assert p.per_guess(2) > p.per_guess(50) > 0.1
+
+
+def h200(k):  # SmolLM2 on an H200, settled: up to 8 rows nearly free, a 9th doubles the tick
+    return 0.11 if k < 8 else 0.2
+
+
+def test_a_steady_length_is_a_power_of_two_rows_and_follows_the_chances():
+    assert steady_length(flat(0.8), MAX_DRAFT, h200, 1.3) == 7  # 8 rows: the cheap ones
+    assert steady_length(flat(0.99), MAX_DRAFT, h200, 1.3) == 7  # a 9th row costs more
+    assert steady_length(flat(0.99), MAX_DRAFT, gpu, 6.0) in (31, 63)  # rows nearly free
+    assert steady_length(flat(0.4), MAX_DRAFT, h200, 1.3) in (1, 3)
+    assert steady_length(flat(0.05), MAX_DRAFT, h200, 1.3) == 0  # a filler-like chance
+    assert steady_length(flat(0.8), 5, h200, 1.3) == 3  # within the room left
+    assert steady_length(flat(0.4), MAX_DRAFT, cpu, 12.0) == 0  # a CPU row costs half a tick
+    for room in (1, 3, 7):
+        assert steady_length(flat(0.9), room, h200, 1.3) == room
+
+
+def settle(shape, rows, ms, n=4):
+    for _ in range(n):
+        shape.observe(rows, ms)
+
+
+def test_a_change_of_shape_is_priced_by_the_ticks_that_pay_for_it():
+    """On an H200 a tick of a new shape runs op by op and the next captures its graph: the
+    return to plain ticks after a verify cost 3.5 and 2.8 ms against 1.3 settled."""
+    shape = ShapeCost()
+    settle(shape, 1, 1.3)
+    assert shape.settled and shape.change_ms == 0.0
+    for _ in range(20):
+        shape.observe(4, 5.0)  # a verify: no settled time of its shape yet, nothing learned
+        shape.observe(1, 3.5)
+        shape.observe(1, 2.8)
+        assert not shape.settled
+        shape.observe(1, 1.3)
+        assert shape.settled
+    assert shape.change_ms == pytest.approx(3.7, rel=0.01)
+    assert shape.dear(1.3) and not shape.dear(12.0)
+
+
+def test_a_cpu_pays_little_for_a_change_and_a_prompt_breaks_the_shape():
+    shape = ShapeCost()
+    settle(shape, 1, 10.0)
+    for _ in range(20):
+        shape.observe(2, 17.0)
+        shape.observe(1, 10.4)
+        shape.observe(1, 9.9)
+    assert shape.change_ms == pytest.approx(0.3, abs=0.05)
+    assert not shape.dear(10.0)
+    shape.broken()  # the next decode tick of the same rows is a change after a prompt tick
+    shape.observe(1, 10.0)
+    assert not shape.settled
+
+
+def test_a_steady_stream_controls_its_prices_rarely_where_shapes_are_dear():
+    price = RowPrice(0.1)
+    price.observe(1, 0, 1.3)
+    assert not price.stale(1, 185)
+    for _ in range(100):
+        price.observe(1, 7, 2.1)
+    assert price.stale(1) and not price.stale(1, 185)

@@ -31,7 +31,7 @@ from uma.metrics import Counter, Registry
 from uma.request import Request
 from uma.sched import speculation
 from uma.sched.cost import CostEstimate, attended
-from uma.sched.speculation import Acceptance, Candidate, RowPrice
+from uma.sched.speculation import Acceptance, Candidate, RowPrice, ShapeCost
 from uma.sched.state import BatchItem, Phase, Plan
 
 # a stream's ticks since its last verify once every guess of a probe held, where held guesses
@@ -66,6 +66,9 @@ class Speculator:
         self._quiet_until: dict[int, int] = {}
         self._band: dict[int, int] = {}  # rid -> its last lookup's agreement band
         self.prices: RowPrice | None = None  # what guesses cost (calibrated, then measured)
+        self.shape = ShapeCost()  # what a change of the tick's rows costs (measured)
+        # rid -> (the tick its steady length was chosen at, the length): _steady_length
+        self._steady: dict[int, tuple[int, int]] = {}
         self._ticks = 0  # draft() calls
         # rid -> (the tick it was asked at, whether its guesses could pay): _worth_looking
         self._worth: dict[int, tuple[int, bool]] = {}
@@ -129,11 +132,20 @@ class Speculator:
         prices = self._prices(cost)
         expected = sum(1 for i in plan.items if i.logits)
         shared = len(wanted) < len(plan.items)
-        if not shared and prices.stale(len(wanted)):  # a control tick: plain, to compare with
+        plain = None if shared else prices.plain_ms(len(wanted))
+        steady = plain is not None and self.shape.dear(plain) \
+            and not any(isinstance(self.drafters[r.drafter or ""], ModelDrafter)
+                        for _, r in wanted)
+        # a control tick: plain, to compare with (where shapes are dear, a plain run long
+        # enough to settle, as rarely as PROBE_SHARE of the time allows)
+        period = self._control_period(len(wanted), plain) if steady and plain \
+            else speculation.CONTROL_TICKS
+        if not shared and prices.stale(len(wanted), period):
             self.streams.set(0)
             return plan
-        tick = (None if shared else prices.plain_ms(len(wanted))) \
-            or self._predicted(plan, running, cost)
+        tick = plain or self._predicted(plan, running, cost)
+        if steady:
+            return self._draft_steady(plan, wanted, prices, tick, capacity, device_rows)
         notes = plan.notes
         bound = notes.line_ms if shared and notes is not None and notes.line_ms > 0 else 0.0
         candidates: list[Candidate] = []
@@ -146,10 +158,7 @@ class Speculator:
             if self._quiet_until.get(req.rid, 0) > self._ticks:
                 continue
             since = self._ticks - self._verified_at.setdefault(req.rid, self._ticks - 1)
-            on_device = device_rows(req.seq_id)
-            room = min(speculation.MAX_DRAFT, req.params.max_tokens - req.n_sampled - 1,
-                       self.n_ctx_seq - 1 - req.n_past,
-                       on_device - 1 if on_device else speculation.MAX_DRAFT)
+            room = self._room(req, device_rows)
             if room <= 0:
                 continue
             drafting, once = self._drafting_ms(drafter)
@@ -205,6 +214,69 @@ class Speculator:
                 draft = tuple(int(t) for t in guesses[req.seq_id][:n])
                 items[k] = dataclasses.replace(items[k], n_tokens=1 + n, draft=draft)
         return dataclasses.replace(plan, items=tuple(items))
+
+    def _room(self, req: Request, device_rows: Callable[[int], int]) -> int:
+        """The most guesses the request may verify this tick: within its max_tokens, its
+        context and its device sampler's rows."""
+        on_device = device_rows(req.seq_id)
+        return min(speculation.MAX_DRAFT, req.params.max_tokens - req.n_sampled - 1,
+                   self.n_ctx_seq - 1 - req.n_past,
+                   on_device - 1 if on_device else speculation.MAX_DRAFT)
+
+    def _draft_steady(self, plan: Plan, wanted: Sequence[tuple[int, Request]],
+                      prices: RowPrice, tick: float, capacity: int,
+                      device_rows: Callable[[int], int]) -> Plan:
+        """Where a change of the tick's rows costs more than a plain tick (ShapeCost): each
+        stream verifies its steady length every tick, the lookup's guesses filled out with the
+        last of them (or the stream's last token), so that the ticks keep one shape. A filler
+        is a guess like any other, kept only where the model agrees; its row is priced in the
+        length's measured chances."""
+        items = list(plan.items)
+        free = capacity - plan.n_tokens
+        drafting = 0
+        for k, req in wanted:
+            n = min(self._steady_length(req, self._room(req, device_rows), prices, tick,
+                                        len(wanted)), free)
+            if n <= 0:
+                continue
+            found, _ = self.drafters[req.drafter or ""].propose(req, n)
+            guesses = [int(t) for t in found[:n]]
+            last = guesses[-1] if guesses else req.generated[-1] if req.generated \
+                else int(req.prompt[-1])
+            draft = tuple(guesses) + (last,) * (n - len(guesses))
+            self._band[req.rid] = speculation.STEADY_BAND
+            self._verified_at[req.rid] = self._ticks
+            items[k] = dataclasses.replace(items[k], n_tokens=1 + n, draft=draft)
+            free -= n
+            drafting += 1
+        self.streams.set(drafting)
+        return dataclasses.replace(plan, items=tuple(items)) if drafting else plan
+
+    def _steady_length(self, req: Request, room: int, prices: RowPrice, tick: float,
+                       streams: int) -> int:
+        """The stream's steady length (speculation.steady_length), chosen again every
+        QUIET_TICKS ticks (each change of it costs a change of shape); at 0, a probe of the
+        shortest length now and then, its period counting the two changes it makes."""
+        at, length = self._steady.get(req.rid, (-speculation.QUIET_TICKS, 0))
+        if self._ticks - at >= speculation.QUIET_TICKS:
+            length = speculation.steady_length(
+                self.acceptance.survival(req.rid, req.drafter or "", speculation.STEADY_BAND),
+                room, prices.per_guess, tick)
+            self._steady[req.rid] = (self._ticks, length)
+        if length:
+            return min(length, room)
+        probe = speculation.STEADY_LENGTHS[1]
+        since = self._ticks - self._verified_at.setdefault(req.rid, self._ticks - 1)
+        cost = probe * prices.per_guess(probe) + 2 * self.shape.change_ms
+        return min(probe, room) if since >= speculation.probe_period(streams, cost, tick) \
+            else 0
+
+    def _control_period(self, decoders: int, plain: float) -> int:
+        """Ticks between plain runs where shapes are dear: each leaves the steady shape and
+        comes back (two changes), held to PROBE_SHARE of the ticks' time."""
+        cost = 2 * self.shape.change_ms + speculation.SETTLE_TICKS * plain
+        return max(speculation.CONTROL_TICKS,
+                   math.ceil(cost / (speculation.PROBE_SHARE * plain)))
 
     def _drafting_ms(self, drafter: NgramDrafter | ModelDrafter) -> tuple[float, float]:
         """What making each guess costs, and what making any does: a draft model's step (shared
@@ -291,10 +363,18 @@ class Speculator:
         the draft model's time in it (priced apart: its catching up would count as a plain
         tick's, its guesses twice)."""
         drafting_ms, self._drafting_s = self._drafting_s * 1e3, 0.0
-        if self.prices is None or not self._running or not plan.items \
-                or any(i.phase is not Phase.DECODE for i in plan.items):
+        if self.prices is None or not self._running or not plan.items:
             return
-        self.prices.observe(len(plan.items), plan.n_drafted, tick_ms - drafting_ms)
+        if any(i.phase is not Phase.DECODE for i in plan.items):
+            self.shape.broken()
+            return
+        tick_ms -= drafting_ms
+        self.shape.observe(plan.n_tokens, tick_ms)
+        # where shapes are dear, a tick that pays for a change is no measure of its rows
+        plain = self.prices.plain_ms(len(plan.items))
+        if plain is not None and self.shape.dear(plain) and not self.shape.settled:
+            return
+        self.prices.observe(len(plan.items), plan.n_drafted, tick_ms)
 
     @staticmethod
     def _predicted(plan: Plan, running: Mapping[int, Request], cost: CostEstimate) -> float:
@@ -347,6 +427,7 @@ class Speculator:
             self._quiet_until.pop(req.rid, None)
             self._band.pop(req.rid, None)
             self._worth.pop(req.rid, None)
+            self._steady.pop(req.rid, None)
 
     def warm_up(self) -> None:
         """Times a draft model's step before serving (on the compute thread): its first decode

@@ -40,8 +40,18 @@ from dataclasses import dataclass
 MAX_DRAFT = 64
 # bands of a lookup's agreement (tokens), each with chances of its own
 AGREEMENT_BANDS = (2, 4, 8, 16, 32)
-# bands of a draft's length, each with a measured price per guess (RowPrice)
-GUESS_BANDS = (1, 4, 16, 48)
+# the chances of a steady stream's verifies (ShapeCost), every tick's at its length: one band
+# past the lookup's
+STEADY_BAND = len(AGREEMENT_BANDS)
+# bands of a draft's length, each with a measured price per guess (RowPrice): a verify's rows
+# at powers of two, where a device's kernels change (CUDA's vector kernels take up to 8 rows,
+# a 9th runs the batch as a matrix product at twice the time on an H200)
+GUESS_BANDS = (1, 2, 4, 8, 16, 32)
+# the draft lengths of a steady stream (steady_length): its rows at those powers of two
+STEADY_LENGTHS = (1, 3, 7, 15, 31, 63)
+# ticks after a change of the batch's shape that pay for it (ShapeCost): CUDA runs the first
+# tick of a new shape op by op and captures its graph on the second
+SETTLE_TICKS = 2
 
 # an estimate's weight in verifies: how many of a stream's own it takes to outweigh its
 # drafter's chance at a position
@@ -136,12 +146,12 @@ class RowPrice:
         self.ticks = 0  # ticks observed
         self.plain_at: dict[int, int] = {}  # decoders -> the tick their plain time was last seen
 
-    def stale(self, decoders: int) -> bool:
-        """Whether no plain tick of this many decoders was seen in the last CONTROL_TICKS: the
-        next of theirs should be one, for the price to be measured against (once every
+    def stale(self, decoders: int, period: int = CONTROL_TICKS) -> bool:
+        """Whether no plain tick of this many decoders was seen in the last `period` ticks:
+        the next of theirs should be one, for the price to be measured against (once every
         stream speculates, no tick would be plain, and a host-bound engine's guesses, priced
         at the device's row, cost twice what they won)."""
-        return self.ticks - self.plain_at.get(decoders, -CONTROL_TICKS) >= CONTROL_TICKS
+        return self.ticks - self.plain_at.get(decoders, -period) >= period
 
     def per_guess(self, k: int) -> float:
         """A guess's price in a k-guess draft: its band's as measured; a band not measured yet
@@ -173,6 +183,71 @@ class RowPrice:
             self.per_band[band] = self.per_guess(guesses)
             self.measured[band] = True
         self.per_band[band] += 0.3 * (sample - self.per_band[band])
+
+
+def steady_length(survival: Sequence[float], room: int, price: Callable[[int], float],
+                  tick_ms: float) -> int:
+    """The draft length a steady stream verifies every tick (0: none pays), of STEADY_LENGTHS
+    and at most room: the one that makes the most tokens per ms, (1 + S_1 + ... + S_k) /
+    (tick + k × price), its survival measured over every tick at its length (the ticks where
+    the lookup found fewer guesses, filled out, among them)."""
+    best, rate = 0, 1.0 / tick_ms
+    for k in STEADY_LENGTHS:
+        if k > min(room, len(survival)):
+            break
+        r = (1.0 + sum(survival[:k])) / (tick_ms + k * price(k))
+        if r > rate:
+            best, rate = k, r
+    return best
+
+
+class ShapeCost:
+    """What a change of a decode tick's shape (its rows) costs, measured: the ticks just after
+    a change (SETTLE_TICKS of them) against the same shape's settled ticks. A backend that
+    captures its compute graph pays it: on an H200 CUDA runs the first tick of a new shape op
+    by op and captures it on the second, 3.7 ms over two ticks whose settled time is 1.3 ms
+    each, so a stream alternating plain ticks and verifies of a few guesses ran no faster
+    than without guesses (docs/results/speculation.md). A CPU pays little. Where a change
+    costs more than a plain tick (dear), a speculating stream keeps one draft length
+    (steady_length) and fills out a short lookup, rather than letting each tick's rows follow
+    what the lookup found."""
+
+    def __init__(self) -> None:
+        self.settled_ms: dict[int, float] = {}  # rows -> a settled tick's time
+        self.change_ms = 0.0  # what a change costs its settling ticks, over settled ones
+        self._rows = 0  # the last tick's rows (0: unknown: the tick before held a prompt)
+        self._since = 0  # ticks of this shape since it changed
+        self._excess: float | None = 0.0  # this change's cost so far (None: no reference)
+
+    @property
+    def settled(self) -> bool:
+        """Whether the last tick's shape had settled (its time is its shape's own)."""
+        return self._since >= SETTLE_TICKS
+
+    def dear(self, plain_ms: float) -> bool:
+        return self.change_ms > plain_ms
+
+    def observe(self, rows: int, tick_ms: float) -> None:
+        """A decode tick of `rows` rows (no prompt) took tick_ms."""
+        if rows != self._rows:
+            self._rows, self._since, self._excess = rows, 0, 0.0
+        else:
+            self._since += 1
+        if self._since < SETTLE_TICKS:
+            ref = self.settled_ms.get(rows)
+            if ref is None or self._excess is None:
+                self._excess = None
+            else:
+                self._excess += tick_ms - ref
+                if self._since == SETTLE_TICKS - 1:
+                    self.change_ms += 0.3 * (max(self._excess, 0.0) - self.change_ms)
+            return
+        was = self.settled_ms.get(rows)
+        self.settled_ms[rows] = tick_ms if was is None else was + 0.2 * (tick_ms - was)
+
+    def broken(self) -> None:
+        """A tick with a prompt: the next decode tick starts a new shape."""
+        self._rows = 0
 
 
 def probe_period(streams: int, probe_ms: float, tick_ms: float) -> int:
@@ -254,6 +329,6 @@ class Acceptance:
             prior[j] = last
 
     def forget(self, rid: int) -> None:
-        for b in range(len(AGREEMENT_BANDS)):
+        for b in range(STEADY_BAND + 1):
             self._own.pop((rid, b), None)
             self._survival.pop((rid, b), None)
