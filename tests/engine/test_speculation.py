@@ -162,6 +162,41 @@ def test_where_shapes_are_dear_a_stream_verifies_one_length_filled_out(engine, a
     assert drafted[sevens:] == sorted(drafted[sevens:], reverse=True), drafted
 
 
+def test_prices_are_measured_again_on_settled_ticks_once_changes_turn_out_dear():
+    """Before a change of shape is known to be dear, a verify's first tick (which pays for
+    the change) priced its guess at 3.7 ms where settled guesses cost 0.1: the prices
+    start again, and learn from settled ticks only."""
+    from uma.engine.speculator import Speculator
+    from uma.metrics import Registry
+    from uma.sched.state import BatchItem, Phase, Plan
+
+    spec = Speculator("ngram", Registry(), 4096)
+    spec.prices = speculation.RowPrice(0.05)
+    spec._running.add(1)  # a request that speculates is running
+
+    def tick(guesses, ms):
+        spec.measured(Plan((BatchItem(0, Phase.DECODE, 1 + guesses, True,
+                                      draft=(7,) * guesses),)), ms)
+
+    for _ in range(4):
+        tick(0, 1.3)
+    tick(1, 5.0)  # a verify, unsettled: its guess priced at 3.7 ms while nothing is known
+    assert spec.prices.per_guess(1) > 1.0
+    tick(0, 3.5)
+    tick(0, 2.8)  # the change back is measured: dearer than a plain tick
+    assert spec.shape.dear(1.3)
+    assert spec.prices.per_guess(1) == 0.05 and spec.prices.plain_ms(1) is None
+    for _ in range(3):
+        tick(0, 1.3)
+    tick(7, 9.0)
+    tick(7, 5.0)  # the change to seven: paid for, not a price
+    assert spec.prices.per_guess(7) == 0.05
+    for _ in range(30):
+        tick(7, 2.0)  # settled verifies of seven: 0.1 ms a guess
+    assert spec.prices.plain_ms(1) == pytest.approx(1.3)
+    assert spec.prices.per_guess(7) == pytest.approx(0.1, rel=0.01)
+
+
 def test_sampling_with_temperature_verifies_too(engine):
     r = engine.submit(PROMPTS[0], max_tokens=N, ignore_eos=True, temperature=0.8,
                       seed=3).result(60)

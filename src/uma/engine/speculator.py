@@ -67,6 +67,7 @@ class Speculator:
         self._band: dict[int, int] = {}  # rid -> its last lookup's agreement band
         self.prices: RowPrice | None = None  # what guesses cost (calibrated, then measured)
         self.shape = ShapeCost()  # what a change of the tick's rows costs (measured)
+        self._settled_only = False  # prices learn from settled ticks only (changes are dear)
         # rid -> (the tick its steady length was chosen at, the length): _steady_length
         self._steady: dict[int, tuple[int, int]] = {}
         self._ticks = 0  # draft() calls
@@ -234,9 +235,10 @@ class Speculator:
         items = list(plan.items)
         free = capacity - plan.n_tokens
         drafting = 0
+        tokens = sum(1 for i in plan.items if i.logits)
         for k, req in wanted:
             n = min(self._steady_length(req, self._room(req, device_rows), prices, tick,
-                                        len(wanted)), free)
+                                        tokens), free)
             if n <= 0:
                 continue
             found, _ = self.drafters[req.drafter or ""].propose(req, n)
@@ -253,22 +255,23 @@ class Speculator:
         return dataclasses.replace(plan, items=tuple(items)) if drafting else plan
 
     def _steady_length(self, req: Request, room: int, prices: RowPrice, tick: float,
-                       streams: int) -> int:
-        """The stream's steady length (speculation.steady_length), chosen again every
-        QUIET_TICKS ticks (each change of it costs a change of shape); at 0, a probe of the
-        shortest length now and then, its period counting the two changes it makes."""
+                       tokens: int) -> int:
+        """The stream's steady length (speculation.steady_length) in a tick of `tokens` rows
+        sampled, chosen again every QUIET_TICKS ticks (each change of it costs a change of
+        shape); at 0, a probe of the shortest length now and then, its period counting the
+        two changes it makes."""
         at, length = self._steady.get(req.rid, (-speculation.QUIET_TICKS, 0))
         if self._ticks - at >= speculation.QUIET_TICKS:
             length = speculation.steady_length(
                 self.acceptance.survival(req.rid, req.drafter or "", speculation.STEADY_BAND),
-                room, prices.per_guess, tick)
+                room, prices.per_guess, tick, tokens)
             self._steady[req.rid] = (self._ticks, length)
         if length:
             return min(length, room)
         probe = speculation.STEADY_LENGTHS[1]
         since = self._ticks - self._verified_at.setdefault(req.rid, self._ticks - 1)
         cost = probe * prices.per_guess(probe) + 2 * self.shape.change_ms
-        return min(probe, room) if since >= speculation.probe_period(streams, cost, tick) \
+        return min(probe, room) if since >= speculation.probe_period(tokens, cost, tick) \
             else 0
 
     def _control_period(self, decoders: int, plain: float) -> int:
@@ -370,10 +373,13 @@ class Speculator:
             return
         tick_ms -= drafting_ms
         self.shape.observe(plan.n_tokens, tick_ms)
-        # where shapes are dear, a tick that pays for a change is no measure of its rows
         plain = self.prices.plain_ms(len(plan.items))
-        if plain is not None and self.shape.dear(plain) and not self.shape.settled:
-            return
+        if not self._settled_only and plain is not None and self.shape.dear(plain):
+            # changes are dear: the prices so far counted them in, and are measured again
+            self._settled_only = True
+            self.prices = RowPrice(self.prices.initial_ms)
+        if self._settled_only and not self.shape.settled:
+            return  # a tick that pays for a change is no measure of its rows
         self.prices.observe(len(plan.items), plan.n_drafted, tick_ms)
 
     @staticmethod

@@ -140,6 +140,7 @@ class RowPrice:
     more row costs."""
 
     def __init__(self, initial_ms: float) -> None:
+        self.initial_ms = initial_ms
         self.per_band = [initial_ms] * len(GUESS_BANDS)
         self.measured = [False] * len(GUESS_BANDS)
         self.plain: dict[int, float] = {}  # decoders -> their plain tick's time, ms
@@ -186,16 +187,18 @@ class RowPrice:
 
 
 def steady_length(survival: Sequence[float], room: int, price: Callable[[int], float],
-                  tick_ms: float) -> int:
+                  tick_ms: float, tokens: float = 1.0) -> int:
     """The draft length a steady stream verifies every tick (0: none pays), of STEADY_LENGTHS
-    and at most room: the one that makes the most tokens per ms, (1 + S_1 + ... + S_k) /
-    (tick + k × price), its survival measured over every tick at its length (the ticks where
-    the lookup found fewer guesses, filled out, among them)."""
-    best, rate = 0, 1.0 / tick_ms
+    and at most room: the one that makes the most tokens per ms in a tick that makes `tokens`
+    in tick_ms without guesses, (tokens + S_1 + ... + S_k) / (tick + k × price), its survival
+    measured over every tick at its length (the ticks where the lookup found fewer guesses,
+    filled out, among them). Among 32 streams a guess must be nearly as sure as a row's
+    price is a share of the tick."""
+    best, rate = 0, tokens / tick_ms
     for k in STEADY_LENGTHS:
         if k > min(room, len(survival)):
             break
-        r = (1.0 + sum(survival[:k])) / (tick_ms + k * price(k))
+        r = (tokens + sum(survival[:k])) / (tick_ms + k * price(k))
         if r > rate:
             best, rate = k, r
     return best
@@ -215,6 +218,7 @@ class ShapeCost:
     def __init__(self) -> None:
         self.settled_ms: dict[int, float] = {}  # rows -> a settled tick's time
         self.change_ms = 0.0  # what a change costs its settling ticks, over settled ones
+        self.changes = 0  # changes measured
         self._rows = 0  # the last tick's rows (0: unknown: the tick before held a prompt)
         self._since = 0  # ticks of this shape since it changed
         self._excess: float | None = 0.0  # this change's cost so far (None: no reference)
@@ -239,8 +243,10 @@ class ShapeCost:
                 self._excess = None
             else:
                 self._excess += tick_ms - ref
-                if self._since == SETTLE_TICKS - 1:
-                    self.change_ms += 0.3 * (max(self._excess, 0.0) - self.change_ms)
+                if self._since == SETTLE_TICKS - 1:  # the first measured is taken whole
+                    weight = 0.3 if self.changes else 1.0
+                    self.change_ms += weight * (max(self._excess, 0.0) - self.change_ms)
+                    self.changes += 1
             return
         was = self.settled_ms.get(rows)
         self.settled_ms[rows] = tick_ms if was is None else was + 0.2 * (tick_ms - was)
