@@ -139,7 +139,7 @@ class Speculator:
                         for _, r in wanted)
         # a control tick: plain, to compare with (where shapes are dear, a plain run long
         # enough to settle, as rarely as PROBE_SHARE of the time allows)
-        period = self._control_period(len(wanted), plain) if steady and plain \
+        period = self._control_period(plain) if steady and plain \
             else speculation.CONTROL_TICKS
         if not shared and prices.stale(len(wanted), period):
             self.streams.set(0)
@@ -274,7 +274,7 @@ class Speculator:
         return min(probe, room) if since >= speculation.probe_period(tokens, cost, tick) \
             else 0
 
-    def _control_period(self, decoders: int, plain: float) -> int:
+    def _control_period(self, plain: float) -> int:
         """Ticks between plain runs where shapes are dear: each leaves the steady shape and
         comes back (two changes), held to PROBE_SHARE of the ticks' time."""
         cost = 2 * self.shape.change_ms + speculation.SETTLE_TICKS * plain
