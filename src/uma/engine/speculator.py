@@ -241,7 +241,9 @@ class Speculator:
                                         tokens), free)
             if n <= 0:
                 continue
-            found, _ = self.drafters[req.drafter or ""].propose(req, n)
+            drafter = self.drafters[req.drafter or ""]
+            assert not isinstance(drafter, ModelDrafter)  # a steady stream's is a lookup
+            found, _ = drafter.propose(req, n)
             guesses = [int(t) for t in found[:n]]
             last = guesses[-1] if guesses else req.generated[-1] if req.generated \
                 else int(req.prompt[-1])
