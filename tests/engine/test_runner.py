@@ -5,6 +5,8 @@ rolled back, with nothing sampled."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -13,7 +15,7 @@ from uma.config import SamplingParams
 from uma.engine.runner import Runner
 from uma.errors import DecodeAbortedError, UmaError
 from uma.request import Request
-from uma.sched.state import BatchItem, Phase, Plan, Priority
+from uma.sched.state import BatchItem, Phase, Plan, PlanNotes, Priority
 
 
 def request(rid: int, seq: int, tokens) -> Request:
@@ -123,6 +125,26 @@ def test_a_newcomer_ends_a_prompt_tick_and_nothing_of_it_is_kept(small_steps):
     # the abort flag did not outlive the decode: the tick runs again
     again = small_steps.run(prompt_plan(req), {0: req})
     assert not again.interrupted and again.tokens.tolist() == [alone]
+
+
+def test_a_newcomer_between_ticks_holds_back_the_next_long_prompt_tick(small_steps):
+    """A newcomer that comes while the tick is planned (its prompt restored from the prefix
+    cache, say) finds no decode to end: the next prompt-only decode predicted to run longer
+    than its prompt does not start, so that the tick is planned again with it."""
+    req = request(1, 0, list(range(1, 65)))
+    alone = sample_alone(small_steps, req)
+    small_steps.admit(req)
+    assert not small_steps.interrupt(5.0)  # between ticks: noted
+    long_tick = dataclasses.replace(prompt_plan(req), notes=PlanNotes(predicted_ms=500.0))
+    ran = small_steps.run(long_tick, {0: req})
+    assert ran.interrupted and ran.plan.items == () and len(ran.tokens) == 0
+    assert small_steps.ctx.seq_pos_max(0) == -1
+    # the note is spent: the tick runs when planned again
+    assert small_steps.run(long_tick, {0: req}).tokens.tolist() == [alone]
+    small_steps.ctx.seq_rm(0)
+    # a tick predicted shorter than the newcomer's prompt runs
+    assert not small_steps.interrupt(1000.0)
+    assert not small_steps.run(long_tick, {0: req}).interrupted
 
 
 @pytest.mark.parametrize("keep", [16, 64])

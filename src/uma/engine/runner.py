@@ -117,6 +117,9 @@ class Runner:
         self._lock = threading.Lock()
         self._interruptible_until = 0.0  # time.perf_counter() it is predicted to end; 0: none
         self._interrupted = False
+        # a newcomer's prompt time (ms) noted while no decode could be ended, for the next
+        # prompt-only decode to yield to (inf: none)
+        self._pending_ms = math.inf
 
     # --- sequences ---------------------------------------------------------------------------
 
@@ -179,8 +182,16 @@ class Runner:
         try:
             if prompts_only:  # a plan with no prediction may be ended by any newcomer
                 with self._lock:
-                    self._interruptible_until = math.inf if plan.notes is None \
+                    until = math.inf if plan.notes is None \
                         else t0 + plan.notes.predicted_ms / 1e3
+                    pending, self._pending_ms = self._pending_ms, math.inf
+                    if until - time.perf_counter() > pending / 1e3:
+                        # a newcomer came while this tick was planned: it is planned first
+                        return self._ran(dataclasses.replace(plan, items=()),
+                                         time.perf_counter() - t0, interrupted=True)
+                    self._interruptible_until = until
+            else:  # a stream's tick: bounded by the policy, and planned with any newcomer next
+                self._pending_ms = math.inf
             try:
                 n_out = self.ctx.decode(self.batch)
             finally:  # only a prompt-only decode was interruptible: no lock for the others
@@ -219,9 +230,15 @@ class Runner:
         interactive request's prompt takes alone: the newcomer then waits for the next graph
         node, not for the whole tick (a 2,000-token prompt's takes seconds on a CPU).
         llama.cpp keeps the micro-batches the decode finished, so at most one micro-batch of
-        work is done again. Called from any thread; returns whether it ended one."""
+        work is done again. Between decodes (a tick being planned: its prompt restored from the
+        prefix cache, say) the newcomer is noted, and the next prompt-only decode predicted to
+        run longer than its prompt does not start: the tick is planned again, with it. Called
+        from any thread; returns whether it ended a decode."""
         with self._lock:
-            if self._interrupted or not self._interruptible_until \
+            if not self._interruptible_until:
+                self._pending_ms = min(self._pending_ms, newcomer_ms)
+                return False
+            if self._interrupted \
                     or self._interruptible_until - time.perf_counter() <= newcomer_ms / 1e3:
                 return False
             self._interrupted = True
