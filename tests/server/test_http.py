@@ -962,7 +962,10 @@ def test_a_request_in_flight_is_demoted_by_the_id_its_response_carries(gateway, 
         http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 1}).raise_for_status()
         handle = gateway.app.state.api.live.get(rid)
         assert handle._request.priority.value == "background"
-    # ended (the client left): no longer in flight
+    # ended (the client left): no longer in flight. The server sees the client go on its own
+    # time; it lets go of the request before cancelling it, so once the request has ended
+    # it is gone from what /priority finds.
+    assert handle.result(timeout=60).finish_reason == "cancelled"
     gone = http.post("/priority", json={"id": rid, "priority": "interactive"})
     assert gone.status_code == 404 and gone.json()["error"]["param"] == "id"
 
