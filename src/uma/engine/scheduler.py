@@ -44,7 +44,7 @@ from uma.request import Request
 from uma.sched import demotion, fair, reuse
 from uma.sched.bmt import BmtModel
 from uma.sched.cost import CostModel, attended
-from uma.sched.policy import BatchPolicy
+from uma.sched.policy import BatchPolicy, first_token_due_ns
 from uma.sched.state import ApartView, BatchItem, Phase, Plan, Priority, SchedulerState
 
 if TYPE_CHECKING:
@@ -382,6 +382,9 @@ class Scheduler:
                     q.remove(req)
                     self.release(req, "cancelled")
 
+    def _first_token_due(self, s: SessionView) -> float:
+        return first_token_due_ns(self.policy, s, self.cost.estimate)
+
     def _queued(self) -> list[Waiting]:
         """The queued requests as the policy sees them, interactive ones with the time their
         first token is due."""
@@ -390,11 +393,6 @@ class Scheduler:
                     w.arrival_ns, w.n_prompt, 0, cost))
                 if w.priority is Priority.INTERACTIVE else w
                 for w in (r.waiting() for q in self.waiting.values() for r in q)]
-
-    def _first_token_due(self, s: SessionView) -> float:
-        """When a running request's first token is due (the policy's first_token_due)."""
-        return self.policy.first_token_due(s.arrival_ns, s.n_prompt - s.n_cached, s.n_cached,
-                                           self.cost.estimate)
 
     def _admit(self) -> None:
         """Gives free sequences to the queued requests the policy picks (with fair share: the

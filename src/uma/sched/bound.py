@@ -56,6 +56,7 @@ from uma.sched.policy import (
     admit_by_class,
     bmt_room,
     decode_kv,
+    first_token_due_ns,
     free_tail_share,
     own_knobs,
     prefill_rank,
@@ -362,8 +363,8 @@ def first_tokens(policy: BoundPolicy, state: SchedulerState, lim: Limits,
         if not lim.streams:
             if not items:
                 n = s.prefill_left
-                limit_ms = max(lim.tick_ms, decode_ms + whole_ms,
-                               (due_ns(policy, state, s) - state.now_ns) / 1e6)
+                until_due_ms = (first_token_due_ns(policy, s, cost) - state.now_ns) / 1e6
+                limit_ms = max(lim.tick_ms, decode_ms + whole_ms, until_due_ms)
             else:
                 spare_ms = limit_ms - decode_ms - ms
                 n = s.prefill_left if whole_ms <= spare_ms \
@@ -392,19 +393,13 @@ def first_tokens(policy: BoundPolicy, state: SchedulerState, lim: Limits,
 
 def first_token_order(policy: BoundPolicy, state: SchedulerState) -> list[SessionView]:
     """The interactive prompts waiting for their first token, the one due first first
-    (due_ns). A short prompt is due soon and passes long ones that came before it (in order
-    of arrival a 10-token request waited behind three 2,000-token prompts for their whole
-    time, 400x its own), while a long one that has waited becomes due in its turn: none waits
-    for ever behind newcomers."""
+    (first_token_due_ns). A short prompt is due soon and passes long ones that came before it
+    (in order of arrival a 10-token request waited behind three 2,000-token prompts for their
+    whole time, 400x its own), while a long one that has waited becomes due in its turn: none
+    waits for ever behind newcomers."""
     waiting = [s for s in state.sessions
                if s.phase is Phase.PREFILL and s.priority is Priority.INTERACTIVE]
-    return sorted(waiting, key=lambda s: (due_ns(policy, state, s), s.rid))
-
-
-def due_ns(policy: BoundPolicy, state: SchedulerState, s: SessionView) -> float:
-    """When a prompt's first token is due (BoundPolicy.first_token_due)."""
-    return policy.first_token_due(s.arrival_ns, s.n_prompt - s.n_cached, s.n_cached,
-                                  state.cost)
+    return sorted(waiting, key=lambda s: (first_token_due_ns(policy, s, state.cost), s.rid))
 
 
 def background_chunks(state: SchedulerState, lim: Limits, decoders: tuple[SessionView, ...],

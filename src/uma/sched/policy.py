@@ -56,6 +56,12 @@ class BatchPolicy(Protocol):
         ...
 
 
+def first_token_due_ns(policy: BatchPolicy, s: SessionView, cost: CostEstimate) -> float:
+    """When a running prompt's first token is due: the policy's first_token_due for the new
+    tokens it had at admission after what the prefix cache held."""
+    return policy.first_token_due(s.arrival_ns, s.n_prompt - s.n_cached, s.n_cached, cost)
+
+
 def admit_by_class(waiting: Sequence[Waiting], free: int) -> tuple[int, ...]:
     """Interactive before background; within a class, the one due first first (Waiting.due_ns;
     all 0: first come, first served)."""
