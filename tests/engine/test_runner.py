@@ -6,6 +6,7 @@ rolled back, with nothing sampled."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -145,6 +146,21 @@ def test_a_newcomer_between_ticks_holds_back_the_next_long_prompt_tick(small_ste
     # a tick predicted shorter than the newcomer's prompt runs
     assert not small_steps.interrupt(1000.0)
     assert not small_steps.run(long_tick, {0: req}).interrupted
+
+
+def test_a_note_from_a_newcomer_already_taken_in_holds_nothing_back(small_steps,
+                                                                     monkeypatch):
+    """The note of a request the tick was planned with (its submit came just before the
+    plan took it in) is spent without a re-plan: the decode runs at once."""
+    req = request(1, 0, list(range(1, 65)))
+    alone = sample_alone(small_steps, req)
+    small_steps.admit(req)
+    monkeypatch.setattr(small_steps, "newcomer_waiting", lambda: False)
+    assert not small_steps.interrupt(5.0)
+    long_tick = dataclasses.replace(prompt_plan(req), notes=PlanNotes(predicted_ms=500.0))
+    ran = small_steps.run(long_tick, {0: req})
+    assert not ran.interrupted and ran.tokens.tolist() == [alone]
+    assert small_steps._pending_ms == math.inf  # spent
 
 
 @pytest.mark.parametrize("keep", [16, 64])

@@ -120,6 +120,10 @@ class Runner:
         # a newcomer's prompt time (ms) noted while no decode could be ended, for the next
         # prompt-only decode to yield to (inf: none)
         self._pending_ms = math.inf
+        # whether a request came in that the tick being run was not planned with (the
+        # engine's inbox): a note taken after the newcomer was already taken in is spent
+        # without holding anything back
+        self.newcomer_waiting: Callable[[], bool] = lambda: True
 
     # --- sequences ---------------------------------------------------------------------------
 
@@ -185,7 +189,8 @@ class Runner:
                     until = math.inf if plan.notes is None \
                         else t0 + plan.notes.predicted_ms / 1e3
                     pending, self._pending_ms = self._pending_ms, math.inf
-                    if until - time.perf_counter() > pending / 1e3:
+                    if until - time.perf_counter() > pending / 1e3 \
+                            and self.newcomer_waiting():
                         # a newcomer came while this tick was planned: it is planned first
                         return self._ran(dataclasses.replace(plan, items=()),
                                          time.perf_counter() - t0, interrupted=True)
