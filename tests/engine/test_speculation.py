@@ -137,29 +137,61 @@ def test_a_request_cancelled_between_verifies_leaves_the_others_exact(engine, al
         assert_same_greedy(alone[p].token_ids, r.token_ids, alone[p].logprobs, r.logprobs)
 
 
-def test_where_shapes_are_dear_a_stream_verifies_one_length_filled_out(engine, alone,
-                                                                        monkeypatch):
-    """Where a change of the tick's rows costs more than a plain tick (CUDA's graphs), a lone
-    stream verifies its steady length every tick: a lookup that finds two guesses is filled
-    out to seven, and the answer is still the greedy one."""
+def steady_drafts(engine, monkeypatch, length, n):
+    """The guesses each tick verified for one greedy request of n tokens, where changes of
+    the tick's rows are dear and the steady length is length(room), after checking the
+    answer is the greedy one."""
     monkeypatch.setattr(speculation.ShapeCost, "dear", lambda self, plain_ms: True)
-    monkeypatch.setattr(speculation, "steady_length", lambda survival, room, *a: min(7, room))
-    propose = engine.oracle.propose
-    monkeypatch.setattr(engine.oracle, "propose", lambda req, k: propose(req, min(k, 2)))
+    monkeypatch.setattr(speculation, "steady_length", lambda survival, room, *a: length(room))
     sched = engine._scheduler
     sched.trace = trace = []
-    n = 40
     r = engine.submit(PROMPTS[2], max_tokens=n, ignore_eos=True, logprobs=True).result(60)
     sched.trace = None
     ref = engine.generate(PROMPTS[2], max_tokens=n, ignore_eos=True, logprobs=True,
                           speculation="off")
     assert_same_greedy(ref.token_ids, r.token_ids, ref.logprobs, r.logprobs)
-    drafted = [plan.n_drafted for n_pre, *_, plan in trace if not n_pre and plan.n_drafted]
+    return [plan.n_drafted for n_pre, *_, plan in trace if not n_pre and plan.n_drafted]
+
+
+def test_where_shapes_are_dear_a_stream_verifies_one_length_filled_out(engine, monkeypatch):
+    """Where a change of the tick's rows costs more than a plain tick (CUDA's graphs), a lone
+    stream verifies its steady length every tick: a lookup that finds two guesses is filled
+    out to seven, and the answer is still the greedy one."""
+    propose = engine.oracle.propose
+    monkeypatch.setattr(engine.oracle, "propose", lambda req, k: propose(req, min(k, 2)))
+    drafted = steady_drafts(engine, monkeypatch, lambda room: min(7, room), 40)
     # seven a tick (the 2 guesses, 5 fillers), until fewer tokens are left to make
     assert drafted[:3] == [7, 7, 7]
     sevens = next((i for i, d in enumerate(drafted) if d < 7), len(drafted))
     assert set(drafted[:sevens]) == {7}, drafted
     assert drafted[sevens:] == sorted(drafted[sevens:], reverse=True), drafted
+
+
+def test_a_steady_stream_climbs_to_longer_drafts_one_length_at_a_time(engine, monkeypatch):
+    """A draft length never verified is judged on chances carried over from shorter ones: a
+    stream whose rule would take any length takes the next one past the longest it verified,
+    a step at a time (a jump from 7 guesses to 63 cost an H200 stream half its speed)."""
+    drafted = steady_drafts(engine, monkeypatch, lambda room: room, 120)
+    plateaus = [d for k, d in enumerate(drafted) if k == 0 or d != drafted[k - 1]]
+    assert plateaus[:3] == [7, 15, 31], drafted
+
+
+def test_a_drafter_that_said_no_is_probed_again_across_requests_shorter_than_its_period(
+        engine, monkeypatch):
+    """Where chances say no, only a probe can say yes again; its period (hundreds of ticks
+    where changes are dear) runs from the drafter's last verify, not each request's start:
+    a day of requests each shorter than the period still probes."""
+    monkeypatch.setattr(speculation.ShapeCost, "dear", lambda self, plain_ms: True)
+    monkeypatch.setattr(speculation, "steady_length", lambda *a: 0)  # the chances say no
+    monkeypatch.setattr(speculation, "probe_period", lambda *a: 30)
+
+    def drafted(n):
+        before = sum(engine.snapshot()["spec_drafted_tokens_total"].values())
+        engine.generate(PROMPTS[2], max_tokens=n, ignore_eos=True)
+        return sum(engine.snapshot()["spec_drafted_tokens_total"].values()) - before
+
+    assert drafted(20) == 0  # 20 ticks: within the period
+    assert drafted(20) > 0  # 40 ticks since the drafter's last verify (none): a probe
 
 
 def test_prices_are_measured_again_on_settled_ticks_once_changes_turn_out_dear():

@@ -1,6 +1,11 @@
 """The goodput rule (uma.sched.speculation): pure functions of measured prices."""
 
+import itertools
+import math
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from uma.sched import speculation
 from uma.sched.speculation import (
@@ -14,6 +19,7 @@ from uma.sched.speculation import (
     draft_lengths,
     probe_period,
     steady_length,
+    steady_reach,
 )
 
 
@@ -195,6 +201,38 @@ def test_a_band_not_measured_takes_the_nearest_measured_price():
     assert p.per_guess(2) > p.per_guess(50) > 0.1
 
 
+def every_length(survival, proposed, price, tokens, ms, bound_ms, drafting=0.0, once=0.0):
+    """best_length by trying every length, for comparison."""
+    best, rate = (0, 0.0, 0.0), tokens / ms
+    for k, gained in enumerate(itertools.accumulate(survival[:min(proposed, MAX_DRAFT)]), 1):
+        spent = k * (price(k) + drafting) + once
+        if ms + spent > bound_ms:
+            break
+        if (tokens + gained) / (ms + spent) > rate:
+            best, rate = (k, gained, spent), (tokens + gained) / (ms + spent)
+    return best
+
+
+@settings(max_examples=300, deadline=None)
+@given(chances=st.lists(st.sampled_from([0.0, 0.3, 0.9, 0.99, 1.0]) | st.floats(0.0, 1.0),
+                       min_size=MAX_DRAFT, max_size=MAX_DRAFT),
+       bands=st.lists(st.sampled_from([0.01, 0.1, 1.0, 6.0]) | st.floats(0.001, 10.0),
+                      min_size=len(speculation.GUESS_BANDS),
+                      max_size=len(speculation.GUESS_BANDS)),
+       proposed=st.integers(1, MAX_DRAFT), tokens=st.floats(1.0, 64.0),
+       ms=st.floats(0.5, 50.0), drafting=st.sampled_from([0.0, 0.5]),
+       once=st.sampled_from([0.0, 2.0]))
+def test_the_best_length_stops_looking_only_where_no_longer_draft_could_win(
+        chances, bands, proposed, tokens, ms, drafting, once):
+    survival = tuple(itertools.accumulate(chances, lambda a, b: a * b))
+    price = RowPrice(1.0)
+    price.per_band, price.measured = list(bands), [True] * len(bands)
+    for bound in (math.inf, ms * 2):
+        assert best_length(survival, proposed, price.per_guess, tokens, ms, bound, drafting,
+                           once) == every_length(survival, proposed, price.per_guess, tokens,
+                                                 ms, bound, drafting, once)
+
+
 def h200(k):  # SmolLM2 on an H200, settled: up to 8 rows nearly free, a 9th doubles the tick
     return 0.11 if k < 8 else 0.2
 
@@ -212,6 +250,11 @@ def test_a_steady_length_is_a_power_of_two_rows_and_follows_the_chances():
     # among 32 streams (a 3 ms tick making 32 tokens) a guess pays only when nearly sure
     assert steady_length(flat(0.5), MAX_DRAFT, h200, 3.0, tokens=32) == 0
     assert steady_length(flat(0.995), MAX_DRAFT, gpu, 3.0, tokens=32) > 0  # rows nearly free
+
+
+def test_a_steady_stream_reaches_one_length_past_the_longest_it_verified():
+    assert [steady_reach(k) for k in (0, 1, 3, 7, 15, 31, 63)] == [1, 3, 7, 15, 31, 63, 63]
+    assert steady_reach(5) == 7  # a length cut short by the room left counts as verified
 
 
 def settle(shape, rows, ms, n=4):

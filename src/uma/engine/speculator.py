@@ -59,8 +59,10 @@ class Speculator:
         # than a token of the plain tick costs: their next probe is due at once if they do
         self._sure_pays: set[int] = set()
         self.acceptance = Acceptance()
-        # rid -> the tick (draft() calls) the stream last verified a guess at, or was admitted
+        # rid -> the tick (draft() calls) the stream last verified a guess at (_since)
         self._verified_at: dict[int, int] = {}
+        # drafter -> the tick any of its streams last verified a guess at, or it was first used
+        self._drafter_verified: dict[str, int] = {}
         # rid -> the tick before which the stream has nothing to check (its chances say no and
         # its probe is not due): a tick where no one drafts then costs a dictionary read a stream
         self._quiet_until: dict[int, int] = {}
@@ -70,10 +72,14 @@ class Speculator:
         self._settled_only = False  # prices learn from settled ticks only (changes are dear)
         # rid -> (the tick its steady length was chosen at, the length): _steady_length
         self._steady: dict[int, tuple[int, int]] = {}
+        # rid -> the longest steady length it verified (speculation.steady_reach): at first
+        # the probe's, which a stream at 0 verifies
+        self._steady_longest: dict[int, int] = {}
         self._ticks = 0  # draft() calls
         # rid -> (the tick it was asked at, whether its guesses could pay): _worth_looking
         self._worth: dict[int, tuple[int, bool]] = {}
         self._running: set[int] = set()  # rids of running requests that speculate
+        self._by_model: set[int] = set()  # those of them whose drafter is a draft model
         self.drafted = metrics.family("spec_drafted_tokens_total",
                                       "guesses verified in a target pass", "drafter",
                                       Counter)
@@ -101,6 +107,8 @@ class Speculator:
         req.drafter = self.drafter_of(req)
         if req.drafter is not None:
             self._running.add(req.rid)
+            if isinstance(self.drafters[req.drafter], ModelDrafter):
+                self._by_model.add(req.rid)
 
     def drafter_of(self, req: Request) -> str | None:
         """The drafter the request speculates with (None: it does not)."""
@@ -135,8 +143,7 @@ class Speculator:
         shared = len(wanted) < len(plan.items)
         plain = None if shared else prices.plain_ms(len(wanted))
         steady = plain is not None and self.shape.dear(plain) \
-            and not any(isinstance(self.drafters[r.drafter or ""], ModelDrafter)
-                        for _, r in wanted)
+            and not (self._by_model and any(r.rid in self._by_model for _, r in wanted))
         # a control tick: plain, to compare with (where shapes are dear, a plain run long
         # enough to settle, as rarely as PROBE_SHARE of the time allows)
         period = self._control_period(plain) if steady and plain \
@@ -158,7 +165,7 @@ class Speculator:
             drafter = self.drafters[name]
             if self._quiet_until.get(req.rid, 0) > self._ticks:
                 continue
-            since = self._ticks - self._verified_at.setdefault(req.rid, self._ticks - 1)
+            since = self._since(req)
             room = self._room(req, device_rows)
             if room <= 0:
                 continue
@@ -211,7 +218,7 @@ class Speculator:
             n = min(lengths.get(req.seq_id, 0), free)
             free -= n
             if n:
-                self._verified_at[req.rid] = self._ticks
+                self._verified(req)
                 draft = tuple(int(t) for t in guesses[req.seq_id][:n])
                 items[k] = dataclasses.replace(items[k], n_tokens=1 + n, draft=draft)
         return dataclasses.replace(plan, items=tuple(items))
@@ -249,7 +256,9 @@ class Speculator:
                 else int(req.prompt[-1])
             draft = tuple(guesses) + (last,) * (n - len(guesses))
             self._band[req.rid] = speculation.STEADY_BAND
-            self._verified_at[req.rid] = self._ticks
+            self._verified(req)
+            if n > self._steady_longest.get(req.rid, 0):
+                self._steady_longest[req.rid] = n
             items[k] = dataclasses.replace(items[k], n_tokens=1 + n, draft=draft)
             free -= n
             drafting += 1
@@ -262,19 +271,35 @@ class Speculator:
         sampled, chosen again every QUIET_TICKS ticks (each change of it costs a change of
         shape); at 0, a probe of the shortest length now and then, its period counting the
         two changes it makes."""
+        probe = speculation.STEADY_LENGTHS[1]
         at, length = self._steady.get(req.rid, (-speculation.QUIET_TICKS, 0))
         if self._ticks - at >= speculation.QUIET_TICKS:
+            reach = speculation.steady_reach(self._steady_longest.get(req.rid, probe))
             length = speculation.steady_length(
                 self.acceptance.survival(req.rid, req.drafter or "", speculation.STEADY_BAND),
-                room, prices.per_guess, tick, tokens)
+                min(room, reach), prices.per_guess, tick, tokens)
             self._steady[req.rid] = (self._ticks, length)
         if length:
             return min(length, room)
-        probe = speculation.STEADY_LENGTHS[1]
-        since = self._ticks - self._verified_at.setdefault(req.rid, self._ticks - 1)
+        since = self._since(req)
         cost = probe * prices.per_guess(probe) + 2 * self.shape.change_ms
         return min(probe, room) if since >= speculation.probe_period(tokens, cost, tick) \
             else 0
+
+    def _since(self, req: Request) -> int:
+        """Ticks since the stream last verified a guess. A new stream counts from its
+        drafter's last verify (any stream's): probes are the only way chances that said no
+        can say yes again, and where the probe period is longer than a request (a GPU's dear
+        changes make it hundreds of ticks), a drafter whose chances said no was never probed
+        again, request after request."""
+        at = self._verified_at.get(req.rid)
+        if at is None:
+            at = self._drafter_verified.setdefault(req.drafter or "", self._ticks - 1)
+            self._verified_at[req.rid] = at
+        return self._ticks - at
+
+    def _verified(self, req: Request) -> None:
+        self._verified_at[req.rid] = self._drafter_verified[req.drafter or ""] = self._ticks
 
     def _control_period(self, plain: float) -> int:
         """Ticks between plain runs where shapes are dear: each leaves the steady shape and
@@ -428,6 +453,7 @@ class Speculator:
     def forget(self, req: Request) -> None:
         """The request left its sequence (ended or preempted)."""
         self._running.discard(req.rid)
+        self._by_model.discard(req.rid)
         if req.drafter is not None:
             self.drafters[req.drafter].forget(req.rid)
             self.acceptance.forget(req.rid)
@@ -436,6 +462,7 @@ class Speculator:
             self._band.pop(req.rid, None)
             self._worth.pop(req.rid, None)
             self._steady.pop(req.rid, None)
+            self._steady_longest.pop(req.rid, None)
 
     def warm_up(self) -> None:
         """Times a draft model's step before serving (on the compute thread): its first decode

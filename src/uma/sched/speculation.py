@@ -98,7 +98,10 @@ def best_length(survival: Sequence[float], proposed: int, price: Callable[[int],
     best = (0, 0.0, 0.0)
     rate = tokens / ms
     gained = 0.0
-    for k in range(1, min(proposed, MAX_DRAFT, len(survival)) + 1):
+    longest = min(proposed, MAX_DRAFT, len(survival))
+    # no guess costs less than the cheapest band's: what bounds the longer drafts' rate
+    cheapest = min(price(k) for k in GUESS_BANDS) + drafting_ms
+    for k in range(1, longest + 1):
         gained += survival[k - 1]
         spent = k * (price(k) + drafting_ms) + drafting_once_ms
         if ms + spent > bound_ms:
@@ -106,6 +109,13 @@ def best_length(survival: Sequence[float], proposed: int, price: Callable[[int],
         if (tokens + gained) / (ms + spent) > rate:
             rate = (tokens + gained) / (ms + spent)
             best = (k, gained, spent)
+        # survival never grows: if even every longer draft's guesses kept at this one's last
+        # chance, at the cheapest price, cannot beat the best rate, none can (random text's
+        # chances fall to nothing in a few guesses; asked for 64 every time on a GPU's
+        # millisecond tick, this loop was a tenth of it)
+        if (tokens + gained + survival[k - 1] * (longest - k)) \
+                <= rate * (ms + (k + 1) * cheapest + drafting_once_ms):
+            break
     return best
 
 
@@ -146,6 +156,9 @@ class RowPrice:
         self.plain: dict[int, float] = {}  # decoders -> their plain tick's time, ms
         self.ticks = 0  # ticks observed
         self.plain_at: dict[int, int] = {}  # decoders -> the tick their plain time was last seen
+        # k -> per_guess(k), made again after a verify is measured: the goodput rule asks for
+        # every draft length of every stream it weighs, on a GPU's millisecond tick
+        self._by_length: list[float] | None = None
 
     def stale(self, decoders: int, period: int = CONTROL_TICKS) -> bool:
         """Whether no plain tick of this many decoders was seen in the last `period` ticks:
@@ -158,6 +171,12 @@ class RowPrice:
         """A guess's price in a k-guess draft: its band's as measured; a band not measured yet
         takes the nearest measured band's (the device's bare row, the price before any,
         leaves out what a row costs the host: on a GPU's millisecond tick, most of it)."""
+        table = self._by_length
+        if table is None:
+            table = self._by_length = [self._band_price(k) for k in range(MAX_DRAFT + 1)]
+        return table[min(k, MAX_DRAFT)]
+
+    def _band_price(self, k: int) -> float:
         b = bisect.bisect_right(GUESS_BANDS, k) - 1
         if self.measured[b] or not any(self.measured):
             return self.per_band[b]
@@ -181,9 +200,10 @@ class RowPrice:
         band = bisect.bisect_right(GUESS_BANDS, guesses) - 1
         sample = max((tick_ms - plain) / guesses, 0.01 * plain)
         if not self.measured[band]:  # its first measurement from the nearest one's price
-            self.per_band[band] = self.per_guess(guesses)
+            self.per_band[band] = self._band_price(guesses)
             self.measured[band] = True
         self.per_band[band] += 0.3 * (sample - self.per_band[band])
+        self._by_length = None
 
 
 def steady_length(survival: Sequence[float], room: int, price: Callable[[int], float],
@@ -202,6 +222,17 @@ def steady_length(survival: Sequence[float], room: int, price: Callable[[int], f
         if r > rate:
             best, rate = k, r
     return best
+
+
+def steady_reach(longest: int) -> int:
+    """The longest steady length a stream may choose having verified steady drafts of at most
+    `longest` guesses: the next of STEADY_LENGTHS. A length never verified is judged on chances
+    carried over from shorter drafts (where a stream keeps its 7th guess it usually keeps its
+    8th, but a filler past the lookup's run is seldom kept) and rows priced from other bands:
+    on an H200 a stream jumped from 7 guesses to 63 on that optimism, each such tick 11 ms
+    against 2.6, and lost half its speed. Climbing one length at a time, each step measured
+    before the next, bounds what the optimism costs."""
+    return next((k for k in STEADY_LENGTHS if k > longest), STEADY_LENGTHS[-1])
 
 
 class ShapeCost:
