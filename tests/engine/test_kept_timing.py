@@ -19,12 +19,13 @@ def test_a_second_start_reads_the_kept_timing_and_times_nothing(tiny_path, tmp_p
         first.wait_ready()
         done, planned = first.calibration
         assert planned > 0 and done == planned
-        ticks = first._scheduler.calibration_ticks
+        timing = first._scheduler.timing
+        assert timing.ticks and timing.change_ms is not None
     assert len(list(tmp_path.glob("*.json"))) == 1
     with started(tiny_path, tmp_path) as second:
         second.wait_ready()
         assert second.calibration == (0, 0)  # no scratch decode
-        assert second._scheduler.calibration_ticks == ticks  # floats come back exactly
+        assert second._scheduler.timing == timing  # floats come back exactly
         assert len(second.generate("Hello", max_tokens=4, ignore_eos=True).token_ids) == 4
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import uma
+from uma.engine.calibration import Timing
 from uma.errors import InvalidRequestError
 from uma.sched import speculation
 
@@ -167,6 +168,29 @@ def test_where_shapes_are_dear_a_stream_verifies_one_length_filled_out(engine, m
     assert drafted[sevens:] == sorted(drafted[sevens:], reverse=True), drafted
 
 
+def test_a_steady_stream_starts_on_a_found_guess_and_then_fills_out_what_it_lacks(
+        engine, monkeypatch):
+    """Where shapes are dear, a stream starts verifying only once its lookup finds a guess
+    (fillers alone are seldom kept, and starting costs two changes of shape); once started,
+    ticks where the lookup finds nothing are filled out, keeping the shape."""
+    propose = engine.oracle.propose
+    found_none = [range(0, 12), range(20, 30)]  # tokens generated while the lookup finds none
+    monkeypatch.setattr(engine.oracle, "propose", lambda req, k: propose(req, k) if not any(
+        len(req.generated) in r for r in found_none) else (np.zeros(0, np.int32), 0))
+    monkeypatch.setattr(speculation.ShapeCost, "dear", lambda self, plain_ms: True)
+    monkeypatch.setattr(speculation, "steady_length", lambda survival, room, *a: min(3, room))
+    sched = engine._scheduler
+    sched.trace = trace = []
+    engine.generate(PROMPTS[2], max_tokens=60, ignore_eos=True)
+    sched.trace = None
+    drafted = [plan.n_drafted for n_pre, *_, plan in trace if not n_pre]
+    first = next(i for i, d in enumerate(drafted) if d)
+    # no verify while the first 12 tokens found nothing (a decode tick makes one token)
+    assert first >= 11, drafted
+    # then three a tick, through the second stretch without a guess, until the tail
+    assert set(drafted[first:first + 12]) == {3}, drafted
+
+
 def test_a_steady_stream_climbs_to_longer_drafts_one_length_at_a_time(engine, monkeypatch):
     """A draft length never verified is judged on chances carried over from shorter ones: a
     stream whose rule would take any length takes the next one past the longest it verified,
@@ -174,6 +198,44 @@ def test_a_steady_stream_climbs_to_longer_drafts_one_length_at_a_time(engine, mo
     drafted = steady_drafts(engine, monkeypatch, lambda room: room, 120)
     plateaus = [d for k, d in enumerate(drafted) if k == 0 or d != drafted[k - 1]]
     assert plateaus[:3] == [7, 15, 31], drafted
+
+
+def test_a_device_timed_dear_before_serving_runs_its_first_request_steady(engine, monkeypatch):
+    """A change's cost timed before serving (uma.engine.calibration) tells the speculator that
+    shapes are dear before the first request: its stream verifies one length from its first
+    settled plain tick on, rather than following its lookup tick by tick until a change is
+    measured (on an H200 a fresh daemon's first requests ran that way at 3.7 ms a tick)."""
+    sched = engine._scheduler
+    plain = min(ms for p, d, _, _, ms in sched.timing.ticks if (p, d) == (0, 1))
+    assert not sched.speculator.shape.dear(plain)  # a CPU's changes are cheap
+    sched.speculator.calibrated(Timing(sched.timing.ticks, change_ms=1e6))
+    monkeypatch.setattr(speculation, "steady_length", lambda survival, room, *a: min(7, room))
+    sched.trace = trace = []
+    engine.generate(PROMPTS[2], max_tokens=40, ignore_eos=True)
+    sched.trace = None
+    drafted = [plan.n_drafted for n_pre, *_, plan in trace if not n_pre]
+    # plain until the plain tick is known (settled), then seven a tick (the rule, patched in
+    # the fixture, would take five), until fewer tokens are left
+    first = next(i for i, d in enumerate(drafted) if d)
+    assert 0 < first <= 4 and drafted[first:first + 3] == [7, 7, 7], drafted
+
+
+def test_a_steady_stream_that_drafts_nothing_is_left_quiet_between_its_checks(engine,
+                                                                          monkeypatch):
+    """A stream whose steady length is 0 is looked at again only when its probe or its next
+    choice of length is due, not every tick: at 32 streams of random text on an H200 the
+    looks alone cost more than a tenth of the ticks' time."""
+    monkeypatch.setattr(speculation.ShapeCost, "dear", lambda self, plain_ms: True)
+    monkeypatch.setattr(speculation, "steady_length", lambda *a: 0)  # the chances say no
+    looks = []
+    monkeypatch.setattr(speculation, "probe_period", lambda *a: looks.append(1) or 10**6)
+    sched = engine._scheduler
+    sched.trace = trace = []
+    engine.generate(PROMPTS[2], max_tokens=48, ignore_eos=True)
+    sched.trace = None
+    ticks = sum(1 for n_pre, *_ in trace if not n_pre)
+    assert ticks >= 40 and 0 < len(looks) <= ticks // speculation.QUIET_TICKS + 1, \
+        (ticks, len(looks))
 
 
 def test_a_drafter_that_said_no_is_probed_again_across_requests_shorter_than_its_period(

@@ -12,8 +12,10 @@ import hashlib
 import json
 import logging
 import os
+import statistics
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +23,27 @@ import numpy as np
 
 from uma.errors import UmaError
 from uma.sched.cost import RAGGED_EDGES, ROW_EDGES, WIDE_ROWS, attended
+from uma.sched.speculation import SETTLE_TICKS
 
 # (prompt tokens, decode rows, cache positions read, KV positions the prompt attends, ms)
 Timed = tuple[int, int, int, int, float]
+# times each of the changes' two shapes runs after the other
+CHANGE_REPEATS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """A calibration's result: the timed shapes; what a change between two decode shapes
+    (one row, several) costs the SETTLE_TICKS ticks after it over the shape's settled ticks;
+    and what one more decode row costs a settled tick (None: not timed: a slow device's short
+    schedule, or a context of one sequence). The change's cost tells a device that captures
+    its compute graph (CUDA) before the first request: learnt while serving, it took a fresh
+    daemon's first requests, run the way a CPU runs them (docs/results/speculation.md)."""
+
+    ticks: list[Timed] = field(default_factory=list)
+    change_ms: float | None = None
+    row_ms: float | None = None
+
 
 log = logging.getLogger("uma.engine")
 
@@ -64,26 +84,30 @@ class KeptTiming:
         digest = hashlib.sha256(json.dumps(self.key, sort_keys=True).encode()).hexdigest()
         self.path = Path(folder) / f"{digest[:24]}.json"
 
-    def load(self) -> list[Timed] | None:
-        """The kept timing; None where there is none (or it is unreadable, or for another
-        key)."""
+    def load(self) -> Timing | None:
+        """The kept timing; None where there is none (or it is unreadable, for another key, or
+        kept before a change's cost was timed)."""
         try:
             data = json.loads(self.path.read_text())
             if data["key"] != self.key:
                 return None
             ticks = [(int(a), int(b), int(c), int(d), float(ms))
                      for a, b, c, d, ms in data["ticks"]]
+            change_ms, row_ms = (None if data[k] is None else float(data[k])
+                                 for k in ("change_ms", "row_ms"))
         except (OSError, ValueError, KeyError, TypeError):
             return None
-        return ticks or None
+        return Timing(ticks, change_ms, row_ms) if ticks else None
 
-    def save(self, ticks: list[Timed]) -> None:
+    def save(self, timing: Timing) -> None:
         """Keeps it (written whole, then renamed into place); a folder that cannot be written
         only costs the next start its timing."""
         tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps({"key": self.key, "ticks": ticks}))
+            tmp.write_text(json.dumps({"key": self.key, "ticks": timing.ticks,
+                                       "change_ms": timing.change_ms,
+                                       "row_ms": timing.row_ms}))
             os.replace(tmp, self.path)
         except OSError as exc:
             log.warning("the device's timing was not kept in %s: %s", self.path.parent, exc)
@@ -104,7 +128,7 @@ class DeviceTiming:
     # time before the first request is served.
     SLOW_ROW_MS = 30.0
 
-    def run(self, passes: int = 2) -> list[Timed]:
+    def run(self, passes: int = 2) -> Timing:
         """Times scratch batches of a few shapes before serving and anchors the cost model
         there: decode rows; one-token, short and long prompt chunks; prompt chunks beside up to
         eight decoders that take the batch into each row class where ggml changes kernels; a
@@ -119,8 +143,9 @@ class DeviceTiming:
         what a prompt token's attention costs on their own, and the one-token chunks tell a row
         step from a chunk's read of the cache before it. The shapes beside decoders price each
         row step (uma.sched.cost.ROW_EDGES): on a GPU one prompt token beside a few decoders can
-        cost more than their whole tick. Returns the timed shapes; none if the context is too
-        small to try or the engine is closing (the generic prior stays)."""
+        cost more than their whole tick. Then what a change between decode shapes costs, and
+        one more decode row (`_time_changes`). Returns the timed shapes; none if the context
+        is too small to try or the engine is closing (the generic prior stays)."""
         n_rows = min(4, self.ctx.n_seq_max)
         chunk = max(1, min(64, self.batch.capacity, self.ctx.n_ctx_seq - 1))
         small = min(8, chunk)
@@ -135,15 +160,19 @@ class DeviceTiming:
         tokens = (np.arange(max(chunk, depth, *(p for p, _ in mixed + deep)), dtype=np.int32)
                   * 7919 + 1) % self.ctx.model.n_vocab
         runs = 3
+        many = min(8, self.ctx.n_seq_max, self.batch.capacity)  # rows of the changes' shape
 
-        def planned() -> int:  # the probe's 2, each shape's runs, the deep prefill
+        def planned() -> int:  # the probe's 2, the changes, each shape's runs, deep prefill
             # The shapes beside decoders run once, twice in a row: they are the largest, and
             # each prices one step (on a CPU, run as often as the others, they alone took
             # seconds).
-            return 2 + passes * runs * (len(shallow) + len(deep)) + 2 * len(mixed) + 1
+            changes = 2 * CHANGE_REPEATS * runs if many > 1 else 0
+            return 2 + changes + passes * runs * (len(shallow) + len(deep)) \
+                + 2 * len(mixed) + 1
 
         self.progress = (0, planned())
         ticks = []
+        changes: tuple[float | None, float | None] = (None, None)
         try:
             # On a slow device (a large model on a laptop CPU) the full schedule kept the first
             # request waiting the better part of a minute: there, each shape runs twice in one
@@ -151,24 +180,42 @@ class DeviceTiming:
             # decode pays one-off costs, its second does not.
             probe = [self._scratch(tokens[:0], 1, 0) for _ in range(2)]
             if probe[-1] > self.SLOW_ROW_MS:
-                passes, runs = 1, 2
+                passes, runs, many = 1, 2, 1
                 chunk = min(chunk, 32)
                 depth = min(depth, 2 * chunk)
                 shallow[-1] = (chunk, 0)
                 deep = [shape for shape in deep if shape[0] <= WIDE_ROWS]
                 mixed = self._mixed_shapes(min(largest, 32))
                 self.progress = (2, planned())
+            if many > 1:  # after the probe's one row: every shape follows another
+                changes = self._time_changes(many, runs)
             ticks += self._time_shapes(tokens, shallow, passes, runs)
             ticks += self._time_shapes(tokens, mixed, 1, 2)
             if depth:  # sequence 0 holds `depth` positions while the deep shapes run
                 self._scratch(tokens[:depth], 0, 0, keep=True)
                 ticks += self._time_shapes(tokens, deep, passes, runs, depth)
         except UmaError:
-            return []  # a context too small to try, or the engine closing
+            return Timing()  # a context too small to try, or the engine closing
         finally:
             self.ctx.seq_rm(0)
             self.progress = (self.progress[1], self.progress[1])
-        return ticks
+        return Timing(ticks, *changes)
+
+    def _time_changes(self, many: int, runs: int) -> tuple[float | None, float | None]:
+        """(what a change between decode shapes costs, what one more decode row costs): one
+        row and `many` rows (a verify's shape, on sequences 0..many-1) each run `runs` times
+        after the other, CHANGE_REPEATS times; a change is its first SETTLE_TICKS runs over
+        its last. On CUDA the first tick of a new shape runs op by op and the second captures
+        its graph. Medians of the repeats (the first pays for its shape's first run ever)."""
+        changed, row = [], []
+        for _ in range(CHANGE_REPEATS):
+            settled = {}
+            for rows in (many, 1):
+                times = [self._scratch(np.zeros(0, np.int32), rows, 0) for _ in range(runs)]
+                changed.append(max(sum(times[:SETTLE_TICKS]) - SETTLE_TICKS * times[-1], 0.0))
+                settled[rows] = times[-1]
+            row.append(max(settled[many] - settled[1], 0.0) / (many - 1))
+        return statistics.median(changed), statistics.median(row)
 
     def _mixed_shapes(self, largest: int) -> list[tuple[int, int]]:
         """(prompt tokens, decode rows) of the shapes beside decoders: up to eight decode rows

@@ -657,7 +657,7 @@ class Engine:
         if self._calibrate:
             self._scheduler.calibrate(self._kept_timing())
         if self._lane is not None:  # the same device and weights: the same prices to start
-            self._lane.scheduler.adopt_calibration(self._scheduler.calibration_ticks)
+            self._lane.scheduler.adopt_calibration(self._scheduler.timing)
         self._scheduler.speculator.warm_up()
         self._ready.set()
         busy_since = 0.0  # when this turn began, if a request was in the engine then

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from uma.engine.calibration import DeviceTiming, KeptTiming
+from uma.engine.calibration import DeviceTiming, KeptTiming, Timing
 from uma.engine.draft_model import ModelDrafter
 from uma.engine.output import Ended, Event, Logits, OutputStage, Token
 from uma.engine.prefix_cache import KvPrefixCache
@@ -157,7 +157,7 @@ class Scheduler:
         self._background_prompt = False
         self._timing: DeviceTiming | None = None  # the start-up calibration, once begun
         # its timed scratch ticks (what another scheduler on the same device may start from)
-        self.calibration_ticks: list[tuple[int, int, int, int, float]] = []
+        self.timing = Timing()  # the device's, timed at the start (or kept from before)
         # The batch's sequences as decode rows, and their attention: what the streams' ticks
         # alone are measured against (a stream's new prompt counted as the row it will be).
         self._solo = (0, 0)
@@ -205,24 +205,22 @@ class Scheduler:
         """Times the device before serving (uma.engine.calibration) and anchors the cost model
         there; `calibration` shows its progress. kept: a timing kept from an earlier start,
         used where it has one (and the new timing kept there where not)."""
-        ticks = kept.load() if kept is not None else None
-        if ticks is None:
+        timing = kept.load() if kept is not None else None
+        if timing is None:
             calibration = DeviceTiming(self.ctx, self.runner.batch)
             self._timing = calibration
-            ticks = calibration.run()
-            if kept is not None and ticks:
-                kept.save(ticks)
-        self.calibration_ticks = ticks
-        if self.calibration_ticks:
-            self.cost.calibrate(self.calibration_ticks)
-            self.speculator.calibrated(self.calibration_ticks)
+            timing = calibration.run()
+            if kept is not None and timing.ticks:
+                kept.save(timing)
+        self.adopt_calibration(timing)
 
-    def adopt_calibration(self, ticks: list[tuple[int, int, int, int, float]]) -> None:
-        """Anchors the cost model at another scheduler's timed scratch ticks (a second context
-        on the same device and weights), instead of timing its own."""
-        if ticks:
-            self.cost.calibrate(ticks)
-            self.speculator.calibrated(ticks)
+    def adopt_calibration(self, timing: Timing) -> None:
+        """Anchors the cost model at a device's timing: this scheduler's, or another's (a
+        second context on the same device and weights), instead of timing its own."""
+        self.timing = timing
+        if timing.ticks:
+            self.cost.calibrate(timing.ticks)
+            self.speculator.calibrated(timing)
 
     @property
     def calibration(self) -> tuple[int, int]:

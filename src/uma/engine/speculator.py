@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from uma.engine.calibration import Timing
 from uma.engine.draft_model import ModelDrafter
 from uma.engine.drafters import NgramDrafter
 from uma.engine.runner import Ran
@@ -238,12 +239,17 @@ class Speculator:
         stream verifies its steady length every tick, the lookup's guesses filled out with the
         last of them (or the stream's last token), so that the ticks keep one shape. A filler
         is a guess like any other, kept only where the model agrees; its row is priced in the
-        length's measured chances."""
+        length's measured chances. A stream that did not verify last tick starts (or probes)
+        only on a guess its lookup found: fillers alone are seldom kept, and a start costs two
+        changes (on an H200 a fresh daemon's streams of random text, starting on their
+        drafter's first chances, ran a tenth slower)."""
         items = list(plan.items)
         free = capacity - plan.n_tokens
         drafting = 0
         tokens = sum(1 for i in plan.items if i.logits)
         for k, req in wanted:
+            if self._quiet_until.get(req.rid, 0) > self._ticks:
+                continue
             n = min(self._steady_length(req, self._room(req, device_rows), prices, tick,
                                         tokens), free)
             if n <= 0:
@@ -251,6 +257,11 @@ class Speculator:
             drafter = self.drafters[req.drafter or ""]
             assert not isinstance(drafter, ModelDrafter)  # a steady stream's is a lookup
             found, _ = drafter.propose(req, n)
+            if not len(found) and self._verified_at.get(req.rid) != self._ticks - 1:
+                # looked up again when its length is next chosen: a lookup each tick for
+                # each of 32 streams of random text cost an H200's ticks a seventh
+                self._quiet_until[req.rid] = self._ticks + speculation.QUIET_TICKS
+                continue
             guesses = [int(t) for t in found[:n]]
             last = guesses[-1] if guesses else req.generated[-1] if req.generated \
                 else int(req.prompt[-1])
@@ -270,7 +281,8 @@ class Speculator:
         """The stream's steady length (speculation.steady_length) in a tick of `tokens` rows
         sampled, chosen again every QUIET_TICKS ticks (each change of it costs a change of
         shape); at 0, a probe of the shortest length now and then, its period counting the
-        two changes it makes."""
+        two changes it makes, and the stream is left quiet until its probe or its next choice
+        (asking 32 streams every tick cost a GPU's millisecond ticks more than a tenth)."""
         probe = speculation.STEADY_LENGTHS[1]
         at, length = self._steady.get(req.rid, (-speculation.QUIET_TICKS, 0))
         if self._ticks - at >= speculation.QUIET_TICKS:
@@ -283,8 +295,13 @@ class Speculator:
             return min(length, room)
         since = self._since(req)
         cost = probe * prices.per_guess(probe) + 2 * self.shape.change_ms
-        return min(probe, room) if since >= speculation.probe_period(tokens, cost, tick) \
-            else 0
+        wait = speculation.probe_period(tokens, cost, tick) - since
+        if wait <= 0:
+            return min(probe, room)
+        at = self._steady[req.rid][0]
+        self._quiet_until[req.rid] = self._ticks + max(1, min(
+            wait, at + speculation.QUIET_TICKS - self._ticks))
+        return 0
 
     def _since(self, req: Request) -> int:
         """Ticks since the stream last verified a guess. A new stream counts from its
@@ -379,14 +396,21 @@ class Speculator:
             self.prices = RowPrice(cost.per_decode_ms)
         return self.prices
 
-    def calibrated(self, ticks: Sequence[tuple[int, int, int, int, float]]) -> None:
-        """Starts the guesses' price at one more decode row's, from the device's timed scratch
-        ticks (uma.engine.calibration: (prompt tokens, decode rows, ..., ms)): the most
-        decode rows against one."""
-        plain = {d: ms for p, d, _, _, ms in ticks if p == 0 and d > 0}
-        if 1 in plain and len(plain) > 1:
+    def calibrated(self, timing: Timing) -> None:
+        """Starts the guesses' price at one more decode row's and what a change of shape costs
+        at the change's, as the device was timed (uma.engine.calibration); a timing without
+        them prices a row from its scratch ticks ((prompt tokens, decode rows, ..., ms)): the
+        most decode rows against one."""
+        plain = {d: ms for p, d, _, _, ms in timing.ticks if p == 0 and d > 0}
+        if timing.row_ms is not None and 1 in plain:
+            self.prices = RowPrice(max(timing.row_ms, 0.01 * plain[1]))
+        elif 1 in plain and len(plain) > 1:
             most = max(plain)
             self.prices = RowPrice(max((plain[most] - plain[1]) / (most - 1), 0.01 * plain[1]))
+        if timing.change_ms is not None:
+            self.shape.timed(timing.change_ms)
+            # dear from the start: prices learn from settled ticks only
+            self._settled_only = 1 in plain and self.shape.dear(plain[1])
 
     def measured(self, plan: Plan, tick_ms: float) -> None:
         """A tick's measured time, for the guesses' price: only ticks of decoders alone, less

@@ -236,8 +236,9 @@ def steady_reach(longest: int) -> int:
 
 
 class ShapeCost:
-    """What a change of a decode tick's shape (its rows) costs, measured: the ticks just after
-    a change (SETTLE_TICKS of them) against the same shape's settled ticks. A backend that
+    """What a change of a decode tick's shape (its rows) costs, timed before serving (`timed`)
+    and measured while serving: the ticks just after a change (SETTLE_TICKS of them) against
+    the same shape's settled ticks. A backend that
     captures its compute graph pays it: on an H200 CUDA runs the first tick of a new shape op
     by op and captures it on the second, 3.7 ms over two ticks whose settled time is 1.3 ms
     each, so a stream alternating plain ticks and verifies of a few guesses ran no faster
@@ -261,6 +262,13 @@ class ShapeCost:
 
     def dear(self, plain_ms: float) -> bool:
         return self.change_ms > plain_ms
+
+    def timed(self, change_ms: float) -> None:
+        """Starts from a change's cost as the device was timed before serving: a change
+        measured while serving needs a shape settled, then changed, and a stream whose rows
+        follow its lookup tick by tick seldom settles one."""
+        self.change_ms = max(change_ms, 0.0)
+        self.changes = 1
 
     def observe(self, rows: int, tick_ms: float) -> None:
         """A decode tick of `rows` rows (no prompt) took tick_ms."""
