@@ -206,10 +206,10 @@ class Engine:
                                   demote=config.preempt_at_token,
                                   fair_quantum_ms=config.fair_quantum_ms,
                                   grammars=self.grammars, speculation=config.speculation,
-                                  draft=draft)
-        # a newcomer noted between ticks holds back a long prompt tick only while it waits
-        # to be taken in (a note from the request being planned is spent)
-        self._scheduler.runner.newcomer_waiting = self._arrived
+                                  draft=draft,
+                                  # a newcomer noted between ticks holds back a long prompt
+                                  # tick only while it waits to be taken in
+                                  newcomer_waiting=self._arrived)
         self._submitted = self.metrics.counter("requests_submitted_total", "requests accepted")
         self.metrics.gauge("slots_total", "requests decoded at once (KV sequences)").set(
             config.n_seq_max)

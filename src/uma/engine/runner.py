@@ -87,12 +87,16 @@ class Runner:
     """Runs batches on `ctx`. Used by one thread (the compute thread)."""
 
     def __init__(self, ctx: _core.Context, core: ModuleType, device_sampling: bool = False,
-                 grammars: Grammars | None = None, settle: bool = False) -> None:
+                 grammars: Grammars | None = None, settle: bool = False,
+                 newcomer_waiting: Callable[[], bool] | None = None) -> None:
         """core: the module whose Batch and Sampler go with ctx (uma._core, or a stand-in).
         device_sampling: sample on the device the rows of requests whose options it can
         compute (Context.set_sampler); the host sampler takes the others. grammars: the token
         masks of constrained requests (uma.grammar; needed once a request has a matcher).
-        settle: every decode is waited for on the device before run returns."""
+        settle: every decode is waited for on the device before run returns.
+        newcomer_waiting: whether a request came in that the tick being run was not planned
+        with (the engine's inbox; None: always taken to have): a note taken after the
+        newcomer was already taken in is spent without holding anything back."""
         self.ctx = ctx
         self.model = ctx.model
         self.batch = core.Batch(ctx.n_batch)
@@ -120,10 +124,7 @@ class Runner:
         # a newcomer's prompt time (ms) noted while no decode could be ended, for the next
         # prompt-only decode to yield to (inf: none)
         self._pending_ms = math.inf
-        # whether a request came in that the tick being run was not planned with (the
-        # engine's inbox): a note taken after the newcomer was already taken in is spent
-        # without holding anything back
-        self.newcomer_waiting: Callable[[], bool] = lambda: True
+        self.newcomer_waiting: Callable[[], bool] = newcomer_waiting or (lambda: True)
 
     # --- sequences ---------------------------------------------------------------------------
 

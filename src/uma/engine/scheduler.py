@@ -74,7 +74,8 @@ class Scheduler:
                  fair_quantum_ms: float | None = None,
                  grammars: Grammars | None = None, settle: bool = False,
                  demote: bool = True, speculation: str = "off",
-                 draft: ModelDrafter | None = None) -> None:
+                 draft: ModelDrafter | None = None,
+                 newcomer_waiting: Callable[[], bool] | None = None) -> None:
         """core: the module whose Batch and Sampler go with ctx (uma._core, or a stand-in).
         device_sampling: sample on the device the rows of requests whose options it can
         compute (Context.set_sampler); the host sampler takes the others.
@@ -92,12 +93,13 @@ class Scheduler:
         their sequences to interactive ones waiting for one, at the next tick boundary
         (uma.sched.demotion). speculation: the drafter of requests that do not choose one
         ("off": none; uma.engine.speculator); draft: the draft model's drafter, if one is
-        loaded (closed with the scheduler)."""
+        loaded (closed with the scheduler). newcomer_waiting: whether work came in that the
+        compute thread has not taken yet (uma.engine.runner.Runner)."""
         self.ctx = ctx
         self.model = ctx.model
         self.policy = policy
         self.output = output
-        self.runner = Runner(ctx, core, device_sampling, grammars, settle)
+        self.runner = Runner(ctx, core, device_sampling, grammars, settle, newcomer_waiting)
         self.overlap = overlap
         if overlap:  # the last tick's output goes out while the device runs the next
             self.runner.during = self._flush_overlapped
