@@ -260,13 +260,13 @@ def test_prices_are_measured_again_on_settled_ticks_once_changes_turn_out_dear()
     """Before a change of shape is known to be dear, a verify's first tick (which pays for
     the change) priced its guess at 3.7 ms where settled guesses cost 0.1: the prices
     start again, and learn from settled ticks only."""
-    from uma.engine.speculator import Speculator
+    from uma.engine.speculator import Speculator, Stream
     from uma.metrics import Registry
     from uma.sched.state import BatchItem, Phase, Plan
 
     spec = Speculator("ngram", Registry(), 4096)
     spec.prices = speculation.RowPrice(0.05)
-    spec._running.add(1)  # a request that speculates is running
+    spec._streams[1] = Stream(by_model=False)  # a request that speculates is running
 
     def tick(guesses, ms):
         spec.measured(Plan((BatchItem(0, Phase.DECODE, 1 + guesses, True,

@@ -42,6 +42,27 @@ from uma.sched.state import BatchItem, Phase, Plan
 PROBE_AGAIN = 1 << 30
 
 
+@dataclasses.dataclass(slots=True)
+class Stream:
+    """What the speculator keeps of one running request that speculates."""
+
+    by_model: bool  # its drafter is a draft model
+    # the tick (draft() calls) it last verified a guess at (None: none yet; it counts from its
+    # drafter's last: _since)
+    verified_at: int | None = None
+    # the tick before which it has nothing to check (its chances say no and its probe is not
+    # due): a tick where no one drafts then costs an attribute read a stream
+    quiet_until: int = 0
+    band: int = 0  # its last lookup's agreement band
+    # (the tick it was asked at, whether its guesses could pay): _worth_looking
+    worth: tuple[int, bool] | None = None
+    # (the tick its steady length was chosen at, the length): _steady_length
+    steady: tuple[int, int] | None = None
+    # the longest steady length it verified (speculation.steady_reach; 0: none, the probe's
+    # counts, which a stream at 0 verifies)
+    steady_longest: int = 0
+
+
 class Speculator:
     """Drafts for the running requests that speculate. Used by the compute thread."""
 
@@ -60,27 +81,13 @@ class Speculator:
         # than a token of the plain tick costs: their next probe is due at once if they do
         self._sure_pays: set[int] = set()
         self.acceptance = Acceptance()
-        # rid -> the tick (draft() calls) the stream last verified a guess at (_since)
-        self._verified_at: dict[int, int] = {}
+        self._streams: dict[int, Stream] = {}  # rid -> a running request that speculates
         # drafter -> the tick any of its streams last verified a guess at, or it was first used
         self._drafter_verified: dict[str, int] = {}
-        # rid -> the tick before which the stream has nothing to check (its chances say no and
-        # its probe is not due): a tick where no one drafts then costs a dictionary read a stream
-        self._quiet_until: dict[int, int] = {}
-        self._band: dict[int, int] = {}  # rid -> its last lookup's agreement band
         self.prices: RowPrice | None = None  # what guesses cost (calibrated, then measured)
         self.shape = ShapeCost()  # what a change of the tick's rows costs (measured)
         self._settled_only = False  # prices learn from settled ticks only (changes are dear)
-        # rid -> (the tick its steady length was chosen at, the length): _steady_length
-        self._steady: dict[int, tuple[int, int]] = {}
-        # rid -> the longest steady length it verified (speculation.steady_reach): at first
-        # the probe's, which a stream at 0 verifies
-        self._steady_longest: dict[int, int] = {}
         self._ticks = 0  # draft() calls
-        # rid -> (the tick it was asked at, whether its guesses could pay): _worth_looking
-        self._worth: dict[int, tuple[int, bool]] = {}
-        self._running: set[int] = set()  # rids of running requests that speculate
-        self._by_model: set[int] = set()  # those of them whose drafter is a draft model
         self.drafted = metrics.family("spec_drafted_tokens_total",
                                       "guesses verified in a target pass", "drafter",
                                       Counter)
@@ -100,16 +107,15 @@ class Speculator:
     @property
     def speculating(self) -> bool:
         """Whether any running request speculates (else the tick skips the speculator)."""
-        return bool(self._running)
+        return bool(self._streams)
 
     def admit(self, req: Request) -> None:
         """Sets the drafter of a request that is given a sequence (None: it does not
         speculate)."""
         req.drafter = self.drafter_of(req)
         if req.drafter is not None:
-            self._running.add(req.rid)
-            if isinstance(self.drafters[req.drafter], ModelDrafter):
-                self._by_model.add(req.rid)
+            self._streams[req.rid] = Stream(isinstance(self.drafters[req.drafter],
+                                                       ModelDrafter))
 
     def drafter_of(self, req: Request) -> str | None:
         """The drafter the request speculates with (None: it does not)."""
@@ -133,7 +139,7 @@ class Speculator:
         is sampled on the host)."""
         wanted = [(k, running[i.seq_id]) for k, i in enumerate(plan.items)
                   if i.phase is Phase.DECODE and i.seq_id in running
-                  and running[i.seq_id].drafter is not None]
+                  and running[i.seq_id].rid in self._streams]
         self.eligible.set(len(wanted))
         if not wanted:
             self.streams.set(0)
@@ -144,7 +150,8 @@ class Speculator:
         shared = len(wanted) < len(plan.items)
         plain = None if shared else prices.plain_ms(len(wanted))
         steady = plain is not None and self.shape.dear(plain) \
-            and not (self._by_model and any(r.rid in self._by_model for _, r in wanted))
+            and not (len(self.drafters) > 1
+                     and any(self._streams[r.rid].by_model for _, r in wanted))
         # a control tick: plain, to compare with (where shapes are dear, a plain run long
         # enough to settle, as rarely as PROBE_SHARE of the time allows)
         period = self._control_period(plain) if steady and plain \
@@ -164,14 +171,15 @@ class Speculator:
             name = req.drafter
             assert name is not None
             drafter = self.drafters[name]
-            if self._quiet_until.get(req.rid, 0) > self._ticks:
+            stream = self._streams[req.rid]
+            if stream.quiet_until > self._ticks:
                 continue
             since = self._since(req)
             room = self._room(req, device_rows)
             if room <= 0:
                 continue
             drafting, once = self._drafting_ms(drafter)
-            worth = self._worth_looking(req, name, room, prices, expected, tick, bound,
+            worth = self._worth_looking(req, stream, room, prices, expected, tick, bound,
                                         drafting, once)
             per_guess = prices.per_guess(speculation.PROBE_DRAFT) + drafting
             wait = 0 if worth or shared else self._probe_wait(
@@ -179,14 +187,14 @@ class Speculator:
             probe = not worth and not shared and wait == 0
             if not worth and not probe:
                 if not shared:  # nothing to check before its probe or its chances' next look
-                    asked = self._worth[req.rid][0]
-                    self._quiet_until[req.rid] = self._ticks + max(1, min(
+                    asked = stream.worth[0] if stream.worth is not None else self._ticks
+                    stream.quiet_until = self._ticks + max(1, min(
                         wait, asked + speculation.QUIET_TICKS - self._ticks))
                 continue
             if probe and per_guess < tick / max(expected, 1):
                 self._sure_pays.add(req.rid)  # its guesses pay wherever they hold
             if isinstance(drafter, ModelDrafter):  # lengths chosen first, then drafted
-                self._band[req.rid] = 0
+                stream.band = 0
                 if worth:
                     candidates.append(Candidate(req.seq_id, room, self.acceptance.survival(
                         req.rid, name, 0), drafting, once))
@@ -198,7 +206,7 @@ class Speculator:
             if not len(found):
                 continue
             guesses[req.seq_id] = found
-            self._band[req.rid] = band = speculation.band(agreement)
+            stream.band = band = speculation.band(agreement)
             if worth:
                 survival = self.acceptance.survival(req.rid, name, band)
                 candidates.append(Candidate(req.seq_id, len(found), survival))
@@ -207,7 +215,7 @@ class Speculator:
         lengths = speculation.draft_lengths(candidates, prices.per_guess, expected, tick, bound)
         for c in candidates:  # its lookup's band does not pay: not looked up again for a while
             if c.seq_id not in lengths:
-                self._worth[running[c.seq_id].rid] = (self._ticks, False)
+                self._streams[running[c.seq_id].rid].worth = (self._ticks, False)
         lengths.update(probing)  # a probe: a short draft where the chances gave none
         self._drafted_by_model(lengths, guesses, running, tick)
         self.streams.set(len(lengths))
@@ -248,49 +256,50 @@ class Speculator:
         drafting = 0
         tokens = sum(1 for i in plan.items if i.logits)
         for k, req in wanted:
-            if self._quiet_until.get(req.rid, 0) > self._ticks:
+            stream = self._streams[req.rid]
+            if stream.quiet_until > self._ticks:
                 continue
-            n = min(self._steady_length(req, self._room(req, device_rows), prices, tick,
-                                        tokens), free)
+            n = min(self._steady_length(req, stream, self._room(req, device_rows), prices,
+                                        tick, tokens), free)
             if n <= 0:
                 continue
             drafter = self.drafters[req.drafter or ""]
             assert not isinstance(drafter, ModelDrafter)  # a steady stream's is a lookup
             found, _ = drafter.propose(req, n)
-            if not len(found) and self._verified_at.get(req.rid) != self._ticks - 1:
+            if not len(found) and stream.verified_at != self._ticks - 1:
                 # looked up again when its length is next chosen: a lookup each tick for
                 # each of 32 streams of random text cost an H200's ticks a seventh
-                self._quiet_until[req.rid] = self._ticks + speculation.QUIET_TICKS
+                stream.quiet_until = self._ticks + speculation.QUIET_TICKS
                 continue
             guesses = [int(t) for t in found[:n]]
             last = guesses[-1] if guesses else req.generated[-1] if req.generated \
                 else int(req.prompt[-1])
             draft = tuple(guesses) + (last,) * (n - len(guesses))
-            self._band[req.rid] = speculation.STEADY_BAND
+            stream.band = speculation.STEADY_BAND
             self._verified(req)
-            if n > self._steady_longest.get(req.rid, 0):
-                self._steady_longest[req.rid] = n
+            stream.steady_longest = max(stream.steady_longest, n)
             items[k] = dataclasses.replace(items[k], n_tokens=1 + n, draft=draft)
             free -= n
             drafting += 1
         self.streams.set(drafting)
         return dataclasses.replace(plan, items=tuple(items)) if drafting else plan
 
-    def _steady_length(self, req: Request, room: int, prices: RowPrice, tick: float,
-                       tokens: int) -> int:
+    def _steady_length(self, req: Request, stream: Stream, room: int, prices: RowPrice,
+                       tick: float, tokens: int) -> int:
         """The stream's steady length (speculation.steady_length) in a tick of `tokens` rows
         sampled, chosen again every QUIET_TICKS ticks (each change of it costs a change of
         shape); at 0, a probe of the shortest length now and then, its period counting the
         two changes it makes, and the stream is left quiet until its probe or its next choice
         (asking 32 streams every tick cost a GPU's millisecond ticks more than a tenth)."""
         probe = speculation.STEADY_LENGTHS[1]
-        at, length = self._steady.get(req.rid, (-speculation.QUIET_TICKS, 0))
+        at, length = stream.steady or (-speculation.QUIET_TICKS, 0)
         if self._ticks - at >= speculation.QUIET_TICKS:
-            reach = speculation.steady_reach(self._steady_longest.get(req.rid, probe))
+            reach = speculation.steady_reach(stream.steady_longest or probe)
             length = speculation.steady_length(
                 self.acceptance.survival(req.rid, req.drafter or "", speculation.STEADY_BAND),
                 min(room, reach), prices.per_guess, tick, tokens)
-            self._steady[req.rid] = (self._ticks, length)
+            at = self._ticks
+            stream.steady = (at, length)
         if length:
             return min(length, room)
         since = self._since(req)
@@ -298,8 +307,7 @@ class Speculator:
         wait = speculation.probe_period(tokens, cost, tick) - since
         if wait <= 0:
             return min(probe, room)
-        at = self._steady[req.rid][0]
-        self._quiet_until[req.rid] = self._ticks + max(1, min(
+        stream.quiet_until = self._ticks + max(1, min(
             wait, at + speculation.QUIET_TICKS - self._ticks))
         return 0
 
@@ -309,14 +317,16 @@ class Speculator:
         can say yes again, and where the probe period is longer than a request (a GPU's dear
         changes make it hundreds of ticks), a drafter whose chances said no was never probed
         again, request after request."""
-        at = self._verified_at.get(req.rid)
+        stream = self._streams[req.rid]
+        at = stream.verified_at
         if at is None:
-            at = self._drafter_verified.setdefault(req.drafter or "", self._ticks - 1)
-            self._verified_at[req.rid] = at
+            at = stream.verified_at = self._drafter_verified.setdefault(req.drafter or "",
+                                                                        self._ticks - 1)
         return self._ticks - at
 
     def _verified(self, req: Request) -> None:
-        self._verified_at[req.rid] = self._drafter_verified[req.drafter or ""] = self._ticks
+        self._streams[req.rid].verified_at = self._drafter_verified[req.drafter or ""] = \
+            self._ticks
 
     def _control_period(self, plain: float) -> int:
         """Ticks between plain runs where shapes are dear: each leaves the steady shape and
@@ -374,21 +384,22 @@ class Speculator:
                     guesses[req.seq_id] = found
                     lengths[req.seq_id] = min(lengths[req.seq_id], len(found))
 
-    def _worth_looking(self, req: Request, drafter: str, room: int, prices: RowPrice,
+    def _worth_looking(self, req: Request, stream: Stream, room: int, prices: RowPrice,
                        expected: float, tick: float, bound: float, drafting: float,
                        once: float) -> bool:
         """Whether the best a full draft of the stream's could make (in its surest band of
         agreement) pays: when even that does not, there is nothing to look up. Asked again
         every QUIET_TICKS ticks, and after each of its verifies: on a GPU's tick of a
         millisecond or two, asking every stream every tick cost more than the guesses won."""
-        cached = self._worth.get(req.rid)
+        cached = stream.worth
         if cached is not None and self._ticks - cached[0] < speculation.QUIET_TICKS:
             return cached[1]
+        drafter = req.drafter or ""
         best = max((self.acceptance.survival(req.rid, drafter, b)
                     for b in range(len(speculation.AGREEMENT_BANDS))), key=lambda s: s[0])
         worth = speculation.best_length(best, room, prices.per_guess, expected, tick,
                                         bound or math.inf, drafting, once)[0] > 0
-        self._worth[req.rid] = (self._ticks, worth)
+        stream.worth = (self._ticks, worth)
         return worth
 
     def _prices(self, cost: CostEstimate) -> RowPrice:
@@ -417,7 +428,7 @@ class Speculator:
         the draft model's time in it (priced apart: its catching up would count as a plain
         tick's, its guesses twice)."""
         drafting_ms, self._drafting_s = self._drafting_s * 1e3, 0.0
-        if self.prices is None or not self._running or not plan.items:
+        if self.prices is None or not self._streams or not plan.items:
             return
         if any(i.phase is not Phase.DECODE for i in plan.items):
             self.shape.broken()
@@ -463,12 +474,14 @@ class Speculator:
             kept = ran.accepted.get(item.seq_id)
             if req is None or req.drafter is None or kept is None:
                 continue
-            self.acceptance.record(req.rid, req.drafter, self._band.get(req.rid, 0),
+            stream = self._streams.get(req.rid)
+            self.acceptance.record(req.rid, req.drafter, stream.band if stream else 0,
                                    len(item.draft), kept)
-            self._worth.pop(req.rid, None)  # its chances moved: asked again next tick
-            self._quiet_until.pop(req.rid, None)
-            if kept == len(item.draft) and req.rid in self._sure_pays:
-                self._verified_at[req.rid] = -PROBE_AGAIN  # all held, and held guesses pay
+            if stream is not None:
+                stream.worth = None  # its chances moved: asked again next tick
+                stream.quiet_until = 0
+                if kept == len(item.draft) and req.rid in self._sure_pays:
+                    stream.verified_at = -PROBE_AGAIN  # all held, and held guesses pay
             self.drafted.child(req.drafter).inc(len(item.draft))
             self.accepted.child(req.drafter).inc(kept)
             self.passes.child(req.drafter).inc()
@@ -476,17 +489,10 @@ class Speculator:
 
     def forget(self, req: Request) -> None:
         """The request left its sequence (ended or preempted)."""
-        self._running.discard(req.rid)
-        self._by_model.discard(req.rid)
+        self._streams.pop(req.rid, None)
         if req.drafter is not None:
             self.drafters[req.drafter].forget(req.rid)
             self.acceptance.forget(req.rid)
-            self._verified_at.pop(req.rid, None)
-            self._quiet_until.pop(req.rid, None)
-            self._band.pop(req.rid, None)
-            self._worth.pop(req.rid, None)
-            self._steady.pop(req.rid, None)
-            self._steady_longest.pop(req.rid, None)
 
     def warm_up(self) -> None:
         """Times a draft model's step before serving (on the compute thread): its first decode
