@@ -11,13 +11,17 @@ from ..helpers import assert_same_greedy
 JOBS = [f"Job {k}: summarise the harbour's log for the day. " * 3 for k in range(3)]
 QUESTION = "What is a lighthouse?"
 OPTS = {"max_tokens": 32, "ignore_eos": True, "logprobs": True}
+# the jobs run long enough that none ends while the test's thread submits the question, even
+# on a loaded machine (a job that ended first gave its sequence to the queued one)
+JOB_OPTS = {**OPTS, "max_tokens": 256}
 
 
 @pytest.fixture(scope="module")
 def alone(tiny_path):
     """Each prompt's greedy tokens, undisturbed."""
     with uma.Engine(tiny_path, n_ctx=2048, n_seq_max=2, prefix_cache=0) as e:
-        return {p: e.generate(p, **OPTS) for p in [*JOBS, QUESTION]}
+        return {p: e.generate(p, **(OPTS if p == QUESTION else JOB_OPTS))
+                for p in [*JOBS, QUESTION]}
 
 
 def finished_ns(r: uma.Result) -> float:
@@ -28,7 +32,7 @@ def finished_ns(r: uma.Result) -> float:
 
 def jobs_then_question(e: uma.Engine):
     """Background jobs hold both sequences (one more queued); then one app's question."""
-    jobs = [e.submit(p, priority="background", app="editor", **OPTS) for p in JOBS]
+    jobs = [e.submit(p, priority="background", app="editor", **JOB_OPTS) for p in JOBS]
     for h in jobs[:2]:
         next(iter(h))
     return jobs, e.submit(QUESTION, app="editor", **OPTS)
