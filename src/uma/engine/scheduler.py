@@ -157,9 +157,10 @@ class Scheduler:
         self._tick_snapshots = 0.0  # the prefix cache's snapshot_seconds as the tick began
         self._cache_read = self._prompt_attended = 0
         self._background_prompt = False
-        self._timing: DeviceTiming | None = None  # the start-up calibration, once begun
-        # its timed scratch ticks (what another scheduler on the same device may start from)
-        self.timing = Timing()  # the device's, timed at the start (or kept from before)
+        self._timer: DeviceTiming | None = None  # the start-up calibration, once begun
+        # the device's timing, taken at the start or kept from before (what another scheduler
+        # on the same device may start from)
+        self.timing = Timing()
         # The batch's sequences as decode rows, and their attention: what the streams' ticks
         # alone are measured against (a stream's new prompt counted as the row it will be).
         self._solo = (0, 0)
@@ -210,7 +211,7 @@ class Scheduler:
         timing = kept.load() if kept is not None else None
         if timing is None:
             calibration = DeviceTiming(self.ctx, self.runner.batch)
-            self._timing = calibration
+            self._timer = calibration
             timing = calibration.run()
             if kept is not None and timing.ticks:
                 kept.save(timing)
@@ -227,7 +228,7 @@ class Scheduler:
     @property
     def calibration(self) -> tuple[int, int]:
         """(scratch decodes done, planned) of the start-up timing."""
-        return self._timing.progress if self._timing is not None else (0, 0)
+        return self._timer.progress if self._timer is not None else (0, 0)
 
     # --- requests in and out -----------------------------------------------------------------
 

@@ -174,7 +174,7 @@ class Speculator:
             stream = self._streams[req.rid]
             if stream.quiet_until > self._ticks:
                 continue
-            since = self._since(req)
+            since = self._since(req, stream)
             room = self._room(req, device_rows)
             if room <= 0:
                 continue
@@ -187,9 +187,8 @@ class Speculator:
             probe = not worth and not shared and wait == 0
             if not worth and not probe:
                 if not shared:  # nothing to check before its probe or its chances' next look
-                    asked = stream.worth[0] if stream.worth is not None else self._ticks
-                    stream.quiet_until = self._ticks + max(1, min(
-                        wait, asked + speculation.QUIET_TICKS - self._ticks))
+                    assert stream.worth is not None  # set by _worth_looking
+                    self._quiet(stream, wait, stream.worth[0])
                 continue
             if probe and per_guess < tick / max(expected, 1):
                 self._sure_pays.add(req.rid)  # its guesses pay wherever they hold
@@ -227,7 +226,7 @@ class Speculator:
             n = min(lengths.get(req.seq_id, 0), free)
             free -= n
             if n:
-                self._verified(req)
+                self._verified(req, self._streams[req.rid])
                 draft = tuple(int(t) for t in guesses[req.seq_id][:n])
                 items[k] = dataclasses.replace(items[k], n_tokens=1 + n, draft=draft)
         return dataclasses.replace(plan, items=tuple(items))
@@ -276,7 +275,7 @@ class Speculator:
                 else int(req.prompt[-1])
             draft = tuple(guesses) + (last,) * (n - len(guesses))
             stream.band = speculation.STEADY_BAND
-            self._verified(req)
+            self._verified(req, stream)
             stream.steady_longest = max(stream.steady_longest, n)
             items[k] = dataclasses.replace(items[k], n_tokens=1 + n, draft=draft)
             free -= n
@@ -302,31 +301,34 @@ class Speculator:
             stream.steady = (at, length)
         if length:
             return min(length, room)
-        since = self._since(req)
+        since = self._since(req, stream)
         cost = probe * prices.per_guess(probe) + 2 * self.shape.change_ms
         wait = speculation.probe_period(tokens, cost, tick) - since
         if wait <= 0:
             return min(probe, room)
-        stream.quiet_until = self._ticks + max(1, min(
-            wait, at + speculation.QUIET_TICKS - self._ticks))
+        self._quiet(stream, wait, at)
         return 0
 
-    def _since(self, req: Request) -> int:
+    def _quiet(self, stream: Stream, wait: int, asked: int) -> None:
+        """Leaves the stream until its probe is due (`wait` ticks) or its chances are next
+        looked at (QUIET_TICKS after `asked`), whichever is first."""
+        stream.quiet_until = self._ticks + max(1, min(
+            wait, asked + speculation.QUIET_TICKS - self._ticks))
+
+    def _since(self, req: Request, stream: Stream) -> int:
         """Ticks since the stream last verified a guess. A new stream counts from its
         drafter's last verify (any stream's): probes are the only way chances that said no
         can say yes again, and where the probe period is longer than a request (a GPU's dear
         changes make it hundreds of ticks), a drafter whose chances said no was never probed
         again, request after request."""
-        stream = self._streams[req.rid]
         at = stream.verified_at
         if at is None:
             at = stream.verified_at = self._drafter_verified.setdefault(req.drafter or "",
                                                                         self._ticks - 1)
         return self._ticks - at
 
-    def _verified(self, req: Request) -> None:
-        self._streams[req.rid].verified_at = self._drafter_verified[req.drafter or ""] = \
-            self._ticks
+    def _verified(self, req: Request, stream: Stream) -> None:
+        stream.verified_at = self._drafter_verified[req.drafter or ""] = self._ticks
 
     def _control_period(self, plain: float) -> int:
         """Ticks between plain runs where shapes are dear: each leaves the steady shape and
