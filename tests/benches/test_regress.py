@@ -48,3 +48,21 @@ def test_new_benchmarks_are_reported_not_failed_and_update_records_them(tmp_path
 def test_a_report_without_the_reference_is_refused():
     with pytest.raises(SystemExit, match="test_reference_calibration"):
         regress.relative_medians(report(test_a=1.0))
+
+
+def test_a_suite_wide_shift_is_the_machine_and_one_path_beyond_it_fails(tmp_path, capsys):
+    # A processor whose reference runs fast reads every path 1.6x slower: that passes, and a
+    # path 2x beyond that shift still fails.
+    base = {"test_a": 1.0, "test_b": 1.0, "test_c": 1.0, "test_d": 1.0}
+    shifted = report(test_reference_calibration=1.0, test_a=1.6, test_b=1.6, test_c=1.7,
+                     test_d=2.1)
+    assert run(tmp_path, shifted, base) == 0
+    beyond = report(test_reference_calibration=1.0, test_a=1.6, test_b=1.6, test_c=1.7,
+                    test_d=3.4)
+    assert run(tmp_path, beyond, base) == 1
+    assert "test_d" in capsys.readouterr().err
+
+
+def test_a_faster_machine_does_not_make_the_gate_stricter():
+    assert regress.machine_shift({"a": 0.5, "b": 0.6, "c": 0.7}) == 1.0
+    assert regress.machine_shift({}) == 1.0
