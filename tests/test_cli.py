@@ -215,8 +215,12 @@ def test_status_and_stop(tiny_path):
         [(app, mine)] = cache["apps"].items()  # this process, the app it is told apart as
         assert cache["hits"] == mine["hits"] == 1
         assert mine["reused_tokens"] == cache["reused_tokens"] > 0
+        status = json.loads(uma("status", "--json", "--socket", d.socket).stdout)
+        # the kept prompt's cells hold the span up: at least llama.cpp's least, 256
+        assert status["kv_cells"]["used"] == 0 and status["kv_cells"]["span"] >= 256
         r = uma("status", "--socket", d.socket)
         assert r.returncode == 0 and "slots" in r.stdout and tiny_path.name in r.stdout
+        assert f"each tick runs over {status['kv_cells']['span']}" in r.stdout
         assert f"; {app} 1 / {cache['reused_tokens']}" in r.stdout
         r = uma("stop", "--socket", d.socket)
         assert r.returncode == 0 and f"pid {d.pid}" in r.stderr

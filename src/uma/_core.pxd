@@ -21,6 +21,10 @@ cdef extern from "tokenize.hpp" namespace "uma" nogil:
                               cbool parse_special, size_t stack_bytes)
 
 
+cdef extern from "kv_span.hpp" namespace "uma" nogil:
+    int32_t native_kv_span "uma::kv_span"(const llama_context * ctx)
+
+
 cdef extern from "decode_thread.hpp" namespace "uma" nogil:
     int32_t native_decode "uma::decode"(llama_context * ctx, llama_batch batch,
                                         cbool on_decode_thread, char * problem, size_t cap)

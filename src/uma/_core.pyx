@@ -1324,6 +1324,15 @@ cdef class Context:
         self._check_seq(seq_id)
         return L.llama_memory_seq_pos_min(L.llama_get_memory(self._ctx), seq_id)
 
+    @property
+    def kv_span(self):
+        """The cells a tick's attention runs over: up to the highest cell in use, whoever
+        holds it, padded to 256 as llama.cpp pads it (a model with sliding-window layers: its
+        full layers'); -1 where it cannot say (a KV buffer per sequence, a recurrent or hybrid
+        model)."""
+        self._check_open()
+        return native_kv_span(self._ctx)
+
     def clear(self):
         """Empties the whole KV cache."""
         self._check_open()

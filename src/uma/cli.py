@@ -421,7 +421,9 @@ def status(
         ("uptime", f"{h['uptime_s']:.0f} s"),
         ("slots", f"{h['running']} of {h['slots']} busy, {h['queued']} queued"),
         ("load", f"{100 * h['load']:.0f} % of the last 10 s computing"),
-        ("kv cache", f"{kv['used']} of {kv['total']} positions"),
+        ("kv cache", f"{kv['used']} of {kv['total']} positions"
+                     + (f", each tick runs over {kv['span']}" if kv.get("span", -1) >= 0
+                        else "")),
         ("memory", f"{_gib(mem['rss_bytes'])} resident (model {_gib(mem['model_bytes'])}, "
                    f"KV cache {_gib(mem['kv_bytes'])})"),
         ("clients", f"{h['connections']} connected, {h['requests_in_flight']} requests"),

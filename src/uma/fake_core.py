@@ -967,6 +967,13 @@ class Context(_ModelContext):
         self._check_seq(_int(seq_id))
         return min(self._seqs[seq_id], default=-1)
 
+    @property
+    def kv_span(self) -> int:
+        """-1: this stand-in places no cell anywhere, so it cannot say how far a tick's
+        attention runs (the real core can)."""
+        self._check_open()
+        return -1
+
     def clear(self) -> None:
         """Empties the whole cache."""
         self._check_open()

@@ -796,7 +796,8 @@ class Engine:
             "running": len(ex.running),
             "queued": self._contexts.n_waiting + len(self._inbox),  # in either context
             "load": round(ex.load.value(time.monotonic()), 3),
-            "kv_cells": {"used": int(ex.m.kv_cells.value), "total": n_ctx},
+            "kv_cells": {"used": int(ex.m.kv_cells.value), "total": n_ctx,
+                         "span": int(ex.m.kv_span.value)},
             "memory": {"rss_bytes": rss_bytes(), "model_bytes": self.model.size_bytes,
                        "kv_bytes": int(ex.bmt.kv_bytes_per_pos * n_ctx) if ex.bmt else 0},
         }

@@ -302,6 +302,7 @@ class Scheduler:
                 self._keep(req, seq)
             self.ctx.seq_rm(seq)
             heapq.heappush(self.free_seqs, seq)
+            self.m.kv_span.set(self.ctx.kv_span)
 
     def release_all(self, reason: str, error: UmaError | None = None) -> None:
         for req in list(self.running.values()):
@@ -708,6 +709,7 @@ class Scheduler:
                     req.n_past += 1
         # Before any token is handed on: a client that has seen one sees its KV counted.
         self.m.kv_cells.set(sum(r.n_past for r in self.running.values()))
+        self.m.kv_span.set(self.ctx.kv_span)
         now = time.monotonic_ns()
         if ran.logits_ns and len(ran.seqs):  # where this tick's tokens start their way out
             self._outbox.append(Logits(ran.logits_ns))

@@ -66,6 +66,8 @@ class TickMetrics:
         self.queue_depth = reg.gauge("queue_depth", "requests waiting for a KV sequence")
         self.running = reg.gauge("requests_running", "requests holding a KV sequence")
         self.kv_cells = reg.gauge("kv_cells_used", "KV positions held by running requests")
+        self.kv_span = reg.gauge("kv_span_cells", "KV cells each tick's attention runs over: "
+                                 "up to the highest in use, whoever holds it (-1: unknown)")
         self.cost_error = reg.gauge("cost_model_error_ms", "mean |measured - predicted| tick ms")
         self.cost_error_pct = reg.histogram(
             "cost_model_error_pct", "|measured - predicted| / predicted per tick, %",
