@@ -153,6 +153,7 @@ class Scheduler:
         self.bmt = bmt
         self.bmt_budget_gbps = bmt_budget_gbps
         self.m.bmt_budget.set(bmt_budget_gbps)
+        self.m.kv_span.set(ctx.kv_span)
         self._tick_start = 0.0
         self._tick_snapshots = 0.0  # the prefix cache's snapshot_seconds as the tick began
         self._cache_read = self._prompt_attended = 0
