@@ -12,6 +12,8 @@ A drafter only guesses; the scheduler decides how many guesses are verified
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from uma.request import Request
@@ -52,9 +54,13 @@ class _History:
                 grown[:self.n] = self.buf[:self.n]
                 self.buf = grown
             self.buf[self.n:self.n + len(new)] = new
-            for i in range(max(self.n - 1, 0), self.n + len(new) - 1):
-                pair = (int(self.buf[i]), int(self.buf[i + 1]))
-                self.pairs.setdefault(pair, []).append(i)
+            # from the pair that ends at the first new token on (as Python ints: a numpy
+            # scalar a token made catching up a stream's hundreds of quiet ticks 5x dearer)
+            first = max(self.n - 1, 0)
+            tokens = self.buf[first:self.n + len(new)].tolist()
+            pairs = self.pairs
+            for i, pair in enumerate(itertools.pairwise(tokens), first):
+                pairs.setdefault(pair, []).append(i)
             self.n += len(new)
             self.seen = len(generated)
         return self.buf[:self.n]
