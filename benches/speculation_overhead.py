@@ -7,8 +7,9 @@ in a fresh engine per run, three sides alternated: `off` (no speculation), `ngra
 daemon's default set to n-gram lookup) and `bypass` (the same engine as `ngram`, its context
 sized for verifies, with the speculator's per-tick work replaced by nothing). ngram against
 bypass is the speculator's own work; bypass against off is what the context's verify rows
-cost. Also reports the milliseconds the speculator's draft, measured and verified calls took
-(wall clock, on the compute thread) per tick.
+cost; `wide` (speculation off, the context sized for verifies as ngram's is) against off
+is what that sizing alone costs. Also reports the milliseconds the speculator's draft,
+measured and verified calls took (wall clock, on the compute thread) per tick.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from decode_throughput import model_path  # noqa: E402
 from served_pace import prompts  # noqa: E402
 from servers import alternating  # noqa: E402
 from uma.engine import speculator  # noqa: E402
+from uma.sched import speculation  # noqa: E402
 from uma.server import settings  # noqa: E402
 
 CALLS = ("draft", "measured", "verified")
@@ -39,6 +41,8 @@ def main() -> None:
     ap.add_argument("--streams", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--sides", nargs="+", default=["off", "ngram", "bypass"],
+                    choices=["off", "ngram", "bypass", "wide"])
     ap.add_argument("--out", type=Path)
     ns = ap.parse_args()
     model = model_path(ns.model)
@@ -59,7 +63,10 @@ def main() -> None:
             else (lambda self, *a, **k: None)
 
     rows = []
-    for run, side in alternating(["off", "ngram", "bypass"], ns.repeat):
+    sized = uma.Engine._outputs_per_seq
+    for run, side in alternating(ns.sides, ns.repeat):
+        uma.Engine._outputs_per_seq = staticmethod(  # type: ignore[method-assign]
+            (lambda config: 1 + speculation.MAX_DRAFT) if side == "wide" else sized)
         spent.clear()
         for name in CALLS:
             setattr(speculator.Speculator, name,
@@ -67,7 +74,7 @@ def main() -> None:
         given = {"model": str(model), "threads": ns.threads, "threads_batch": ns.threads,
                  "parallel": ns.streams, "ctx": max(4096, ns.streams * (64 + ns.max_tokens)),
                  "gpu_layers": ns.gpu_layers,
-                 "speculation": "off" if side == "off" else "ngram"}
+                 "speculation": "off" if side in ("off", "wide") else "ngram"}
         with uma.Engine.from_config(settings.resolve([given]).engine) as engine:
             engine.generate("warm up", max_tokens=4)
             before = engine.snapshot()["ticks_total"]
@@ -84,6 +91,7 @@ def main() -> None:
         print(json.dumps(row), flush=True)
     for name in CALLS:
         setattr(speculator.Speculator, name, real[name])
+    uma.Engine._outputs_per_seq = staticmethod(sized)  # type: ignore[method-assign]
     if ns.out:
         ns.out.write_text(json.dumps({"rows": rows}, indent=1))
 

@@ -334,6 +334,50 @@ def test_a_tick_where_every_stream_is_quiet_passes_over_none_and_a_newcomer_wake
     assert looks[-1] == (21, 2)  # the newcomer, on its first tick
 
 
+def test_a_stream_whose_lookups_find_nothing_looks_less_often_until_one_finds(monkeypatch):
+    """Where guesses would pay, a stream looks its text up each tick; one that keeps finding
+    nothing (random text) looks again after 1, 2, 4, then QUIET_TICKS ticks, and every
+    tick once a lookup finds a guess again."""
+    from uma.config import SamplingParams
+    from uma.engine.speculator import Speculator
+    from uma.metrics import Registry
+    from uma.request import Request
+    from uma.sched.state import BatchItem, Phase, Plan, Priority
+
+    spec = Speculator("ngram", Registry(), 4096)
+    spec.prices = speculation.RowPrice(0.05)  # a guess is cheap: worth looking for
+    looks, finds = [], [False]
+
+    class Lookup:
+        name = "ngram"
+
+        def propose(self, req, k):
+            looks.append(spec._ticks)
+            return np.full(1 if finds[0] else 0, 5, np.int32), 8
+
+        def forget(self, rid):
+            pass
+
+    spec.drafters["ngram"] = Lookup()
+    req = Request(1, np.arange(8, dtype=np.int32), SamplingParams(max_tokens=1000),
+                  Priority.INTERACTIVE, 0)
+    req.seq_id, req.n_past = 0, 8
+    spec.admit(req)
+
+    def tick():
+        spec.prices.observe(1, 0, 1.0)  # a plain tick: 1 ms
+        spec.draft(Plan((BatchItem(0, Phase.DECODE, 1, True),)), {0: req}, None, 512,
+                   lambda seq: 0)
+
+    for _ in range(30):
+        tick()
+    assert looks == [1, 2, 4, 8, 16, 24], looks
+    finds[0] = True
+    for _ in range(10):
+        tick()
+    assert looks[6:8] == [32, 33], looks  # found at 32: looked up each tick after
+
+
 def test_sampling_with_temperature_verifies_too(engine):
     r = engine.submit(PROMPTS[0], max_tokens=N, ignore_eos=True, temperature=0.8,
                       seed=3).result(60)

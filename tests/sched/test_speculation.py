@@ -300,3 +300,14 @@ def test_a_steady_stream_controls_its_prices_rarely_where_shapes_are_dear():
     for _ in range(100):
         price.observe(1, 7, 2.1)
     assert price.stale(1) and not price.stale(1, 185)
+
+
+def test_streams_without_verifies_of_their_own_share_their_drafters_chances():
+    """One tuple for every stream its drafter's chances speak for (the speculator decides
+    from it once a tick), a stream's own once it has verified guesses."""
+    acc = speculation.Acceptance()
+    assert acc.survival(1, "ngram", 0) is acc.survival(2, "ngram", 0)
+    acc.record(1, "ngram", 0, 4, 4)
+    mine, theirs = acc.survival(1, "ngram", 0), acc.survival(2, "ngram", 0)
+    assert mine is not theirs and mine[3] > theirs[3]
+    assert theirs is acc.survival(3, "ngram", 0)

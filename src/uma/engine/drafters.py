@@ -54,10 +54,10 @@ class _History:
                 grown[:self.n] = self.buf[:self.n]
                 self.buf = grown
             self.buf[self.n:self.n + len(new)] = new
-            # from the pair that ends at the first new token on (as Python ints: a numpy
+            # from the pair that ends at the first new token on, as Python ints (a numpy
             # scalar a token made catching up a stream's hundreds of quiet ticks 5x dearer)
             first = max(self.n - 1, 0)
-            tokens = self.buf[first:self.n + len(new)].tolist()
+            tokens = ([] if self.n == 0 else [int(self.buf[first])]) + new
             pairs = self.pairs
             for i, pair in enumerate(itertools.pairwise(tokens), first):
                 pairs.setdefault(pair, []).append(i)

@@ -61,6 +61,7 @@ class Stream:
     # the longest steady length it verified (speculation.steady_reach; 0: none, the probe's
     # counts, which a stream at 0 verifies)
     steady_longest: int = 0
+    misses: int = 0  # its lookups in a row that found nothing
 
 
 class Speculator:
@@ -92,6 +93,10 @@ class Speculator:
         # two reads, not a pass over the streams (at 32 streams of random text on an H200 the
         # pass alone took a few percent of each tick)
         self._asleep_until = 0
+        # this tick's decisions from chances that streams share (Acceptance.survival gives
+        # every stream without verifies of its own its drafter's tuple): (what was decided,
+        # id(survival), room, ...) -> the answer; 32 streams of a fresh drafter ask the same
+        self._decided: dict[tuple, object] = {}
         self.drafted = metrics.family("spec_drafted_tokens_total",
                                       "guesses verified in a target pass", "drafter",
                                       Counter)
@@ -121,6 +126,10 @@ class Speculator:
             self._streams[req.rid] = Stream(isinstance(self.drafters[req.drafter],
                                                        ModelDrafter))
             self._asleep_until = 0
+        # this tick's decisions from chances that streams share (Acceptance.survival gives
+        # every stream without verifies of its own its drafter's tuple): (what was decided,
+        # id(survival), room, ...) -> the answer; 32 streams of a fresh drafter ask the same
+        self._decided: dict[tuple, object] = {}
 
     def drafter_of(self, req: Request) -> str | None:
         """The drafter the request speculates with (None: it does not)."""
@@ -146,6 +155,7 @@ class Speculator:
             self._ticks += 1
             self.streams.set(0)
             return plan
+        self._decided.clear()
         drafted = self._draft(plan, running, cost, capacity, device_rows)
         self._asleep_until = min((s.quiet_until for s in self._streams.values()), default=0)
         return drafted
@@ -218,7 +228,9 @@ class Speculator:
             found, agreement = drafter.propose(
                 req, room if worth else min(room, speculation.PROBE_DRAFT))
             if not len(found):
+                self._missed(stream)
                 continue
+            stream.misses = 0
             guesses[req.seq_id] = found
             stream.band = band = speculation.band(agreement)
             if worth:
@@ -309,9 +321,13 @@ class Speculator:
         at, length = stream.steady or (-speculation.QUIET_TICKS, 0)
         if self._ticks - at >= speculation.QUIET_TICKS:
             reach = speculation.steady_reach(stream.steady_longest or probe)
-            length = speculation.steady_length(
-                self.acceptance.survival(req.rid, req.drafter or "", speculation.STEADY_BAND),
-                min(room, reach), prices.per_guess, tick, tokens)
+            survival = self.acceptance.survival(req.rid, req.drafter or "",
+                                                speculation.STEADY_BAND)
+            key = ("steady", id(survival), min(room, reach))
+            length = self._decided.get(key)  # type: ignore[assignment]
+            if length is None:
+                length = self._decided[key] = speculation.steady_length(
+                    survival, min(room, reach), prices.per_guess, tick, tokens)
             at = self._ticks
             stream.steady = (at, length)
         if length:
@@ -323,6 +339,15 @@ class Speculator:
             return min(probe, room)
         self._quiet(stream, wait, at)
         return 0
+
+    def _missed(self, stream: Stream) -> None:
+        """Its lookup found nothing: it looks again after 1, 2, 4, then QUIET_TICKS ticks
+        while it keeps finding nothing. Text that repeats its input is found again within a
+        few tokens; random text (32 streams on an H200, each looked up every tick) cost a few
+        percent of every tick in lookups that found nothing."""
+        stream.misses += 1
+        stream.quiet_until = self._ticks + min(1 << (stream.misses - 1),
+                                               speculation.QUIET_TICKS)
 
     def _quiet(self, stream: Stream, wait: int, asked: int) -> None:
         """Leaves the stream until its probe is due (`wait` ticks) or its chances are next
@@ -414,8 +439,12 @@ class Speculator:
         drafter = req.drafter or ""
         best = max((self.acceptance.survival(req.rid, drafter, b)
                     for b in range(len(speculation.AGREEMENT_BANDS))), key=lambda s: s[0])
-        worth = speculation.best_length(best, room, prices.per_guess, expected, tick,
-                                        bound or math.inf, drafting, once)[0] > 0
+        key = ("worth", id(best), room, drafting, once)
+        worth = self._decided.get(key)  # type: ignore[assignment]
+        if worth is None:
+            worth = self._decided[key] = speculation.best_length(
+                best, room, prices.per_guess, expected, tick, bound or math.inf, drafting,
+                once)[0] > 0
         stream.worth = (self._ticks, worth)
         return worth
 

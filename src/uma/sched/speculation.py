@@ -321,9 +321,10 @@ class Acceptance:
         # (drafter, band) -> chance at each position; None: no draft has reached it
         self._drafter: dict[tuple[str, int], list[float | None]] = {}
         # survival() is asked every tick and changes only with a verify: computed once per
-        # change of its drafter's band, (rid, band) -> (version, survival)
+        # change of its drafter's band (its version), (rid or drafter, band) -> (version,
+        # survival)
         self._version: dict[tuple[str, int], int] = {}
-        self._survival: dict[tuple[int, int], tuple[int, tuple[float, ...]]] = {}
+        self._survival: dict[tuple[int | str, int], tuple[int, tuple[float, ...]]] = {}
 
     def _prior(self, drafter: str, band: int) -> list[float | None]:
         got = self._drafter.get((drafter, band))
@@ -335,11 +336,14 @@ class Acceptance:
         """S_j for j = 1..MAX_DRAFT: the chance that the stream's first j guesses are all kept,
         for a lookup whose agreement falls in `band`."""
         version = self._version.get((drafter, band), 0)
-        cached = self._survival.get((rid, band))
+        own = self._own.get((rid, band))
+        # a stream with no verify of its own has its drafter's chances: one tuple for all of
+        # them, so that what is decided from it can be decided once a tick (Speculator)
+        key = (rid, band) if own is not None else (drafter, band)
+        cached = self._survival.get(key)
         if cached is not None and cached[0] == version:
             return cached[1]
         prior = self._prior(drafter, band)
-        own = self._own.get((rid, band))
         out, s, chance = [], 1.0, FIRST_PRIOR
         for j in range(MAX_DRAFT):
             known = prior[j]
@@ -351,7 +355,7 @@ class Acceptance:
             s *= chance
             out.append(s)
         survival = tuple(out)
-        self._survival[rid, band] = (version, survival)
+        self._survival[key] = (version, survival)
         return survival
 
     def record(self, rid: int, drafter: str, band: int, drafted: int, accepted: int) -> None:
