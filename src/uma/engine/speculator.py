@@ -93,10 +93,12 @@ class Speculator:
         # two reads, not a pass over the streams (at 32 streams of random text on an H200 the
         # pass alone took a few percent of each tick)
         self._asleep_until = 0
-        # this tick's decisions from chances that streams share (Acceptance.survival gives
-        # every stream without verifies of its own its drafter's tuple): (what was decided,
-        # id(survival), room, ...) -> the answer; 32 streams of a fresh drafter ask the same
-        self._decided: dict[tuple, object] = {}
+        # this tick's answers from chances that streams share (Acceptance.survival gives every
+        # stream without verifies of its own its drafter's tuple; 32 streams of a fresh
+        # drafter ask the same): (id(survival), room) -> steady length, and (id(survival),
+        # room, drafting ms, once ms) -> whether guesses could pay
+        self._steady_lengths: dict[tuple[int, int], int] = {}
+        self._worth: dict[tuple[int, int, float, float], bool] = {}
         self.drafted = metrics.family("spec_drafted_tokens_total",
                                       "guesses verified in a target pass", "drafter",
                                       Counter)
@@ -126,10 +128,6 @@ class Speculator:
             self._streams[req.rid] = Stream(isinstance(self.drafters[req.drafter],
                                                        ModelDrafter))
             self._asleep_until = 0
-        # this tick's decisions from chances that streams share (Acceptance.survival gives
-        # every stream without verifies of its own its drafter's tuple): (what was decided,
-        # id(survival), room, ...) -> the answer; 32 streams of a fresh drafter ask the same
-        self._decided: dict[tuple, object] = {}
 
     def drafter_of(self, req: Request) -> str | None:
         """The drafter the request speculates with (None: it does not)."""
@@ -155,7 +153,8 @@ class Speculator:
             self._ticks += 1
             self.streams.set(0)
             return plan
-        self._decided.clear()
+        self._steady_lengths.clear()
+        self._worth.clear()
         drafted = self._draft(plan, running, cost, capacity, device_rows)
         self._asleep_until = min((s.quiet_until for s in self._streams.values()), default=0)
         return drafted
@@ -323,10 +322,10 @@ class Speculator:
             reach = speculation.steady_reach(stream.steady_longest or probe)
             survival = self.acceptance.survival(req.rid, req.drafter or "",
                                                 speculation.STEADY_BAND)
-            key = ("steady", id(survival), min(room, reach))
-            length = self._decided.get(key)  # type: ignore[assignment]
-            if length is None:
-                length = self._decided[key] = speculation.steady_length(
+            key = (id(survival), min(room, reach))
+            length = self._steady_lengths.get(key, -1)
+            if length < 0:
+                length = self._steady_lengths[key] = speculation.steady_length(
                     survival, min(room, reach), prices.per_guess, tick, tokens)
             at = self._ticks
             stream.steady = (at, length)
@@ -439,10 +438,10 @@ class Speculator:
         drafter = req.drafter or ""
         best = max((self.acceptance.survival(req.rid, drafter, b)
                     for b in range(len(speculation.AGREEMENT_BANDS))), key=lambda s: s[0])
-        key = ("worth", id(best), room, drafting, once)
-        worth = self._decided.get(key)  # type: ignore[assignment]
+        key = (id(best), room, drafting, once)
+        worth = self._worth.get(key)
         if worth is None:
-            worth = self._decided[key] = speculation.best_length(
+            worth = self._worth[key] = speculation.best_length(
                 best, room, prices.per_guess, expected, tick, bound or math.inf, drafting,
                 once)[0] > 0
         stream.worth = (self._ticks, worth)
