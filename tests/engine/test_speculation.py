@@ -332,6 +332,10 @@ def test_a_tick_where_every_stream_is_quiet_passes_over_none_and_a_newcomer_wake
     start(1)
     tick()
     assert looks[-1] == (21, 2)  # the newcomer, on its first tick
+    spec.forget(running.pop(0))
+    tick()
+    assert passes[-1] == 21  # a release: the next tick counts the streams left
+    assert spec.eligible.value == 1
 
 
 def test_a_stream_whose_lookups_find_nothing_looks_less_often_until_one_finds(monkeypatch):

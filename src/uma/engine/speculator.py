@@ -535,6 +535,7 @@ class Speculator:
     def forget(self, req: Request) -> None:
         """The request left its sequence (ended or preempted)."""
         self._streams.pop(req.rid, None)
+        self._asleep_until = 0  # the next tick counts the streams left (the eligible gauge)
         if req.drafter is not None:
             self.drafters[req.drafter].forget(req.rid)
             self.acceptance.forget(req.rid)
