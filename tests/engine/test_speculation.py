@@ -6,6 +6,8 @@ checked is the verification itself (kept guesses, removed cells, stops and cance
 draft), not whether guesses pay (tests/sched/test_speculation.py).
 """
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -380,6 +382,60 @@ def test_a_stream_whose_lookups_find_nothing_looks_less_often_until_one_finds(mo
     for _ in range(10):
         tick()
     assert looks[6:8] == [32, 33], looks  # found at 32: looked up each tick after
+
+
+def test_a_drafter_whose_probes_keep_nothing_probes_less_often_until_a_guess_holds(
+        monkeypatch):
+    """Where chances say no, each probe that keeps nothing doubles the drafter's probe period,
+    up to PROBE_BACKOFF times (at 32 streams of random text on an H200 probes were most of
+    what speculating cost); a kept guess brings the period back."""
+    from uma.config import SamplingParams
+    from uma.engine.runner import Ran
+    from uma.engine.speculator import Speculator
+    from uma.metrics import Registry
+    from uma.request import Request
+    from uma.sched.state import BatchItem, Phase, Plan, Priority
+
+    monkeypatch.setattr(speculation, "steady_length", lambda *a: 0)  # the chances say no
+    monkeypatch.setattr(speculation, "probe_period", lambda *a: 4)
+    spec = Speculator("ngram", Registry(), 4096)
+    spec.prices = speculation.RowPrice(0.05)
+    spec.shape.timed(100.0)  # changes are dear: each stream's steady length is chosen
+
+    class Lookup:
+        name = "ngram"
+
+        def propose(self, req, k):
+            return np.full(k, 5, np.int32), 8
+
+        def forget(self, rid):
+            pass
+
+    spec.drafters["ngram"] = Lookup()
+    req = Request(1, np.arange(8, dtype=np.int32), SamplingParams(max_tokens=10**4),
+                  Priority.INTERACTIVE, 0)
+    req.seq_id, req.n_past = 0, 8
+    spec.admit(req)
+    probes, keeps = [], [0]
+
+    def tick():
+        spec.prices.observe(1, 0, 1.0)  # a plain tick: 1 ms
+        plan = spec.draft(Plan((BatchItem(0, Phase.DECODE, 1, True),)), {0: req}, None, 512,
+                          lambda seq: 0)
+        if plan.n_drafted:
+            probes.append(spec._ticks)
+        spec.verified(plan, Ran(plan, 0.0, accepted={0: keeps[0]} if plan.n_drafted else {}),
+                      {0: req})
+
+    for _ in range(140):
+        tick()
+    gaps = [b - a for a, b in itertools.pairwise(probes)]
+    assert gaps[:5] == [8, 16, 32, 32, 32], probes  # 4 << 1, 2, 3, then no further
+    keeps[0] = 1
+    for _ in range(40):
+        tick()
+    gaps = [b - a for a, b in itertools.pairwise(probes)]
+    assert gaps[-2:] == [4, 4], probes  # a guess held: the period is back
 
 
 def test_sampling_with_temperature_verifies_too(engine):

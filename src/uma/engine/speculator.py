@@ -81,6 +81,10 @@ class Speculator:
         # rids probing this tick whose guesses, if every one held, would make tokens for less
         # than a token of the plain tick costs: their next probe is due at once if they do
         self._sure_pays: set[int] = set()
+        self._probing: set[int] = set()  # rids probing this tick
+        # drafter -> its probes in a row that kept nothing (the period doubles with each, up
+        # to PROBE_BACKOFF times)
+        self._probe_misses: dict[str, int] = {}
         self.acceptance = Acceptance()
         self._streams: dict[int, Stream] = {}  # rid -> a running request that speculates
         # drafter -> the tick any of its streams last verified a guess at, or it was first used
@@ -214,8 +218,10 @@ class Speculator:
                     assert stream.worth is not None  # set by _worth_looking
                     self._quiet(stream, wait, stream.worth[0])
                 continue
-            if probe and per_guess < tick / max(expected, 1):
-                self._sure_pays.add(req.rid)  # its guesses pay wherever they hold
+            if probe:
+                self._probing.add(req.rid)
+                if per_guess < tick / max(expected, 1):
+                    self._sure_pays.add(req.rid)  # its guesses pay wherever they hold
             if isinstance(drafter, ModelDrafter):  # lengths chosen first, then drafted
                 stream.band = 0
                 if worth:
@@ -333,8 +339,9 @@ class Speculator:
             return min(length, room)
         since = self._since(req, stream)
         cost = probe * prices.per_guess(probe) + 2 * self.shape.change_ms
-        wait = speculation.probe_period(tokens, cost, tick) - since
+        wait = self._probe_period(req, tokens, cost, tick) - since
         if wait <= 0:
+            self._probing.add(req.rid)
             return min(probe, room)
         self._quiet(stream, wait, at)
         return 0
@@ -393,11 +400,18 @@ class Speculator:
         read it too): where reading is dear, as on a CPU, a long prompt's stream is probed
         late."""
         cost = speculation.PROBE_DRAFT * per_guess_ms
-        wait = speculation.probe_period(streams, cost, tick) - since
+        wait = self._probe_period(req, streams, cost, tick) - since
         if wait <= 0 and isinstance(drafter, ModelDrafter) and drafter.behind(req) > 2:
             cost += len(req.prompt) * drafter.token_ms
-            wait = speculation.probe_period(streams, cost, tick) - since
+            wait = self._probe_period(req, streams, cost, tick) - since
         return max(wait, 0)
+
+    def _probe_period(self, req: Request, streams: int, cost: float, tick: float) -> int:
+        """speculation.probe_period, doubled for each of the drafter's probes in a row that
+        kept nothing (up to PROBE_BACKOFF times)."""
+        misses = self._probe_misses.get(req.drafter or "", 0)
+        return speculation.probe_period(streams, cost, tick) << min(
+            misses, speculation.PROBE_BACKOFF)
 
     def _drafted_by_model(self, lengths: dict[int, int], guesses: dict[int, np.ndarray],
                           running: Mapping[int, Request], tick: float) -> None:
@@ -511,6 +525,7 @@ class Speculator:
         """Records what the tick's verify items kept (before the tokens are applied)."""
         if not ran.accepted:
             self._sure_pays.clear()
+            self._probing.clear()
             return
         for item in plan.items:
             if not item.draft:
@@ -527,10 +542,15 @@ class Speculator:
                 stream.quiet_until = 0
                 if kept == len(item.draft) and req.rid in self._sure_pays:
                     stream.verified_at = -PROBE_AGAIN  # all held, and held guesses pay
+            if kept:  # the drafter's text repeats somewhere: probes at their period again
+                self._probe_misses[req.drafter] = 0
+            elif req.rid in self._probing:
+                self._probe_misses[req.drafter] = self._probe_misses.get(req.drafter, 0) + 1
             self.drafted.child(req.drafter).inc(len(item.draft))
             self.accepted.child(req.drafter).inc(kept)
             self.passes.child(req.drafter).inc()
         self._sure_pays.clear()
+        self._probing.clear()
 
     def forget(self, req: Request) -> None:
         """The request left its sequence (ended or preempted)."""

@@ -26,7 +26,8 @@ S_j is their product. A position no draft has reached yet takes the chance of th
 it, so that a run of kept guesses invites a longer draft next time.
 A stream whose chances say no still verifies one guess now and then (`probe_period`), so that a
 stream whose text turns repetitive (an answer that starts quoting its input) is found; the
-probes' rows are held to PROBE_SHARE of the ticks' time.
+probes' rows are held to PROBE_SHARE of the ticks' time, and to less while a drafter's probes
+keep nothing (PROBE_BACKOFF).
 """
 
 from __future__ import annotations
@@ -65,6 +66,11 @@ DRAFTER_RATE = 0.1
 # take, and a probe's guesses: enough to learn how a run of kept guesses goes on
 PROBE_SHARE = 0.02
 PROBE_DRAFT = 4
+# a drafter's probes in a row that kept nothing, past which its probe period stops doubling:
+# where text never repeats (at 32 streams of random text on an H200, probes were most of what
+# speculating cost), probes take PROBE_SHARE / 8 of the time after three; a kept guess (any
+# stream's) brings the period back at once
+PROBE_BACKOFF = 3
 # a drafter's chance at every position before any of its guesses were verified
 FIRST_PRIOR = 0.5
 # the most ticks of a number of decoders that verify guesses before one runs plain, so that
