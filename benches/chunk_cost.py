@@ -11,6 +11,8 @@ the chunk on a sequence among the decoders' (a stream starting its next prompt: 
 0..K but that one) and --layout how the batch lists them: in sequence order, as uma.engine.scheduler
 does, or decode rows first. With a KV buffer per sequence llama.cpp makes a micro-batch of
 consecutive sequence ids only, in batch order, so the layout decides how many there are.
+--deep runs the chunk as the history's next tokens (a long prompt's later chunks, at its depth):
+on a CPU the attention kernel decides what such a chunk costs (compare --flash-attn on and off).
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ def main() -> int:
     ap.add_argument("--prompt-seq", type=int, default=None,
                     help="the chunk's sequence, in [0, K] (default K: after the decoders)")
     ap.add_argument("--layout", choices=("seq", "decode-first"), default="seq")
+    ap.add_argument("--deep", action="store_true",
+                    help="the chunk continues the history's sequence, at its depth (its "
+                         "cells removed after each tick): a long prompt's later chunks")
     ns = ap.parse_args()
     path = Path(ns.model) if Path(ns.model).exists() else synth.cached_model(ns.model)
     chunks = [int(c) for c in ns.chunks.split(",")]
@@ -48,8 +53,12 @@ def main() -> int:
     prompt_seq, history_seq = (k if ns.prompt_seq is None else ns.prompt_seq), k + 1
     if not 0 <= prompt_seq <= k:
         ap.error(f"--prompt-seq must be in [0, {k}]")
+    if ns.deep and not ns.history:
+        ap.error("--deep needs --history (the depth the chunks run at)")
+    if ns.deep:
+        prompt_seq = history_seq
     room = ns.repeat * (max(chunks) + 1) * len(chunks) * 2 + 64
-    per_seq = max(room, ns.history + 64)
+    per_seq = max(room, ns.history + max(chunks) + 64)
     model = _core.Model(path, n_gpu_layers=ns.gpu_layers)
     ctx = _core.Context(model, n_ctx=(k + 2) * per_seq, n_seq_max=k + 2, n_batch=2048,
                         n_ubatch=512, n_threads=ns.threads, kv_unified=ns.kv_unified,
@@ -62,9 +71,9 @@ def main() -> int:
             batch.clear()
             batch.add_sequence(rng.integers(100, 30000, n).astype(np.int32), start, history_seq)
             ctx.decode(batch)
-    rows = np.array([s for s in range(k + 1) if s != prompt_seq], dtype=np.int32)
+    rows = np.array([s for s in range(k + 1) if s != prompt_seq], dtype=np.int32)[:k]
     pos = 0  # every stream's next position
-    prompt_pos = 0
+    prompt_pos = ns.history if ns.deep else 0
 
     def tick(c: int) -> float:
         nonlocal pos, prompt_pos
@@ -83,7 +92,10 @@ def main() -> int:
         ctx.synchronize()
         dt = 1e3 * (time.perf_counter() - t0)
         pos += 1
-        prompt_pos += c
+        if ns.deep:  # the next chunk runs at the same depth
+            ctx.seq_rm(prompt_seq, prompt_pos, -1)
+        else:
+            prompt_pos += c
         return dt
 
     for _ in range(3):  # warm up: the first shapes pay pipeline and buffer setup
@@ -95,7 +107,8 @@ def main() -> int:
             times[c].append(tick(c))
     base = statistics.median(times[chunks[0]])
     print(f"K={k} streams, history {ns.history} cells, kv_unified={ns.kv_unified}, "
-          f"flash_attn={ns.flash_attn}, prompt on sequence {prompt_seq}, layout {ns.layout}")
+          f"flash_attn={ns.flash_attn}, prompt on sequence {prompt_seq}"
+          f"{' at the depth of the history' if ns.deep else ''}, layout {ns.layout}")
     for c in chunks:
         med = statistics.median(times[c])
         extra = (med - base) / c if c else 0.0
