@@ -120,7 +120,7 @@ SETTINGS: tuple[Setting, ...] = (
     _e("prefix_cache_dir", str, "$UMA_CACHE_DIR/prefix, else ~/.cache/uma-serve/prefix",
        "where prompts kept across restarts are saved", flag=False),
     _e("background_ctx", int, "0 (off)",
-       "KV positions of a second context for background requests (GPUs)"),
+       "KV positions of a second context for background requests (long prompts)"),
     _e("background_seqs", int, "2", "background decoders at once"),
     _e("speculation", str, "off", "guessing ahead: off, ngram, draft"),
     _e("draft_model", str, "none", "same-vocabulary model that drafts"),
