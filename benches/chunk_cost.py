@@ -71,6 +71,8 @@ def main() -> int:
             batch.clear()
             batch.add_sequence(rng.integers(100, 30000, n).astype(np.int32), start, history_seq)
             ctx.decode(batch)
+    # the K decoders' sequences: 0..K but the chunk's (with --deep the chunk is on the
+    # history's sequence, K + 1, and the decoders are 0..K-1)
     rows = np.array([s for s in range(k + 1) if s != prompt_seq], dtype=np.int32)[:k]
     pos = 0  # every stream's next position
     prompt_pos = ns.history if ns.deep else 0

@@ -387,8 +387,8 @@ def test_a_stream_whose_lookups_find_nothing_looks_less_often_until_one_finds(mo
 def test_a_drafter_whose_probes_keep_nothing_probes_less_often_until_a_guess_holds(
         monkeypatch):
     """Where chances say no, each probe that keeps nothing doubles the drafter's probe period,
-    up to PROBE_BACKOFF times (at 32 streams of random text on an H200 probes were most of
-    what speculating cost); a kept guess brings the period back."""
+    up to PROBE_BACKOFF times, so that where text never repeats probes cost a fraction of
+    PROBE_SHARE; a kept guess brings the period back."""
     from uma.config import SamplingParams
     from uma.engine.runner import Ran
     from uma.engine.speculator import Speculator

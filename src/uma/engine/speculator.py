@@ -78,10 +78,10 @@ class Speculator:
             self.drafters[model.name] = model
         self._model_streams = 1  # streams the draft model last guessed for at once
         self._drafting_s = 0.0  # the draft model's time in this tick
-        # rids probing this tick whose guesses, if every one held, would make tokens for less
-        # than a token of the plain tick costs: their next probe is due at once if they do
-        self._sure_pays: set[int] = set()
-        self._probing: set[int] = set()  # rids probing this tick
+        # rids probing this tick -> whether their guesses, if every one held, would make
+        # tokens for less than a token of the plain tick costs (their next probe is then due
+        # at once if they do)
+        self._probing: dict[int, bool] = {}
         # drafter -> its probes in a row that kept nothing (the period doubles with each, up
         # to PROBE_BACKOFF times)
         self._probe_misses: dict[str, int] = {}
@@ -219,9 +219,7 @@ class Speculator:
                     self._quiet(stream, wait, stream.worth[0])
                 continue
             if probe:
-                self._probing.add(req.rid)
-                if per_guess < tick / max(expected, 1):
-                    self._sure_pays.add(req.rid)  # its guesses pay wherever they hold
+                self._probing[req.rid] = per_guess < tick / max(expected, 1)
             if isinstance(drafter, ModelDrafter):  # lengths chosen first, then drafted
                 stream.band = 0
                 if worth:
@@ -341,7 +339,7 @@ class Speculator:
         cost = probe * prices.per_guess(probe) + 2 * self.shape.change_ms
         wait = self._probe_period(req, tokens, cost, tick) - since
         if wait <= 0:
-            self._probing.add(req.rid)
+            self._probing[req.rid] = False
             return min(probe, room)
         self._quiet(stream, wait, at)
         return 0
@@ -524,7 +522,6 @@ class Speculator:
     def verified(self, plan: Plan, ran: Ran, running: Mapping[int, Request]) -> None:
         """Records what the tick's verify items kept (before the tokens are applied)."""
         if not ran.accepted:
-            self._sure_pays.clear()
             self._probing.clear()
             return
         for item in plan.items:
@@ -540,7 +537,7 @@ class Speculator:
             if stream is not None:
                 stream.worth = None  # its chances moved: asked again next tick
                 stream.quiet_until = 0
-                if kept == len(item.draft) and req.rid in self._sure_pays:
+                if kept == len(item.draft) and self._probing.get(req.rid, False):
                     stream.verified_at = -PROBE_AGAIN  # all held, and held guesses pay
             if kept:  # the drafter's text repeats somewhere: probes at their period again
                 self._probe_misses[req.drafter] = 0
@@ -549,7 +546,6 @@ class Speculator:
             self.drafted.child(req.drafter).inc(len(item.draft))
             self.accepted.child(req.drafter).inc(kept)
             self.passes.child(req.drafter).inc()
-        self._sure_pays.clear()
         self._probing.clear()
 
     def forget(self, req: Request) -> None:

@@ -67,9 +67,8 @@ DRAFTER_RATE = 0.1
 PROBE_SHARE = 0.02
 PROBE_DRAFT = 4
 # a drafter's probes in a row that kept nothing, past which its probe period stops doubling:
-# where text never repeats (at 32 streams of random text on an H200, probes were most of what
-# speculating cost), probes take PROBE_SHARE / 8 of the time after three; a kept guess (any
-# stream's) brings the period back at once
+# where text never repeats, probes take PROBE_SHARE / 8 of the time after three, not
+# PROBE_SHARE of it; a kept guess (any stream's) brings the period back at once
 PROBE_BACKOFF = 3
 # a drafter's chance at every position before any of its guesses were verified
 FIRST_PRIOR = 0.5
